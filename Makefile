@@ -1,0 +1,26 @@
+# make test: create .venv if absent, install pinned deps (torch first), run the tests.
+# make demo: the quickstart on real weights (see README).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo install clean-venv
+
+$(STAMP): requirements.txt requirements-lock.txt pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q -r requirements-lock.txt -c requirements.txt
+	$(BIN)/pip install -q --no-deps -e ".[dev,demo]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -x --durations=15 tests
+
+demo: $(STAMP)
+	$(BIN)/python -m graft.quickstart
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Trainable projectors from encoder features to LLM embeddings."""

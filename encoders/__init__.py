@@ -1,0 +1,1 @@
+"""Vision encoders behind one interface (preprocess, encode, num_tokens, hidden_size)."""

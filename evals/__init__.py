@@ -1,0 +1,1 @@
+"""Eval harness: tasks, metrics, backends, reports, benchmarks."""

@@ -1,0 +1,1 @@
+"""Triton kernels, each with a pure-PyTorch reference of the same signature."""

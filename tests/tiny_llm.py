@@ -1,0 +1,114 @@
+"""Tiny random LLM checkpoints and a tiny chat tokenizer, built offline for tests.
+
+Everything is saved with `save_pretrained` and must be loaded back through the same
+`from_pretrained(local_dir)` path real checkpoints use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# ChatML, as Qwen and SmolLM2 use it; `<image>` markers stay inside user text.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "What is shown in the image? A red circle on the left.",
+    "Which digit is shown? The digit is 7.",
+    "There are three blue squares and two green triangles.",
+    "Describe the picture in one sentence.",
+    "yes no zero one two three four five six seven eight nine",
+    "Hello! How can I help you today? Please describe the scene.",
+    "red green blue yellow purple orange circle square triangle star",
+    "0 1 2 3 4 5 6 7 8 9 10 left right top bottom center",
+]
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
+    """A byte-level BPE tokenizer with a ChatML template; eos = <|im_end|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def _llm_config(family: str, vocab_size: int, pad_id: int, eos_id: int):
+    from transformers import Glm4Config, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+    )
+    if family == "llama":
+        return LlamaConfig(**common, tie_word_embeddings=True)
+    if family == "qwen2":
+        return Qwen2Config(**common, tie_word_embeddings=False)
+    if family == "qwen3":
+        # explicit head_dim different from hidden/heads, qk-norm is built in
+        return Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
+    if family == "glm4":
+        return Glm4Config(**common, head_dim=16, partial_rotary_factor=0.5, attention_bias=True,
+                          tie_word_embeddings=False)
+    raise ValueError(f"unknown tiny family {family!r}")
+
+
+LLM_FAMILIES = ("llama", "qwen2", "qwen3", "glm4")
+
+
+def build_llm(out_dir: str | Path, family: str = "llama", seed: int = 0) -> Path:
+    """Save a tiny random causal LM of `family` plus the tiny tokenizer to `out_dir`."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(out_dir)
+    config = _llm_config(family, len(tok), tok.pad_token_id, tok.eos_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
+    # Random init gives near-uniform logits; larger weights make greedy choices decisive
+    # so parity tests are not decided by float ties.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(str(out_dir))
+    return out_dir
