@@ -1,0 +1,93 @@
+"""Server metrics in the Prometheus text exposition format (no client library needed)."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Callable
+
+# Seconds: from a few ms (cache hit, tiny model) to a minute (queued long prefill on CPU).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _fmt(v: float) -> str:
+    return repr(float(v)) if v != float("inf") else "+Inf"
+
+
+class Counter:
+    def __init__(self, name: str, help: str):
+        self.name, self.help, self.value = name, help, 0.0
+        self._lock = threading.Lock()
+
+    def inc(self, n: float = 1.0) -> None:
+        with self._lock:
+            self.value += n
+
+    def render(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter",
+                f"{self.name} {_fmt(self.value)}"]
+
+
+class Gauge:
+    """Read on scrape from a callable, so it can never go stale."""
+
+    def __init__(self, name: str, help: str, read: Callable[[], float]):
+        self.name, self.help, self.read = name, help, read
+
+    def render(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge",
+                f"{self.name} {_fmt(self.read())}"]
+
+
+class Histogram:
+    def __init__(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.name, self.help, self.buckets = name, help, tuple(sorted(buckets))
+        self.counts = [0] * (len(self.buckets) + 1)  # last slot: above every bound (+Inf)
+        self.sum = 0.0
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def observe(self, v: float) -> None:
+        with self._lock:
+            self.counts[bisect.bisect_left(self.buckets, v)] += 1
+            self.sum += v
+            self.count += 1
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        running = 0
+        for bound, n in zip(self.buckets + (float("inf"),), self.counts):
+            running += n
+            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {running}')
+        lines += [f"{self.name}_sum {_fmt(self.sum)}", f"{self.name}_count {self.count}"]
+        return lines
+
+
+class ServerMetrics:
+    """Every metric /metrics shows; gauges read live state through callables."""
+
+    def __init__(self, gauges: dict[str, tuple[str, Callable[[], float]]]):
+        self.ttft = Histogram("graft_time_to_first_token_seconds", "Time to first token.")
+        self.tpot = Histogram("graft_time_per_output_token_seconds",
+                              "Mean time per output token after the first, per request.")
+        self.e2e = Histogram("graft_e2e_request_latency_seconds", "End-to-end request latency.")
+        self.requests = Counter("graft_requests_total", "Chat completion requests received.")
+        self.finished = Counter("graft_requests_finished_total", "Requests that completed.")
+        self.rejected_429 = Counter("graft_requests_rejected_429_total",
+                                    "Requests refused by admission control (HTTP 429).")
+        self.errors_4xx = Counter("graft_requests_4xx_total", "Requests answered with a 4xx.")
+        self.aborted = Counter("graft_requests_aborted_total",
+                               "Requests aborted by client disconnect.")
+        self.deadline = Counter("graft_requests_deadline_total",
+                                "Requests stopped at their deadline.")
+        self.prompt_tokens = Counter("graft_prompt_tokens_total", "Prompt tokens processed.")
+        self.generation_tokens = Counter("graft_generation_tokens_total", "Tokens generated.")
+        self.gauges = [Gauge(name, help, read) for name, (help, read) in gauges.items()]
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for m in (self.ttft, self.tpot, self.e2e, self.requests, self.finished,
+                  self.rejected_429, self.errors_4xx, self.aborted, self.deadline,
+                  self.prompt_tokens, self.generation_tokens, *self.gauges):
+            lines += m.render()
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,197 @@
+"""OpenAI chat-completions request/response shapes, validation and error bodies.
+
+Every 4xx the server sends is an `APIError` rendered as {"error": {message, type, param, code}}.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      field_validator)
+from typing_extensions import Annotated
+
+
+class APIError(Exception):
+    """An error the client caused (or a refusal): HTTP status + OpenAI-style body."""
+
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+
+# -- request -------------------------------------------------------------------------------
+
+class _Strict(BaseModel):
+    # Unknown fields are ignored so newer OpenAI clients keep working; known ones are typed.
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(_Strict):
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+def _part_kind(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return {"text": "TextPart", "image_url": "ImagePart"}.get(kind)
+
+
+# Dispatch on "type" so a bad part reports its own fields, not every union branch's.
+ContentPart = Annotated[Union[Annotated[TextPart, Tag("TextPart")],
+                              Annotated[ImagePart, Tag("ImagePart")]], Discriminator(_part_kind)]
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _parts_have_type(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for j, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in ("text", "image_url"):
+                    raise ValueError(f"content[{j}].type must be 'text' or 'image_url', "
+                                     f"got {kind!r}")
+        return value
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Strict):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM-style extension; -1/0 = off
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # graft extension (pass with the openai client's extra_body): time to first token budget
+    ttft_budget_ms: float | None = Field(default=None, gt=0.0)
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        return value
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def _loc_to_param(loc: tuple) -> str:
+    # ("messages", 0, "content", "list[...]", 1, "ImagePart", "image_url") ->
+    # "messages[0].content[1].image_url": union-branch tags are not part of the client's path
+    out = ""
+    for item in loc:
+        if isinstance(item, int):
+            out += f"[{item}]"
+        elif not (item[:1].isupper() or "[" in item or "(" in item or item in _TYPE_TAGS):
+            out += ("." if out else "") + item
+    return out
+
+
+def _deepest(errors: list[dict]) -> dict:
+    # A union reports one error per branch; the branch that got furthest is the one meant.
+    return max(errors, key=lambda e: len(_loc_to_param(tuple(e.get("loc", ())))))
+
+
+def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
+    """Bytes of a POST body -> validated request, or APIError(400) naming the field."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise APIError(f"request body is not valid JSON: {err}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError("request body must be a JSON object", code="invalid_json")
+    try:
+        return ChatCompletionRequest.model_validate(data)
+    except ValidationError as err:
+        first = _deepest(err.errors())
+        param = _loc_to_param(tuple(first.get("loc", ())))
+        msg = first.get("msg", "invalid value")
+        raise APIError(f"invalid value for '{param}': {msg}", param=param or None,
+                       code="invalid_value") from None
+
+
+# -- response ------------------------------------------------------------------------------
+
+def new_completion_id() -> str:
+    return "chatcmpl-" + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
+                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+def chunk_body(cid: str, model: str, delta: dict[str, Any], finish_reason: str | None,
+               created: int) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                         "finish_reason": finish_reason}]}
+
+
+def usage_chunk_body(cid: str, model: str, created: int, prompt_tokens: int,
+                     completion_tokens: int) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
