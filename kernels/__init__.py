@@ -1,1 +1,11 @@
-"""Triton kernels, each with a pure-PyTorch reference of the same signature."""
+"""Triton kernels, each with a pure-PyTorch reference of the same signature.
+
+The engine calls these ops only through this module; graft.kernels.dispatch picks Triton on
+CUDA and the reference elsewhere (GRAFT_KERNELS=reference forces the reference).
+"""
+
+from graft.kernels.dispatch import (apply_rotary, backend_name, paged_attention_decode,
+                                    paged_attention_prefill, rms_norm, rope_cos_sin, store_kv)
+
+__all__ = ["apply_rotary", "backend_name", "paged_attention_decode", "paged_attention_prefill",
+           "rms_norm", "rope_cos_sin", "store_kv"]

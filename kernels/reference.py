@@ -1,0 +1,153 @@
+"""Pure-PyTorch references of every kernel: the CPU path, and the ground truth for Triton.
+
+Same signatures as graft.kernels.triton_ops; numerics follow HF transformers (see each op).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graft.kernels.checks import (check_paged_attention_args, check_prefill_args, check_rope_args,
+                                  check_rotary_args, check_store_kv_args)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Scatter rows k[t], v[t] into cache slot slot_mapping[t]; slots equal to -1 are skipped."""
+    check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    keep = slot_mapping >= 0  # [T]
+    slots = slot_mapping[keep].long()
+    if slots.numel() and int(slots.max()) >= num_slots:
+        raise ValueError(f"store_kv: slot_mapping holds slot {int(slots.max())} but the cache has "
+                         f"only {num_slots} slots (num_blocks * block_size); fix the slot mapping")
+    k_flat = k_cache.view(num_slots, *k_cache.shape[2:])  # [num_slots, Hkv, D]
+    v_flat = v_cache.view(num_slots, *v_cache.shape[2:])
+    k_flat.index_copy_(0, slots, k[keep].to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, v[keep].to(v_cache.dtype))
+
+
+def _gather_tokens(cache: torch.Tensor, block_row: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n tokens of one sequence from the paged cache: [n, Hkv, D]."""
+    block_size = cache.shape[1]
+    n_blocks = -(-n // block_size)
+    blocks = block_row[:n_blocks].long()
+    if n_blocks and (int(blocks.min()) < 0 or int(blocks.max()) >= cache.shape[0]):
+        raise ValueError(f"paged attention: block_tables row holds block ids {blocks.tolist()} outside "
+                         f"[0, {cache.shape[0]}) for the first {n} tokens; fix the block table")
+    return cache[blocks].reshape(n_blocks * block_size, *cache.shape[2:])[:n]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of the last q_len positions of a sequence over its n cached tokens.
+
+    q: [q_len, Hq, D]; k, v: [n, Hkv, D]. Softmax and both products run in fp32.
+    """
+    q_len, num_q_heads, head_dim = q.shape
+    n, num_kv_heads, _ = k.shape
+    group = num_q_heads // num_kv_heads
+    qf = q.float().view(q_len, num_kv_heads, group, head_dim)
+    scores = torch.einsum("qhgd,khd->hgqk", qf, k.float()) * scale  # [Hkv, G, q_len, n]
+    q_pos = torch.arange(n - q_len, n, device=q.device)  # absolute position of each query
+    k_pos = torch.arange(n, device=q.device)
+    scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("hgqk,khd->qhgd", probs, v.float())  # [q_len, Hkv, G, D]
+    return out.reshape(q_len, num_q_heads, head_dim).to(q.dtype)
+
+
+def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """One query token per sequence over its context_lens[i] cached tokens (zeros when 0)."""
+    check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, "context_lens")
+    out = torch.zeros_like(q)  # [S, Hq, D]
+    for i, n in enumerate(context_lens.tolist()):
+        if n == 0:
+            continue
+        k = _gather_tokens(k_cache, block_tables[i], n)
+        v = _gather_tokens(v_cache, block_tables[i], n)
+        out[i] = _attend(q[i:i + 1], k, v, scale)[0]
+    return out
+
+
+def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Each sequence's query chunk (its last q_len positions) attends causally to the cache."""
+    check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    out = torch.zeros_like(q)  # [total_q, Hq, D]
+    starts = cu_seqlens_q.tolist()
+    for i, n in enumerate(context_lens.tolist()):
+        lo, hi = starts[i], starts[i + 1]
+        if hi == lo:
+            continue
+        if hi - lo > n:
+            raise ValueError(f"paged_attention_prefill: sequence {i} has {hi - lo} queries but "
+                             f"context_lens[{i}]={n}; context_lens must count the tokens in the cache "
+                             f"after this chunk was stored (>= the chunk length)")
+        k = _gather_tokens(k_cache, block_tables[i], n)
+        v = _gather_tokens(v_cache, block_tables[i], n)
+        out[lo:hi] = _attend(q[lo:hi], k, v, scale)
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """HF LlamaRMSNorm over the last dim; with residual, returns (rms_norm(x + residual), x + residual)."""
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} must be ({x.shape[-1]},), "
+                         f"the last dim of x {tuple(x.shape)}")
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"rms_norm: residual shape {tuple(residual.shape)} must equal x shape "
+                             f"{tuple(x.shape)}")
+        x = x + residual
+    input_dtype = x.dtype
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    y = weight * hidden.to(input_dtype)  # HF order: cast back first, then scale
+    y = y.to(input_dtype)
+    return y if residual is None else (y, x)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 interleaved: bool = False) -> torch.Tensor:
+    """Rotate the first R = 2 * cos.shape[-1] dims of x: [T, H, D]; the rest pass through.
+
+    Arithmetic runs in promote_types(x.dtype, cos.dtype) with HF's operation order
+    (x * cos + rotate(x) * sin): pass cos/sin cast to x.dtype to reproduce HF Llama/GLM4
+    rounding in half precision, fp32 to reproduce vision encoders that upcast (Kimi).
+    """
+    rot = check_rotary_args(x, cos, sin)
+    compute = torch.promote_types(x.dtype, cos.dtype)
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    xr = x_rot.to(compute)
+    if interleaved:  # pairs (2i, 2i+1), GLM4 / MoonViT complex layout
+        cos_full = cos.repeat_interleave(2, dim=-1)[:, None, :]  # [T, 1, R]
+        sin_full = sin.repeat_interleave(2, dim=-1)[:, None, :]
+        rotated = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
+    else:  # pairs (i, i + R/2), HF rotate_half
+        cos_full = torch.cat((cos, cos), dim=-1)[:, None, :]
+        sin_full = torch.cat((sin, sin), dim=-1)[:, None, :]
+        rotated = torch.cat((-xr[..., rot // 2:], xr[..., : rot // 2]), dim=-1)
+    out = (xr * cos_full.to(compute)) + (rotated * sin_full.to(compute))
+    return torch.cat((out.to(x.dtype), x_pass), dim=-1)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (fp32) of the rotary angles for 1D positions [T] or 2D (h, w) positions [T, 2].
+
+    1D: angle[t, i] = positions[t] * inv_freq[i] -> [T, len(inv_freq)] (HF Llama/GLM4).
+    2D: inv_freq is a pair (inv_freq_h, inv_freq_w) of equal length F (or one tensor used for
+    both) and the columns interleave w and h like transformers' kimi_k25:
+    [w*f0, h*f0, w*f1, h*f1, ...] -> [T, 2F], to be applied with interleaved=False.
+    """
+    inv_h, inv_w = check_rope_args(positions, inv_freq)
+    if positions.dim() == 1:
+        freqs = positions[:, None].float() * inv_h.to(device=positions.device, dtype=torch.float)
+    else:
+        f_h = positions[:, 0, None].float() * inv_h.to(device=positions.device, dtype=torch.float)
+        f_w = positions[:, 1, None].float() * inv_w.to(device=positions.device, dtype=torch.float)
+        freqs = torch.stack((f_w, f_h), dim=-1).flatten(1)  # [T, 2F]: (w_i, h_i) pairs
+    return freqs.cos(), freqs.sin()
