@@ -1,0 +1,84 @@
+"""Training checkpoints: projector (+ LoRA), optimizer, scheduler, RNG and data position.
+
+A checkpoint is written into a temporary folder and renamed into place, so a crash
+mid-write leaves nothing that --resume would trust.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from graft.io import atomic_torch_save
+
+STATE_FILE = "trainer_state.pt"
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_trainable(model, out_dir: Path) -> None:
+    """The projector (adapter.safetensors + adapter.json) and, if present, LoRA weights."""
+    from graft.adapters import save_adapter
+
+    save_adapter(model.projector, out_dir)
+    if hasattr(model.llm, "peft_config"):
+        model.llm.save_pretrained(str(out_dir / "lora"))
+
+
+def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, position: dict) -> Path:
+    ckpt_root = run_dir / "checkpoints"
+    final = ckpt_root / f"step_{step:08d}"
+    tmp = ckpt_root / f".tmp_step_{step:08d}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_trainable(model, tmp)
+    atomic_torch_save({"step": step, "optimizer": optimizer.state_dict(),
+                       "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                       "position": position}, tmp / STATE_FILE)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return None
+    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+    return done[-1] if done else None
+
+
+def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict:
+    """Restore trainable weights, optimizer, scheduler and RNG; return the saved state."""
+    from safetensors.torch import load_file
+
+    model.projector.load_state_dict(load_file(str(ckpt / "adapter.safetensors")))
+    if (ckpt / "lora").is_dir():
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file as load_lora
+
+        set_peft_model_state_dict(model.llm, load_lora(str(ckpt / "lora" / "adapter_model.safetensors")))
+    state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state

@@ -1,0 +1,49 @@
+"""Disk cache of frozen-encoder outputs, keyed by image content and encoder identity.
+
+The encoder is frozen, so its output for an image never changes: computing it once and
+reusing it across epochs and runs removes the encoder from the training step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+class FeatureCache:
+    def __init__(self, root: str | Path, encoder_identity: str):
+        # encoder.identity() covers kind, weights digest, feature layer and preprocessing
+        tag = hashlib.sha256(encoder_identity.encode()).hexdigest()[:16]
+        self.dir = Path(root) / tag
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "identity.txt").write_text(encoder_identity)
+        self.hits = 0
+        self.misses = 0
+
+    def _path(self, content_hash: str) -> Path:
+        return self.dir / content_hash[:2] / f"{content_hash}.safetensors"
+
+    def get(self, content_hash: str) -> torch.Tensor | None:
+        path = self._path(content_hash)
+        if not path.is_file():
+            self.misses += 1
+            return None
+        try:
+            feats = load_file(str(path))["features"]
+        except Exception:  # a damaged entry is recomputed, never trusted
+            path.unlink(missing_ok=True)
+            self.misses += 1
+            return None
+        self.hits += 1
+        return feats
+
+    def put(self, content_hash: str, features: torch.Tensor) -> None:
+        path = self._path(content_hash)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")  # never touch torch RNG state
+        save_file({"features": features.detach().cpu().contiguous()}, str(tmp))
+        tmp.replace(path)

@@ -1,0 +1,167 @@
+"""GraftedModel: frozen encoder + trainable projector + frozen HF causal LM.
+
+This is the training-side path (and `graft chat`): HF transformers runs the LLM on
+`inputs_embeds` built by graft.inject. The serving engine reuses the same splice.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from graft.errors import GraftConfigError
+from graft.inject import embed_with_images
+from graft.spec import GraftSpec
+
+log = logging.getLogger("graft")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_llm(path: str, dtype: str = "float32"):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = GraftSpec.expand(path)
+    if not Path(path, "config.json").is_file():
+        raise GraftConfigError(f"llm.path {path}: no config.json; point it at a local HF model dir")
+    if dtype not in DTYPES:
+        raise GraftConfigError(f"llm.dtype={dtype!r}: use one of {', '.join(DTYPES)}")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    llm = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    return llm, tokenizer
+
+
+class GraftedModel(nn.Module):
+    def __init__(self, spec: GraftSpec, encoder, projector, llm, tokenizer):
+        super().__init__()
+        self.spec = spec
+        self.encoder = encoder
+        self.projector = projector
+        self.llm = llm
+        self.tokenizer = tokenizer
+        for module in (self.encoder, self.llm):
+            module.eval()
+            for p in module.parameters():
+                p.requires_grad_(False)
+
+    # ---- construction --------------------------------------------------------------
+    @classmethod
+    def from_spec(cls, spec: GraftSpec, adapter_dir: str | Path | None = None) -> "GraftedModel":
+        from graft.adapters import AdapterConfig, build_adapter, load_adapter
+        from graft.encoders import EncoderConfig, build_encoder
+
+        enc_cfg = EncoderConfig.from_dict(dict(spec.encoder))
+        if enc_cfg.path:
+            enc_cfg.path = GraftSpec.expand(enc_cfg.path)
+        encoder = build_encoder(enc_cfg)
+        llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype)
+        d_model = llm.get_input_embeddings().embedding_dim
+        if adapter_dir is not None:
+            projector = load_adapter(adapter_dir)
+            if projector.d_vision != encoder.hidden_size or projector.d_model != d_model:
+                raise GraftConfigError(
+                    f"adapter in {adapter_dir} maps {projector.d_vision}->{projector.d_model}, "
+                    f"but encoder gives {encoder.hidden_size} and the LLM takes {d_model}")
+        else:
+            projector = build_adapter(AdapterConfig.from_dict(dict(spec.adapter)),
+                                      encoder.hidden_size, d_model)
+        return cls(spec, encoder, projector, llm, tokenizer)
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, device: str = "cpu") -> "GraftedModel":
+        """Load a training run dir (graft.yaml + adapter.safetensors [+ lora/])."""
+        run_dir = Path(run_dir)
+        if not (run_dir / "graft.yaml").is_file():
+            raise GraftConfigError(f"{run_dir} is not a run dir: graft.yaml is missing")
+        spec = GraftSpec.load(run_dir / "graft.yaml")
+        model = cls.from_spec(spec, adapter_dir=run_dir)
+        if (run_dir / "lora").is_dir():
+            from peft import PeftModel
+
+            model.llm = PeftModel.from_pretrained(model.llm, str(run_dir / "lora"))
+            model.llm.eval()
+        return model.to(device)
+
+    # ---- image path ----------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.projector.parameters()).device
+
+    def image_token_count(self, width: int, height: int) -> int:
+        n = self.encoder.num_tokens(width, height)
+        return self.projector.num_output_tokens(n, grid=self.encoder.token_grid(width, height))
+
+    @torch.no_grad()
+    def encode_images(self, images) -> list[torch.Tensor]:
+        """Frozen encoder features, one [n_i, d_vision] per PIL image."""
+        if not images:
+            return []
+        inputs = self.encoder.preprocess(list(images))
+        return [f.float() for f in self.encoder.encode(inputs)]
+
+    def project(self, features: list[torch.Tensor], sizes: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """Projector over each image's features; sizes are (width, height) for the grid."""
+        dtype = next(self.projector.parameters()).dtype
+        return [self.projector(f.to(self.device, dtype), grid=self.encoder.token_grid(w, h))
+                for f, (w, h) in zip(features, sizes)]
+
+    def image_features(self, images) -> list[torch.Tensor]:
+        """Projected embeddings, one [n_image_tokens_i, d_model] per image."""
+        return self.project(self.encode_images(images), [im.size for im in images])
+
+    # ---- LLM path ------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor, image_feats: list[torch.Tensor]) -> torch.Tensor:
+        feats = torch.cat(image_feats, 0) if image_feats else None
+        embeds = embed_with_images(input_ids, self.llm.get_input_embeddings(), feats)
+        return embeds
+
+    def forward(self, input_ids, attention_mask, labels, vision_feats: list[torch.Tensor],
+                sizes: list[tuple[int, int]]):
+        """Training forward: projection happens here so DDP sees the trainable params."""
+        embeds = self.embed(input_ids, self.project(vision_feats, sizes))
+        return self.llm(inputs_embeds=embeds, attention_mask=attention_mask, labels=labels,
+                        use_cache=False)
+
+    @torch.no_grad()
+    def generate_ids(self, input_ids: list[int], images=(), max_new_tokens: int = 64,
+                     temperature: float = 0.0, seed: int | None = None) -> list[int]:
+        ids = torch.tensor([input_ids], device=self.device)
+        embeds = self.embed(ids, self.image_features(list(images)))
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
+        if temperature > 0:
+            if seed is not None:
+                torch.manual_seed(seed)
+            kwargs.update(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        out = self.llm.generate(inputs_embeds=embeds, attention_mask=torch.ones_like(ids), **kwargs)
+        return out[0].tolist()
+
+    def chat(self, messages: list[dict], images=(), max_new_tokens: int = 64,
+             temperature: float = 0.0, seed: int | None = None) -> str:
+        """Answer a chat (user text with `<image>` markers, one per image) with HF generate."""
+        from graft.template import encode_chat
+
+        images = list(images)
+        counts = [self.image_token_count(*im.size) for im in images]
+        chat = encode_chat(self.tokenizer, messages, counts, add_generation_prompt=True)
+        new = self.generate_ids(chat.input_ids, images, max_new_tokens, temperature, seed)
+        return self.tokenizer.decode(new, skip_special_tokens=True).strip()
+
+    def describe(self) -> dict:
+        """Components and parameter counts, frozen vs trainable (for `graft inspect`)."""
+        def count(module):
+            total = sum(p.numel() for p in module.parameters())
+            train = sum(p.numel() for p in module.parameters() if p.requires_grad)
+            return {"params": total, "trainable": train, "frozen": total - train}
+
+        return {
+            "encoder": {"kind": self.spec.encoder.get("kind"), "hidden_size": self.encoder.hidden_size,
+                        "identity": self.encoder.identity(), **count(self.encoder)},
+            "projector": {"kind": self.projector.config.kind, "d_vision": self.projector.d_vision,
+                          "d_model": self.projector.d_model, **count(self.projector)},
+            "llm": {"path": self.spec.llm.path, "class": type(self.llm).__name__, **count(self.llm)},
+        }
