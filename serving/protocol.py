@@ -158,6 +158,36 @@ def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
                        code="invalid_value") from None
 
 
+IMAGE_MARKER = "<image>"  # graft.template's marker; kept literal so this module stays light
+
+
+def to_chat_messages(messages: list[ChatMessage]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """OpenAI messages -> template messages with one `<image>` marker per image part, plus
+    (param path, url) per image in prompt order."""
+    out: list[dict] = []
+    images: list[tuple[str, str]] = []
+    for i, msg in enumerate(messages):
+        parts = msg.content if isinstance(msg.content, list) else [msg.content or ""]
+        text = []
+        for j, part in enumerate(parts):
+            where = f"messages[{i}].content" + (f"[{j}]" if isinstance(msg.content, list) else "")
+            piece = part if isinstance(part, str) else getattr(part, "text", None)
+            if piece is not None:
+                if IMAGE_MARKER in piece:
+                    raise APIError(f"{where}: text must not contain the literal {IMAGE_MARKER}; "
+                                   "send images as image_url parts", param=where)
+                text.append(piece)
+            else:
+                if msg.role != "user":
+                    raise APIError(f"{where}: images are only accepted in user messages",
+                                   param=where)
+                images.append((f"{where}.image_url.url", part.image_url.url))
+                text.append(IMAGE_MARKER)
+        out.append({"role": "system" if msg.role == "developer" else msg.role,
+                    "content": "\n".join(text)})  # LLaVA style: "<image>\nquestion"
+    return out, images
+
+
 # -- response ------------------------------------------------------------------------------
 
 def new_completion_id() -> str:

@@ -1,0 +1,223 @@
+"""The engine's one background thread: admits jobs, encodes their images within a per-step
+encoder budget, steps the engine while work exists and hands outputs to per-request sinks.
+
+The HTTP layer never touches the engine; it submits jobs and reads events from a sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from graft.serving.admission import AdmissionController, QueueItem, StepCostModel
+from graft.serving.protocol import APIError
+
+log = logging.getLogger("graft.serving")
+
+
+@dataclass
+class Job:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: object  # SamplingParams
+    sink: Callable[[str, object], None]  # thread-safe: ("output", RequestOutput) | ("error", APIError)
+    prepared: object = None  # multimodal.PreparedPrompt when the prompt has images
+    deadline: float | None = None  # absolute time.monotonic() for the first token
+    arrival: float = field(default_factory=time.monotonic)
+    encode_tokens: int = 0  # image tokens not in the encoder cache at admission
+    first_token_at: float | None = None
+    n_output: int = 0
+
+    def queue_item(self) -> QueueItem:
+        return QueueItem(self.deadline if self.deadline is not None else float("inf"),
+                         len(self.prompt_token_ids), self.encode_tokens)
+
+
+class EngineWorker:
+    def __init__(self, engine, front=None, metrics=None, encoder_tokens_per_step: int = 4096,
+                 admission_slack: float = 1.0):
+        self.engine = engine
+        self.front = front  # MultimodalFront or None (text-only model)
+        self.metrics = metrics
+        self.encoder_tokens_per_step = encoder_tokens_per_step
+        self.cost = StepCostModel()
+        self.admission = AdmissionController(self.cost, engine.config.max_num_batched_tokens,
+                                             admission_slack)
+        self.pending: list[Job] = []  # admitted, images not yet encoded: EDF order
+        self.active: dict[str, Job] = {}  # inside the engine
+        self._aborts: list[str] = []
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="graft-engine", daemon=True)
+
+    # ---- called from the HTTP layer (any thread) ----------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    def submit(self, job: Job, budget_s: float | None) -> float:
+        """Admission control, then queue; returns the TTFT estimate or raises APIError(429)."""
+        with self._cond:
+            queue = [j.queue_item() for j in self.pending]
+            queue += [j.queue_item() for j in self.active.values() if j.first_token_at is None]
+            decoding = sum(1 for j in self.active.values() if j.first_token_at is not None)
+            estimate = self.admission.admit(job.queue_item(), budget_s, queue, decoding)
+            self.pending.append(job)
+            self.pending.sort(key=lambda j: j.queue_item().deadline)
+            self._cond.notify()
+        return estimate
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            self._aborts.append(request_id)
+            self._cond.notify()
+
+    def queue_depth(self) -> int:
+        return len(self.pending) + sum(1 for j in self.active.values() if j.first_token_at is None)
+
+    def num_running(self) -> int:
+        return len(self.active)
+
+    # ---- the engine thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._aborts or self.pending
+                           or self.engine.has_unfinished_requests()):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                aborts, self._aborts = self._aborts, []
+            try:
+                self._run_once(aborts)
+            except Exception as err:  # never let one bad batch kill the server thread
+                log.exception("engine step failed")
+                self._fail_all(APIError(f"engine error: {err}", status=500,
+                                        type="server_error", code="engine_error"))
+
+    def _run_once(self, aborts: list[str]) -> None:
+        for rid in aborts:
+            self._abort_now(rid)
+        self._expire_pending()
+        self._admit_some()
+        if self.engine.has_unfinished_requests():
+            start = time.perf_counter()
+            outputs = self.engine.step()
+            elapsed = time.perf_counter() - start
+            stats = getattr(self.engine, "last_step_stats", None)
+            if stats is not None and (stats.get("prefill_tokens") or stats.get("decode_seqs")):
+                self.cost.observe_step(stats["prefill_tokens"], stats["decode_seqs"], elapsed)
+            for out in outputs:
+                self._deliver(out)
+
+    def _abort_now(self, rid: str) -> None:
+        with self._cond:
+            job = next((j for j in self.pending if j.request_id == rid), None)
+            if job is not None:
+                self.pending.remove(job)
+        if job is None and rid in self.active:
+            job = self.active.pop(rid)
+            self.engine.abort(rid)
+        if job is not None:
+            self._release(rid)
+            if self.metrics:
+                self.metrics.aborted.inc()
+
+    def _expire_pending(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            late = [j for j in self.pending if j.deadline is not None and now > j.deadline]
+            for j in late:
+                self.pending.remove(j)
+        for j in late:
+            self._release(j.request_id)
+            j.sink("deadline", None)
+            if self.metrics:
+                self.metrics.deadline.inc()
+
+    def _admit_some(self) -> None:
+        """Move pending jobs into the engine, encoding at most about one encoder budget of
+        image tokens per step so running decodes keep flowing between encoder batches."""
+        with self._cond:
+            batch: list[Job] = []
+            budget = self.encoder_tokens_per_step
+            room = self.front.cache.max_bytes - self.front.cache.pinned_bytes if self.front else 0
+            for job in list(self.pending):
+                if job.prepared is not None and job.prepared.images:
+                    need = job.encode_tokens
+                    nbytes = sum(im.nbytes for im in job.prepared.images)
+                    if batch and need > budget or nbytes > room:
+                        break  # keep EDF order: later jobs wait behind this one
+                    budget -= need
+                    room -= nbytes
+                batch.append(job)
+                self.pending.remove(job)
+        embeds: dict = {}
+        items = [(im, j.request_id) for j in batch if j.prepared is not None
+                 for im in j.prepared.images]
+        if items:
+            start = time.perf_counter()
+            embeds, encoded = self.front.encode(items)
+            self.cost.observe_encode(encoded, time.perf_counter() - start)
+        for job in batch:
+            mm = self.front.mm_inputs(job.prepared, embeds) if job.prepared is not None else None
+            self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
+                                    sampling_params=job.sampling_params, mm_inputs=mm,
+                                    deadline=job.deadline)
+            self.active[job.request_id] = job
+
+    def _deliver(self, out) -> None:
+        job = self.active.get(out.request_id)
+        if job is None:
+            return
+        now = time.monotonic()
+        if job.first_token_at is None and out.token_ids:
+            job.first_token_at = now
+            # The budget is for the first token; once met, decoding runs to its own end.
+            self.engine.clear_deadline(job.request_id)
+            if self.metrics:
+                self.metrics.ttft.observe(now - job.arrival)
+        job.n_output = len(out.token_ids)
+        job.sink("output", out)
+        if out.finished:
+            self.active.pop(out.request_id, None)
+            self._release(out.request_id)
+            if self.metrics:
+                self._record_finish(job, out, now)
+
+    def _record_finish(self, job: Job, out, now: float) -> None:
+        m = self.metrics
+        m.finished.inc()
+        m.e2e.observe(now - job.arrival)
+        m.prompt_tokens.inc(len(job.prompt_token_ids))
+        m.generation_tokens.inc(job.n_output)
+        if job.first_token_at is not None and job.n_output > 1:
+            m.tpot.observe((now - job.first_token_at) / (job.n_output - 1))
+        if out.finish_reason == "deadline":
+            m.deadline.inc()
+
+    def _release(self, rid: str) -> None:
+        if self.front is not None:
+            self.front.cache.release(rid)
+
+    def _fail_all(self, err: APIError) -> None:
+        with self._cond:
+            jobs = list(self.pending) + list(self.active.values())
+            self.pending.clear()
+        for job in jobs:
+            if job.request_id in self.active:
+                self.active.pop(job.request_id)
+                try:
+                    self.engine.abort(job.request_id)
+                except Exception:  # the engine is already in trouble; free what we can
+                    log.exception("abort after engine error failed")
+            self._release(job.request_id)
+            job.sink("error", err)
