@@ -7,7 +7,12 @@ from typing import Callable
 
 from graft.evals.metrics.anls import anls_aggregate, anls_scores
 from graft.evals.metrics.cider import cider_aggregate, cider_scores
-from graft.evals.metrics.exact_match import exact_match_aggregate, exact_match_scores
+from graft.evals.metrics.exact_match import (
+    exact_match_aggregate,
+    exact_match_scores,
+    identical_aggregate,
+    identical_scores,
+)
 from graft.evals.metrics.multiple_choice import mc_aggregate, mc_scores
 from graft.evals.metrics.vqa import vqa_aggregate, vqa_scores
 from graft.evals.metrics.yes_no import yes_no_aggregate, yes_no_scores
@@ -26,6 +31,7 @@ class Metric:
 
 METRICS: dict[str, Metric] = {
     "exact_match": Metric("exact_match", "accuracy", exact_match_scores, exact_match_aggregate),
+    "identical": Metric("identical", "accuracy", identical_scores, identical_aggregate),
     "vqa_accuracy": Metric("vqa_accuracy", "accuracy", vqa_scores, vqa_aggregate),
     "multiple_choice": Metric("multiple_choice", "accuracy", mc_scores, mc_aggregate),
     "circular_choice": Metric("circular_choice", "circular_accuracy", mc_scores, mc_aggregate),

@@ -22,3 +22,13 @@ def exact_match_scores(predictions, samples) -> list[dict[str, float]]:
 
 def exact_match_aggregate(columns: dict[str, np.ndarray], groups: np.ndarray) -> dict[str, float]:
     return {"accuracy": float(columns["exact_match"].mean())}
+
+
+def identical_scores(predictions, samples) -> list[dict[str, float]]:
+    """Strict equality (surrounding whitespace aside): for regressions, where any change counts."""
+    return [{"identical": float(p is not None and p.strip() == str(s.target).strip())}
+            for p, s in zip(predictions, samples)]
+
+
+def identical_aggregate(columns: dict[str, np.ndarray], groups: np.ndarray) -> dict[str, float]:
+    return {"accuracy": float(columns["identical"].mean())}

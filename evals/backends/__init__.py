@@ -1,0 +1,45 @@
+"""Backends behind one call, `generate(requests) -> list[Result]`, and the picker from a CLI target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from graft.errors import GraftConfigError
+from graft.evals.backends.base import Request, Result
+
+BACKEND_KINDS = ("hf", "engine")
+
+
+def make_backend(target, kind: str = "hf", **endpoint_options):
+    """A ready backend from a backend object, a GraftedModel, an http(s) URL, a run dir or an LLM dir."""
+    if hasattr(target, "generate") and hasattr(target, "identity"):
+        return target
+    if hasattr(target, "chat") and hasattr(target, "spec"):
+        from graft.evals.backends.hf import GraftedBackend
+
+        return GraftedBackend(target)
+    text = str(target)
+    if text.startswith(("http://", "https://")):
+        from graft.evals.backends.endpoint import EndpointBackend
+
+        return EndpointBackend(text, **endpoint_options)
+    if kind not in BACKEND_KINDS:
+        raise GraftConfigError(f"--backend {kind!r}: choose one of {', '.join(BACKEND_KINDS)}")
+    path = Path(text).expanduser()
+    if not (path / "graft.yaml").is_file() and not (path / "config.json").is_file():
+        raise GraftConfigError(
+            f"--model {path}: neither a run dir (graft.yaml) nor an HF LLM dir (config.json)")
+    if kind == "engine":
+        from graft.evals.backends.engine import EngineBackend
+
+        return EngineBackend(path)
+    if (path / "graft.yaml").is_file():
+        from graft.evals.backends.hf import GraftedBackend
+
+        return GraftedBackend(path)
+    from graft.evals.backends.hf import PlainLLMBackend
+
+    return PlainLLMBackend(path)
+
+
+__all__ = ["BACKEND_KINDS", "Request", "Result", "make_backend"]

@@ -1,0 +1,83 @@
+"""`graft eval`: run tasks on a model or endpoint, `--list` the tasks, or `compare A B`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mode", nargs="*", metavar="compare A B",
+                        help="`compare RUN_A RUN_B`: per-task deltas of two --out folders")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--model", help="run dir (graft.yaml) or plain HF LLM dir")
+    target.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--tasks", default="", help="comma-separated task names or YAML paths")
+    parser.add_argument("--list", action="store_true", help="list the shipped tasks and exit")
+    parser.add_argument("--limit", type=int, default=None, help="first N questions per task")
+    parser.add_argument("--out", default=None, help="folder for results.json and samples_<task>.jsonl")
+    parser.add_argument("--backend", default="hf", choices=["hf", "engine"], help="how --model runs")
+    parser.add_argument("--data-root", default=None, help="folder task data paths are relative to")
+    parser.add_argument("--base-llm", default=None, help="frozen LLM dir for reference: base_llm tasks")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap and sampling seed")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for CIs")
+    parser.add_argument("--cache", default=None, help="response cache file (default ~/.cache/graft/...)")
+    parser.add_argument("--no-cache", action="store_true", help="always ask the model")
+    parser.add_argument("--endpoint-model", default=None, help="model name sent to the endpoint")
+    parser.add_argument("--concurrency", type=int, default=4, help="parallel endpoint requests")
+    parser.add_argument("--retries", type=int, default=2, help="retries per failed endpoint request")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per endpoint request")
+
+
+def _list() -> int:
+    from graft.evals.report import format_table
+    from graft.evals.task import list_tasks
+
+    rows = [[s.name, ",".join(s.metrics), s.data_root or "(--data-root)", s.description]
+            for s in list_tasks().values()]
+    print(format_table(["task", "metrics", "data", "description"], rows))
+    return 0
+
+
+def _compare(args) -> int:
+    from pathlib import Path
+
+    from graft.errors import GraftConfigError
+    from graft.evals.compare import compare_runs, compare_table
+    from graft.io import atomic_write_json
+
+    if len(args.mode) != 3:
+        raise GraftConfigError("usage: graft eval compare RUN_A RUN_B [--out DIR]")
+    report = compare_runs(args.mode[1], args.mode[2], n_boot=args.bootstrap, seed=args.seed)
+    print(compare_table(report))
+    if args.out:
+        atomic_write_json(Path(args.out) / "compare.json", report)
+        print(f"wrote {args.out}/compare.json")
+    return 0
+
+
+def run(args) -> int:
+    from graft.errors import GraftConfigError
+
+    if args.list:
+        return _list()
+    if args.mode:
+        if args.mode[0] != "compare":
+            raise GraftConfigError(f"unknown mode {args.mode[0]!r}; the only mode is `compare A B`")
+        return _compare(args)
+    if not (args.model or args.endpoint):
+        raise GraftConfigError("pass --model RUN_DIR or --endpoint URL (or --list, or compare A B)")
+    from graft.evals.report import results_table
+    from graft.evals.runner import run_eval
+
+    endpoint_options = {}
+    if args.endpoint:
+        endpoint_options = dict(model=args.endpoint_model, concurrency=args.concurrency,
+                                retries=args.retries, timeout=args.timeout)
+    results = run_eval(args.endpoint or args.model, tasks=args.tasks, data_root=args.data_root,
+                       out_dir=args.out, limit=args.limit, backend=args.backend,
+                       cache=False if args.no_cache else (args.cache or True), seed=args.seed,
+                       n_boot=args.bootstrap, base_llm=args.base_llm, **endpoint_options)
+    print(results_table(results))
+    if args.out:
+        print(f"wrote {args.out}/results.json")
+    return 0

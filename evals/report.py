@@ -1,0 +1,99 @@
+"""results.json / samples_<task>.jsonl writers (atomic), the run fingerprint and the printed table."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from graft.io import atomic_write_json, atomic_write_text
+
+_PACKAGES = ("graft-vlm", "torch", "transformers", "timm", "numpy", "pillow", "httpx", "safetensors", "peft")
+REPO_DIR = Path(__file__).resolve().parents[1]
+
+
+def git_state(repo: Path = REPO_DIR) -> dict:
+    def git(*args):
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=20)
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": None if dirty is None else bool(dirty)}
+
+
+def package_versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def hardware() -> dict:
+    info = {"machine": platform.machine(), "system": platform.system(), "processor": platform.processor(),
+            "cpu_count": os.cpu_count()}
+    torch = sys.modules.get("torch")  # only if a backend already loaded it: no import cost for endpoints
+    if torch is not None and torch.cuda.is_available():
+        info["cuda"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["torch_threads"] = torch.get_num_threads()
+    elif torch is not None:
+        info["torch_threads"] = torch.get_num_threads()
+    return info
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_samples(out_dir: Path, task: str, rows: list[dict]) -> Path:
+    path = out_dir / f"samples_{task}.jsonl"
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def write_results(out_dir: Path, results: dict) -> Path:
+    path = out_dir / "results.json"
+    atomic_write_json(path, results)
+    return path
+
+
+def read_results(run: str | Path) -> dict:
+    from graft.errors import GraftDataError
+
+    path = Path(run)
+    path = path / "results.json" if path.is_dir() else path
+    if not path.is_file():
+        raise GraftDataError(f"{path} does not exist: point at an eval --out folder or its results.json")
+    return json.loads(path.read_text())
+
+
+def read_samples(run_dir: Path, task: str) -> list[dict]:
+    path = run_dir / f"samples_{task}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def format_table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def results_table(results: dict) -> str:
+    rows = []
+    for name, t in results["tasks"].items():
+        lo, hi = t["ci"]
+        rows.append([name, t["metric"], f"{t['score']:.4f}", f"[{lo:.4f}, {hi:.4f}]", t["n"], t["n_errors"]])
+    return format_table(["task", "metric", "score", "95% CI", "n", "errors"], rows)
