@@ -1,0 +1,81 @@
+"""`graft serve PATH`: the OpenAI-compatible chat server for a run dir or a plain LLM dir."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="run dir (graft.yaml: images + text) or HF LLM dir (text only)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None,
+                   help="model name clients send (default: the dir's name)")
+    p.add_argument("--allowed-local-media-path", default=None,
+                   help="allow image_url file paths under this dir (default: none)")
+    p.add_argument("--allow-remote-media", action="store_true",
+                   help="allow http(s) image URLs (default: data: URLs only)")
+    p.add_argument("--limit-images-per-prompt", type=int, default=4)
+    p.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
+    p.add_argument("--max-image-pixels", type=int, default=4096 * 4096)
+    p.add_argument("--encoder-cache-mb", type=float, default=256.0,
+                   help="byte budget of the encoder (image embedding) cache")
+    p.add_argument("--encoder-tokens-per-step", type=int, default=4096,
+                   help="image tokens encoded between two engine steps")
+    p.add_argument("--ttft-budget-ms", type=float, default=None,
+                   help="default time-to-first-token budget; requests may set ttft_budget_ms")
+    p.add_argument("--admission-slack", type=float, default=1.0,
+                   help="multiply TTFT estimates by this before comparing to the budget")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--log-level", default="warning")
+
+
+def build(args: argparse.Namespace):
+    """Engine + app from parsed arguments (also used by tests)."""
+    from graft.serving import EngineConfig
+    from graft.serving.media import MediaConfig
+    from graft.serving.multimodal import load_engine
+    from graft.serving.server import ServerSettings, build_app
+
+    config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                          max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_model_len=args.max_model_len,
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          dtype=args.dtype, device=args.device)
+    path = Path(args.path)
+    if (path / "graft.yaml").is_file():
+        engine = load_engine(path, config, int(args.encoder_cache_mb * 1024 * 1024))
+    else:
+        from graft.serving import Engine
+
+        engine = Engine.from_pretrained(str(path), config)
+    media = MediaConfig(allowed_local_media_path=args.allowed_local_media_path,
+                        allow_remote_media=args.allow_remote_media,
+                        max_image_bytes=args.max_image_bytes,
+                        max_image_pixels=args.max_image_pixels)
+    settings = ServerSettings(
+        model_name=args.served_model_name or path.resolve().name, media=media,
+        limit_images_per_prompt=args.limit_images_per_prompt,
+        default_ttft_budget_ms=args.ttft_budget_ms,
+        encoder_tokens_per_step=args.encoder_tokens_per_step,
+        admission_slack=args.admission_slack)
+    return build_app(engine, settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    app = build(args)
+    print(f"graft serve: {args.path} as {app.state.ctx.settings.model_name!r} on "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
