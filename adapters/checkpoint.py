@@ -1,0 +1,79 @@
+"""Save/load a projector alone: adapter.safetensors + adapter.json (config, d_vision, d_model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from graft.adapters.base import Projector
+from graft.adapters.config import AdapterConfig
+from graft.adapters.registry import build_adapter
+from graft.errors import GraftConfigError
+
+WEIGHTS_NAME = "adapter.safetensors"
+CONFIG_NAME = "adapter.json"
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)  # readers see the old file or the complete new one, never half
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_adapter(proj: Projector, out_dir: str | os.PathLike) -> Path:
+    """Write the projector's weights and config into out_dir (created if needed); returns the dir."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # Tensors must be contiguous CPU copies: safetensors refuses views and shared storage.
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in proj.state_dict().items()}
+    meta = {"config": proj.config.to_dict(), "d_vision": proj.d_vision, "d_model": proj.d_model}
+    _atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    _atomic_write(out / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2) + "\n"))
+    return out
+
+
+def load_adapter(in_dir: str | os.PathLike, d_vision: int | None = None, d_model: int | None = None) -> Projector:
+    """The saved projector (fp32, CPU); pass d_vision/d_model to check it fits an encoder/LLM pair."""
+    from safetensors.torch import load_file
+
+    root = Path(in_dir)
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (root / name).is_file():
+            raise GraftConfigError(f"adapter dir {str(root)!r} has no {name}; it must hold {CONFIG_NAME} and {WEIGHTS_NAME} (save_adapter writes both)")
+    try:
+        meta = json.loads((root / CONFIG_NAME).read_text())
+        cfg = AdapterConfig.from_dict(meta["config"])
+        saved_vision, saved_model = int(meta["d_vision"]), int(meta["d_model"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        if isinstance(err, GraftConfigError):
+            raise
+        raise GraftConfigError(f"{root / CONFIG_NAME} is not a valid adapter config ({type(err).__name__}: {err})") from err
+    for name, want, have in (("d_vision", d_vision, saved_vision), ("d_model", d_model, saved_model)):
+        if want is not None and want != have:
+            raise GraftConfigError(
+                f"adapter in {str(root)!r} was trained for {name}={have}, but this model needs {name}={want}; "
+                "use an adapter trained for this encoder/LLM pair"
+            )
+    proj = build_adapter(cfg, saved_vision, saved_model)
+    state = load_file(str(root / WEIGHTS_NAME))
+    own = proj.state_dict()
+    problems = [f"missing {k}" for k in own if k not in state]
+    problems += [f"unexpected {k}" for k in state if k not in own]
+    problems += [f"{k}: file {tuple(state[k].shape)} vs config {tuple(own[k].shape)}"
+                 for k in own if k in state and state[k].shape != own[k].shape]
+    if problems:
+        raise GraftConfigError(f"{root / WEIGHTS_NAME} does not match {CONFIG_NAME}: {'; '.join(problems[:6])}")
+    with torch.no_grad():
+        proj.load_state_dict(state, strict=True)
+    return proj

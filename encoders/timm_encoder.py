@@ -1,0 +1,149 @@
+"""Any timm model as a frozen encoder: ViTs give one layer's patch tokens, CNNs their last feature map."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from graft.encoders.base import EncoderInputs, VisionEncoder
+from graft.encoders.config import EncoderConfig
+from graft.encoders.registry import register_encoder
+from graft.encoders.weights import load_state_dict_file
+from graft.errors import GraftConfigError
+
+
+def _create_model(cfg: EncoderConfig):
+    import timm
+
+    if not cfg.model_name:
+        raise GraftConfigError("encoder.model_name is required for kind 'timm' (e.g. efficientnet_lite0, vit_base_patch16_224)")
+    kwargs = dict(cfg.timm_kwargs)
+    kwargs.setdefault("num_classes", 0)  # the classifier head is never used: don't build it
+    # Seeded so a random-init encoder (path: null) is the same one every time.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        try:
+            return timm.create_model(cfg.model_name, pretrained=False, **kwargs)
+        except RuntimeError as err:
+            if "Unknown model" in str(err):
+                raise GraftConfigError(f"encoder.model_name {cfg.model_name!r} is not a timm model ({err})") from err
+            raise
+        except TypeError as err:
+            raise GraftConfigError(f"encoder.timm_kwargs {cfg.timm_kwargs} rejected by timm.create_model({cfg.model_name!r}): {err}") from err
+
+
+def _load_weights(model: torch.nn.Module, path: str) -> None:
+    """Strict load with errors that name the offending keys; the checkpoint's classifier is dropped."""
+    sd = load_state_dict_file(path)
+    own = model.state_dict()
+    heads = model.pretrained_cfg.get("classifier") or ()
+    heads = (heads,) if isinstance(heads, str) else tuple(heads)
+    sd = {k: v for k, v in sd.items() if k in own or not k.startswith(tuple(h + "." for h in heads))}
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    bad_shape = [f"{k}: file {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+                 for k in own if k in sd and sd[k].shape != own[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} key(s), e.g. {missing[:4]}")
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)} key(s), e.g. {unexpected[:4]}")
+    if bad_shape:
+        problems.append(f"shape mismatch: {'; '.join(bad_shape[:4])}")
+    if problems:
+        raise GraftConfigError(
+            f"encoder.path {path!r} does not fit timm model {model.pretrained_cfg.get('architecture')!r}: "
+            + " | ".join(problems)
+            + ". Check encoder.model_name/timm_kwargs match the checkpoint (set encoder.image_size, "
+            "not timm_kwargs.img_size, to run a ViT checkpoint at another resolution)."
+        )
+    model.load_state_dict(sd, strict=True)
+
+
+@register_encoder("timm")
+class TimmEncoder(VisionEncoder):
+    """timm backbone; input resized (squashed, no crop: the whole image is kept) to a fixed size."""
+
+    kind = "timm"
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__(config)
+        from timm.data import create_transform, resolve_data_config
+
+        model = _create_model(config)
+        if config.path is not None:
+            _load_weights(model, config.path)
+        self.is_vit = all(hasattr(model, a) for a in ("blocks", "num_prefix_tokens", "forward_intermediates"))
+        data_cfg = resolve_data_config({}, model=model)
+        if self.is_vit:
+            if config.image_size and tuple(model.patch_embed.img_size) != (config.image_size,) * 2:
+                model.set_input_size(img_size=(config.image_size, config.image_size))  # resamples pos_embed
+            size = tuple(model.patch_embed.img_size)
+            self.block_index = self._block_index(len(model.blocks))
+            # Blocks after the chosen one never run: drop them (and the final norm/head).
+            model.prune_intermediate_layers([self.block_index], prune_norm=True, prune_head=True)
+            self.kept_prefix_tokens = 0 if config.drop_prefix else model.num_prefix_tokens
+        else:
+            size = (config.image_size,) * 2 if config.image_size else tuple(data_cfg["input_size"][1:])
+        self.model = model
+        self.input_size = size  # (H, W)
+        self.mean = tuple(float(m) for m in data_cfg["mean"])
+        self.std = tuple(float(s) for s in data_cfg["std"])
+        self.interpolation = data_cfg.get("interpolation", "bicubic")
+        self.transform = create_transform(
+            input_size=(3, *size), interpolation=self.interpolation, mean=self.mean, std=self.std,
+            crop_pct=1.0, crop_mode="squash", is_training=False,
+        )
+        model.eval()
+        with torch.no_grad():  # one dummy pass gives the real grid and width for any architecture
+            probe, self._grid = self._features(torch.zeros(1, 3, *size))
+        self.hidden_size = int(probe.shape[-1])
+
+    def _block_index(self, n_blocks: int) -> int:
+        fl = self.config.feature_layer
+        if fl == 0 or not -n_blocks <= fl <= n_blocks:
+            raise GraftConfigError(
+                f"encoder.feature_layer={fl} is out of range for {self.config.model_name} with {n_blocks} blocks; "
+                f"use -1..-{n_blocks} (from the end) or 1..{n_blocks} (output of block k)"
+            )
+        return fl - 1 if fl > 0 else n_blocks + fl
+
+    def _features(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """[B, 3, H, W] -> ([B, n_tokens, hidden], (h, w) spatial grid)."""
+        if self.is_vit:
+            out = self.model.forward_intermediates(
+                pixel_values, indices=[self.block_index], norm=False, output_fmt="NLC",
+                intermediates_only=True, return_prefix_tokens=not self.config.drop_prefix,
+            )[0]
+            grid = tuple(int(g) for g in self.model.patch_embed.grid_size)
+            if self.config.drop_prefix:
+                return out, grid  # [B, h*w, D]
+            spatial, prefix = out
+            return torch.cat([prefix, spatial], dim=1), grid  # [B, prefix + h*w, D]
+        fmap = self.model.forward_features(pixel_values)
+        if fmap.ndim == 3:  # some backbones already return tokens [B, L, C]
+            return fmap, (1, int(fmap.shape[1]))
+        if getattr(self.model, "output_fmt", "NCHW") == "NHWC":
+            fmap = fmap.permute(0, 3, 1, 2)
+        return fmap.flatten(2).transpose(1, 2), (int(fmap.shape[2]), int(fmap.shape[3]))  # [B, H*W, C]
+
+    def preprocess(self, images) -> EncoderInputs:
+        images = self.check_images(images)
+        pixels = torch.stack([self.transform(img) for img in images])  # [B, 3, H, W]
+        return EncoderInputs(pixels, [img.size for img in images], [self._grid] * len(images))
+
+    @torch.no_grad()
+    def encode(self, inputs: EncoderInputs) -> list[torch.Tensor]:
+        feats, _ = self._features(inputs.pixel_values.to(self.device, self.dtype))
+        return list(feats.unbind(0))
+
+    def token_grid(self, width: int, height: int) -> tuple[int, int]:
+        return self._grid  # every image is resized to input_size
+
+    def weight_files(self) -> list[str]:
+        return [self.config.path] if self.config.path else []
+
+    def preprocess_identity(self) -> str:
+        return json.dumps({"resize": "squash", "size": list(self.input_size), "interpolation": self.interpolation,
+                           "mean": list(self.mean), "std": list(self.std)}, sort_keys=True)
