@@ -9,6 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 
 from tests.tiny_llm import LLM_FAMILIES, build_llm
+from tests.vision_fixtures import *  # noqa: F401,F403
 
 
 @pytest.fixture(scope="session")
