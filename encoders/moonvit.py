@@ -1,198 +1,105 @@
-"""MoonViT, Kimi's native-resolution ViT: packed images of any size in, 2x2-merged tokens out.
+"""The `moonvit` encoder kind: Kimi's MoonViT behind graft's encoder interface.
 
-Weights use the tensor names of transformers' `Kimi_K25VisionModel` (see moonvit_weights.py
-for reading the K2.5 and Kimi-VL checkpoint layouts into them).
+`path` is a Kimi-K2.5 or Kimi-VL checkpoint dir (only the vision tensors are read) or a dir
+written by `graft extract`. Output tokens are 2x2-merged patches: hidden_size = 4 x width.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from graft.errors import GraftDataError
-from graft.kernels import apply_rotary, rope_cos_sin
-
-
-@dataclass
-class MoonViTConfig:
-    patch_size: int = 14  # pixels per patch side
-    hidden_size: int = 1152  # width of every block
-    intermediate_size: int = 4304  # MLP width
-    num_attention_heads: int = 16  # heads per block (head_dim must be divisible by 4)
-    num_hidden_layers: int = 27  # transformer blocks
-    pos_emb_height: int = 64  # rows of the learned absolute position grid
-    pos_emb_width: int = 64  # columns of the learned absolute position grid
-    merge_kernel_size: tuple[int, int] = (2, 2)  # patches merged into one output token
-    rope_theta: float = 10000.0  # 2D RoPE base
-    max_grid_side: int = 512  # largest patch grid side: Kimi's 2D RoPE table is 512 x 512
-    layer_norm_eps: float = 1e-5  # every LayerNorm in the tower
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def merged_size(self) -> int:
-        """Width of one output token: the merged patches concatenated."""
-        return self.hidden_size * self.merge_kernel_size[0] * self.merge_kernel_size[1]
+from graft.encoders.base import EncoderInputs, VisionEncoder
+from graft.encoders.config import EncoderConfig
+from graft.encoders.moonvit_model import MoonViT, MoonViTConfig
+from graft.encoders.moonvit_processor import MoonViTProcessorConfig, preprocess, token_grid
+from graft.encoders.moonvit_weights import CheckpointReader, load_vision_state, read_vision_config
+from graft.encoders.registry import register_encoder
+from graft.errors import GraftConfigError
 
 
-class PositionEmbedding(nn.Module):
-    """Learned (H, W, d) grid, bicubically resampled to each image's patch grid."""
-
-    def __init__(self, cfg: MoonViTConfig):
-        super().__init__()
-        self.position_embeddings = nn.Parameter(
-            torch.zeros(cfg.pos_emb_height, cfg.pos_emb_width, cfg.hidden_size))
-
-    def forward(self, grids: list[tuple[int, int]]) -> torch.Tensor:
-        table = self.position_embeddings
-        out = []
-        for h, w in grids:
-            if (h, w) == tuple(table.shape[:2]):
-                out.append(table.reshape(h * w, -1))
-                continue
-            grid = table.permute(2, 0, 1).unsqueeze(0)  # [1, d, H, W]
-            grid = F.interpolate(grid, size=(h, w), mode="bicubic", align_corners=False)
-            out.append(grid.squeeze(0).permute(1, 2, 0).reshape(h * w, -1))  # [h*w, d]
-        return torch.cat(out)
-
-
-class PatchEmbed(nn.Module):
-    def __init__(self, cfg: MoonViTConfig):
-        super().__init__()
-        p = cfg.patch_size
-        self.proj = nn.Conv2d(3, cfg.hidden_size, kernel_size=p, stride=p)
-        self.pos_emb = PositionEmbedding(cfg)
-
-    def forward(self, patches: torch.Tensor, grids: list[tuple[int, int]]) -> torch.Tensor:
-        x = self.proj(patches).flatten(1)  # [n_patches, d]
-        return x + self.pos_emb(grids).to(x.dtype)
+def read_processor_config(root: str | Path, vision: MoonViTConfig,
+                          max_image_tokens: int | None) -> MoonViTProcessorConfig:
+    """Processor limits from preprocessor_config.json (K2.5 or Kimi-VL names) when present."""
+    cfg = MoonViTProcessorConfig(patch_size=vision.patch_size,
+                                 merge_size=vision.merge_kernel_size[0],
+                                 max_image_tokens=max_image_tokens)
+    path = Path(root) / "preprocessor_config.json"
+    if path.is_file():
+        raw = json.loads(path.read_text())
+        limit = raw.get("max_patches", raw.get("in_token_limit", raw.get("in_patch_limit")))
+        if limit is not None:
+            cfg.max_patches = int(limit)
+        side = (raw.get("size") or {}).get("max_height", raw.get("patch_limit_on_one_side"))
+        if side is not None:
+            cfg.max_patches_per_side = int(side)
+        for name in ("image_mean", "image_std"):
+            if raw.get(name) is not None:
+                setattr(cfg, name, tuple(float(v) for v in raw[name]))
+    if vision.merge_kernel_size[0] != vision.merge_kernel_size[1]:
+        raise GraftConfigError(f"{root}: merge_kernel_size {vision.merge_kernel_size} must be square")
+    if cfg.max_patches_per_side > vision.max_grid_side:
+        raise GraftConfigError(
+            f"{path}: images may be {cfg.max_patches_per_side} patches per side but MoonViT's "
+            f"position table covers {vision.max_grid_side}; lower size.max_height")
+    return cfg
 
 
-def patch_positions(grids: list[tuple[int, int]], device=None) -> torch.Tensor:
-    """(row, col) of every patch, images packed in raster order: [n_patches, 2]."""
-    parts = []
-    for h, w in grids:
-        rows = torch.arange(h, device=device).repeat_interleave(w)
-        cols = torch.arange(w, device=device).repeat(h)
-        parts.append(torch.stack([rows, cols], dim=-1))
-    return torch.cat(parts)
+@register_encoder("moonvit")
+class MoonViTEncoder(VisionEncoder):
+    kind = "moonvit"
 
+    def __init__(self, config: EncoderConfig):
+        super().__init__(config)
+        if not config.path:
+            raise GraftConfigError(
+                "encoder.path is required for kind moonvit: a Kimi-K2.5 / Kimi-VL checkpoint dir "
+                "or a dir written by `graft extract DONOR OUT --part vision`")
+        root = Path(config.path)
+        self.vision_config, _ = read_vision_config(root)
+        self.processor = read_processor_config(root, self.vision_config, config.max_image_tokens)
+        with torch.device("meta"):  # no random init of a 400M-parameter tower we overwrite
+            model = MoonViT(self.vision_config)
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        reader = CheckpointReader(root)
+        state = load_vision_state(reader, self.vision_config, expected)
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
+        self.model = model
+        self._weight_files = sorted(root / name for name in reader.opened)  # vision shards only
+        self.hidden_size = self.vision_config.merged_size
+        self.feature_layer = config.feature_layer
+        n = self.vision_config.num_hidden_layers
+        if not -(n + 1) <= config.feature_layer <= n:
+            raise GraftConfigError(
+                f"encoder.feature_layer={config.feature_layer}: MoonViT at {root} has {n} blocks; "
+                f"use -1 (final block + final LayerNorm, what Kimi's projector reads) .. -{n + 1}")
+        self.freeze()
 
-class Attention(nn.Module):
-    def __init__(self, cfg: MoonViTConfig):
-        super().__init__()
-        d = cfg.hidden_size
-        self.heads = cfg.num_attention_heads
-        self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d)
-        self.v_proj = nn.Linear(d, d)
-        self.proj = nn.Linear(d, d)
+    def preprocess(self, images) -> EncoderInputs:
+        images = self.check_images(images)
+        patches, grids = preprocess(images, self.processor)  # [n_patches, 3, 14, 14]
+        k = self.vision_config.merge_kernel_size
+        return EncoderInputs(
+            pixel_values=patches,
+            image_sizes=[im.size for im in images],
+            grids=[(h // k[0], w // k[1]) for h, w in grids],
+            extra={"patch_grids": grids},
+        )
 
-    def forward(self, x: torch.Tensor, cu_seqlens: list[int], cos, sin) -> torch.Tensor:
-        n = x.shape[0]
-        # Kimi rotates in fp32 whatever the weights dtype: cos/sin stay fp32 on purpose.
-        q = apply_rotary(self.q_proj(x).view(n, self.heads, -1), cos, sin)  # [n, heads, hd]
-        k = apply_rotary(self.k_proj(x).view(n, self.heads, -1), cos, sin)
-        v = self.v_proj(x).view(n, self.heads, -1)
-        out = torch.empty_like(v)
-        # Block-diagonal attention: each image attends only to its own patches.
-        for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
-            qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))  # [heads, len, hd]
-            out[start:end] = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
-        return self.proj(out.reshape(n, -1))
+    @torch.no_grad()
+    def encode(self, inputs: EncoderInputs) -> list[torch.Tensor]:
+        patches = inputs.pixel_values.to(self.device, self.dtype)
+        return self.model(patches, inputs.extra["patch_grids"], self.feature_layer)
 
+    def token_grid(self, width: int, height: int) -> tuple[int, int]:
+        return token_grid(width, height, self.processor)
 
-class MLP(nn.Module):
-    def __init__(self, cfg: MoonViTConfig):
-        super().__init__()
-        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+    def weight_files(self) -> list[Path]:
+        return self._weight_files
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+    def preprocess_identity(self) -> str:
+        return json.dumps(asdict(self.processor), sort_keys=True)
 
-
-class Block(nn.Module):
-    def __init__(self, cfg: MoonViTConfig):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.attn = Attention(cfg)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x, cu_seqlens, cos, sin):
-        x = x + self.attn(self.norm1(x), cu_seqlens, cos, sin)
-        return x + self.mlp(self.norm2(x))
-
-
-class MoonViT(nn.Module):
-    """patches [n_patches, 3, p, p] + grids [(h, w)] -> one [h*w/4, 4*d] tensor per image."""
-
-    def __init__(self, cfg: MoonViTConfig):
-        super().__init__()
-        if cfg.head_dim % 4:
-            raise ValueError(
-                f"MoonViT head_dim={cfg.head_dim} (hidden_size/num_attention_heads) must be "
-                "divisible by 4 for its 2D RoPE")
-        self.cfg = cfg
-        self.patch_embed = PatchEmbed(cfg)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
-        self.final_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-
-    def inv_freq(self, device) -> torch.Tensor:
-        """Frequencies shared by both axes; computed per call so meta-device builds stay valid."""
-        quarter = self.cfg.head_dim // 2
-        exponents = torch.arange(0, quarter, 2, dtype=torch.float, device=device) / quarter
-        return 1.0 / self.cfg.rope_theta ** exponents  # [head_dim / 4]
-
-    def check_grids(self, grids: list[tuple[int, int]], n_patches: int) -> None:
-        kh, kw = self.cfg.merge_kernel_size
-        side = self.cfg.max_grid_side
-        for i, (h, w) in enumerate(grids):
-            if h < 1 or w < 1 or h % kh or w % kw:
-                raise GraftDataError(
-                    f"image {i}: patch grid {h}x{w} must be positive multiples of the merge "
-                    f"kernel {kh}x{kw}; preprocess images with the encoder's processor")
-            if h > side or w > side:
-                raise GraftDataError(
-                    f"image {i}: patch grid {h}x{w} exceeds MoonViT's position table of "
-                    f"{side}x{side} patches (max_grid_side); resize the image below "
-                    f"{side * self.cfg.patch_size} px per side or set max_image_tokens")
-        expected = sum(h * w for h, w in grids)
-        if expected != n_patches:
-            raise GraftDataError(
-                f"pixel patches: got {n_patches} patches but the grids {grids} need {expected}")
-
-    def forward(self, patches: torch.Tensor, grids: list[tuple[int, int]],
-                feature_layer: int = -1) -> list[torch.Tensor]:
-        grids = [(int(h), int(w)) for h, w in grids]
-        self.check_grids(grids, patches.shape[0])
-        x = self.patch_embed(patches.to(self.patch_embed.proj.weight.dtype), grids)  # [n, d]
-        # Kimi's axial 2D RoPE: angle columns (w*f0, h*f0, w*f1, ...) rotate the pairs
-        # (i, i + head_dim/2); the q/k rows of Kimi-VL's complex layout are permuted to
-        # match on load (moonvit_weights).
-        cos, sin = rope_cos_sin(patch_positions(grids, x.device), self.inv_freq(x.device))
-        cu = [0]
-        for h, w in grids:
-            cu.append(cu[-1] + h * w)
-        n_layers = len(self.layers)
-        # feature_layer indexes HF-style hidden_states (0 = embeddings, k = after block k).
-        if not -(n_layers + 1) <= feature_layer <= n_layers:
-            raise ValueError(f"feature_layer={feature_layer} outside [-{n_layers + 1}, {n_layers}]")
-        n_run = feature_layer % (n_layers + 1)
-        for layer in self.layers[:n_run]:
-            x = layer(x, cu, cos, sin)
-        if n_run == n_layers:  # Kimi's projector reads the final-normed tower output
-            x = self.final_layernorm(x)
-        return [self.merge(x[s:e], g) for s, e, g in zip(cu[:-1], cu[1:], grids)]
-
-    def merge(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """[h*w, d] -> [(h/kh)*(w/kw), kh*kw*d], each kernel's patches concatenated row-major."""
-        (h, w), (kh, kw) = grid, self.cfg.merge_kernel_size
-        x = x.view(h // kh, kh, w // kw, kw, -1).permute(0, 2, 1, 3, 4)
-        return x.reshape((h // kh) * (w // kw), -1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from graft.encoders.moonvit import MoonViTConfig
+from graft.encoders.moonvit_model import MoonViTConfig
 from graft.errors import GraftConfigError
 
 # Kimi-VL / remote-code config names -> MoonViTConfig fields.
@@ -71,7 +71,12 @@ class CheckpointReader:
                 raise GraftConfigError(
                     f"{self.root}: tensor {key!r} lives in shard {name}, which is missing")
             self._handles[name] = safe_open(str(path), framework="pt")
-        return self._handles[name].get_tensor(key)
+        try:
+            return self._handles[name].get_tensor(key)
+        except Exception as err:  # safetensors' own error type; the index and shard disagree
+            raise GraftConfigError(
+                f"{self.root}: tensor {key!r} is listed for shard {name} but cannot be read "
+                f"from it ({err}); the checkpoint is incomplete or its index is stale") from err
 
 
 def read_vision_config(root: str | Path) -> tuple[MoonViTConfig, dict]:
