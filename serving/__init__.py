@@ -1,1 +1,13 @@
-"""The serving engine: paged KV cache, scheduler, model runner, OpenAI-compatible server."""
+"""The serving engine: paged KV cache, scheduler, model runner, OpenAI-compatible server.
+
+`from graft.serving import Engine, EngineConfig, SamplingParams` is the public entry point.
+"""
+
+from graft.serving.config import EngineConfig
+from graft.serving.engine import Engine, EngineStats
+from graft.serving.mm_inputs import ImageRange, MultiModalInputs
+from graft.serving.outputs import RequestOutput
+from graft.serving.sampling_params import SamplingParams
+
+__all__ = ["Engine", "EngineConfig", "EngineStats", "ImageRange", "MultiModalInputs",
+           "RequestOutput", "SamplingParams"]

@@ -1,0 +1,147 @@
+"""Paged KV block pool: ref counts, free list, and a prefix cache keyed by chain hashes.
+
+A full block's key is hash(parent key, its token ids, extra key), so a hit means the whole
+prefix matches. Hits are verified against the stored tokens and parent; blocks nobody
+references stay cached and are evicted least recently freed first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+
+from graft.serving.sequence import Sequence
+
+
+def chain_hash(parent: bytes | None, token_ids: list[int], extra_key: str | None = None) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"root")
+    h.update(array("q", token_ids).tobytes())
+    if extra_key is not None:
+        h.update(b"\x00extra:" + extra_key.encode())
+    return h.digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        # what a cached block holds, to verify a hash hit: (parent key, token ids, extra key)
+        self.block_key: list[bytes | None] = [None] * num_blocks
+        self.block_content: list[tuple | None] = [None] * num_blocks
+        self.free_ids: deque[int] = deque(range(num_blocks))  # never cached, or invalidated
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced, LRU first
+        self.cache: dict[bytes, int] = {}  # chain hash -> block id
+        self.hit_tokens = 0  # prefix-cache statistics
+        self.query_tokens = 0
+
+    # --- capacity -------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no sequence references (including cached ones that may be evicted)."""
+        return len(self.free_ids) + len(self.evictable)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # --- prefix cache ---------------------------------------------------------------
+    def lookup(self, seq: Sequence) -> list[int]:
+        """Cached blocks matching seq's leading full blocks; never the last token's block.
+
+        At least one token stays uncomputed so the step that finishes the prompt has logits.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        hits: list[int] = []
+        parent = None
+        for i in range((len(seq) - 1) // bs):
+            tokens = seq.token_ids[i * bs:(i + 1) * bs]
+            extra = seq.block_extra_key(i, bs)
+            key = chain_hash(parent, tokens, extra)
+            bid = self.cache.get(key)
+            if bid is None or self.block_content[bid] != (parent, tuple(tokens), extra):
+                break
+            hits.append(bid)
+            parent = key
+        return hits
+
+    def num_reclaimed(self, hits: list[int]) -> int:
+        """How many of `hits` would leave the free pool when acquired."""
+        return sum(1 for b in hits if self.ref_counts[b] == 0)
+
+    def acquire_prefix(self, seq: Sequence, hits: list[int]) -> None:
+        """Give a fresh sequence the cached blocks `hits` (from lookup) as its first blocks."""
+        for bid in hits:
+            if self.ref_counts[bid] == 0:
+                self.evictable.pop(bid, None)
+            self.ref_counts[bid] += 1
+            seq.block_table.append(bid)
+            seq.block_hashes.append(self.block_key[bid])
+        seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_cached_tokens = seq.num_computed_tokens
+        if self.enable_prefix_caching:
+            self.query_tokens += len(seq)
+            self.hit_tokens += seq.num_computed_tokens
+
+    # --- allocation -----------------------------------------------------------------
+    def new_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
+        return max(0, need - len(seq.block_table))
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grow seq's block table to hold num_new_tokens more; False (no change) if full."""
+        need = self.new_blocks_needed(seq, num_new_tokens)
+        if need > self.num_free_blocks:
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._take_block())
+        return True
+
+    def _take_block(self) -> int:
+        if self.free_ids:
+            bid = self.free_ids.popleft()
+        else:
+            bid, _ = self.evictable.popitem(last=False)
+            key = self.block_key[bid]
+            if self.cache.get(key) == bid:
+                del self.cache[key]
+            self.block_key[bid] = None
+            self.block_content[bid] = None
+        self.ref_counts[bid] = 1
+        return bid
+
+    def commit(self, seq: Sequence) -> None:
+        """Register seq's newly completed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = seq.num_computed_tokens // bs
+        for i in range(len(seq.block_hashes), full):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            tokens = seq.token_ids[i * bs:(i + 1) * bs]
+            extra = seq.block_extra_key(i, bs)
+            key = chain_hash(parent, tokens, extra)
+            seq.block_hashes.append(key)
+            bid = seq.block_table[i]
+            if key not in self.cache and self.block_key[bid] is None:
+                self.cache[key] = bid
+                self.block_key[bid] = key
+                self.block_content[bid] = (parent, tuple(tokens), extra)
+
+    def free(self, seq: Sequence) -> None:
+        """Drop seq's references; tail blocks first so LRU evicts a prefix's end first."""
+        for bid in reversed(seq.block_table):
+            self.ref_counts[bid] -= 1
+            if self.ref_counts[bid] == 0:
+                if self.block_key[bid] is not None:
+                    self.evictable[bid] = None
+                    self.evictable.move_to_end(bid)
+                else:
+                    self.free_ids.append(bid)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0

@@ -1,0 +1,47 @@
+"""Engine configuration: KV pool sizing, batching limits, dtype and device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graft.errors import GraftConfigError
+
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int | None = None  # explicit KV pool size in blocks (wins over memory)
+    kv_cache_memory: int | None = None  # KV pool size in bytes when num_kv_blocks is None
+    max_num_seqs: int = 64  # most sequences running at once
+    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
+    enable_prefix_caching: bool = True  # reuse KV of identical full prompt blocks
+    dtype: str = "float32"  # weights, activations and KV cache
+    device: str = "cpu"
+    max_model_len: int | None = None  # context limit; default max_position_embeddings
+    kv_cache_fraction: float = 0.9  # default pool: at most this share of free memory ...
+    cpu_kv_cache_cap: int = 2 << 30  # ... and on CPU never above this many bytes
+    seed: int = 0  # generator for sampled requests that give no seed of their own
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise GraftConfigError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        for name in ("num_kv_blocks", "kv_cache_memory", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise GraftConfigError(
+                    f"EngineConfig.{name} must be a positive int or None, got {value!r}")
+        if self.dtype not in _DTYPES:
+            raise GraftConfigError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if not 0.0 < self.kv_cache_fraction <= 1.0:
+            raise GraftConfigError(
+                f"EngineConfig.kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction!r}")
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)

@@ -1,0 +1,157 @@
+"""Building blocks shared by the decoder families: fused projections, paged attention, RoPE.
+
+All attention, KV-store, RMSNorm and rotary math goes through graft.kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from graft.kernels import (apply_rotary, paged_attention_decode, paged_attention_prefill,
+                           rms_norm, store_kv)
+
+
+@dataclass
+class AttentionMetadata:
+    """Batch layout of one forward: `num_decodes` single-token sequences, then prefill chunks."""
+
+    slot_mapping: torch.Tensor  # [T] int64 cache slot of every token
+    num_decodes: int  # first num_decodes tokens are one-token sequences
+    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int32
+    decode_context_lens: torch.Tensor | None  # [num_decodes] int32
+    prefill_block_tables: torch.Tensor | None  # [num_prefills, max_blocks] int32
+    prefill_cu_seqlens: torch.Tensor | None  # [num_prefills + 1] int32, offsets from num_decodes
+    prefill_context_lens: torch.Tensor | None  # [num_prefills] int32
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return rms_norm(x, self.weight, self.eps, residual)
+
+
+class PackedLinear(nn.Linear):
+    """One matmul for several HF projections stacked on the output dim (q|k|v, gate|up)."""
+
+    def __init__(self, in_features: int, shard_sizes: list[int], bias: bool):
+        super().__init__(in_features, sum(shard_sizes), bias=bias)
+        self.shard_sizes = shard_sizes
+
+    def shard(self, param: torch.Tensor, index: int) -> torch.Tensor:
+        offset = sum(self.shard_sizes[:index])
+        return param.narrow(0, offset, self.shard_sizes[index])
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False):
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        self.gate_up_proj = PackedLinear(hidden, [intermediate, intermediate], bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.act = ACT2FN[act]
+        self.intermediate = intermediate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, Hq, D] over the paged cache (this step's K/V already stored) -> [T, Hq, D]."""
+    nd = meta.num_decodes
+    if nd == q.shape[0]:
+        return paged_attention_decode(q, k_cache, v_cache, meta.decode_block_tables,
+                                      meta.decode_context_lens, scale)
+    if nd == 0:
+        return paged_attention_prefill(q, k_cache, v_cache, meta.prefill_block_tables,
+                                       meta.prefill_cu_seqlens, meta.prefill_context_lens, scale)
+    out_d = paged_attention_decode(q[:nd], k_cache, v_cache, meta.decode_block_tables,
+                                   meta.decode_context_lens, scale)
+    out_p = paged_attention_prefill(q[nd:], k_cache, v_cache, meta.prefill_block_tables,
+                                    meta.prefill_cu_seqlens, meta.prefill_context_lens, scale)
+    return torch.cat([out_d, out_p])
+
+
+class Attention(nn.Module):
+    """GQA self-attention over the paged KV cache, with optional per-head q/k RMSNorm."""
+
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 qkv_bias: bool, o_bias: bool, interleaved: bool,
+                 qk_norm_eps: float | None = None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = PackedLinear(hidden, [self.q_size, self.kv_size, self.kv_size], qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=o_bias)
+        self.q_norm = self.k_norm = None
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        self.interleaved = interleaved
+        self.scale = head_dim ** -0.5
+        self.k_cache = self.v_cache = None  # [num_blocks, block_size, Hkv, D], set by the runner
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) D]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(T, self.num_heads, self.head_dim)
+        k = k.reshape(T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        # cos/sin are [T, R/2]: the first R dims rotate (R < head_dim for partial rotary)
+        q = apply_rotary(q, cos, sin, self.interleaved)
+        k = apply_rotary(k, cos, sin, self.interleaved)
+        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale)  # [T, Hq, D]
+        return self.o_proj(out.reshape(T, self.q_size))
+
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float, int]:
+    """(inv_freq [R/2], attention scaling, rotary dim R) exactly as transformers builds them."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"config.json rope_scaling/rope_parameters rope_type={rope_type!r} is not supported by "
+            f"the graft engine; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim * (partial or 1.0))
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+        return 1.0 / (base ** exponents), 1.0, rotary_dim
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    return inv_freq.float(), float(scaling), 2 * inv_freq.shape[0]
+
+
+def embed_tokens(embedding: nn.Embedding, input_ids: torch.Tensor,
+                 override: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """Embedding rows for ids >= 0; negative ids (image placeholders) get `override` rows."""
+    from graft.inject import splice
+
+    # clamp: a negative id must never index the table (the engine rejects requests whose
+    # placeholders have no mm_inputs, so every negative position is overwritten below)
+    embeds = F.embedding(input_ids.clamp(min=0), embedding.weight)  # [T, d_model]
+    if override is None:
+        return embeds
+    mask, rows = override
+    return splice(embeds, mask, rows)

@@ -1,0 +1,96 @@
+"""Llama-style decoders (Llama/SmolLM2, Qwen2, Qwen3) over the paged KV cache.
+
+One implementation with flags: qkv bias (Qwen2), per-head q/k RMSNorm and explicit head_dim
+(Qwen3), tied embeddings (SmolLM2, Qwen3 small). Op order follows transformers so greedy
+tokens match HF `generate`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from graft.serving.models.layers import (Attention, AttentionMetadata, GatedMLP, RMSNorm,
+                                         embed_tokens)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, flags: dict):
+        super().__init__()
+        self.self_attn = Attention(
+            cfg.hidden_size, cfg.num_attention_heads, flags["num_kv_heads"], flags["head_dim"],
+            qkv_bias=flags["qkv_bias"], o_bias=flags["o_bias"], interleaved=flags["interleaved"],
+            qk_norm_eps=cfg.rms_norm_eps if flags["qk_norm"] else None)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act,
+                            bias=flags["mlp_bias"])
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, residual, cos, sin, meta):
+        """Pre-norm block; the residual add is fused into the next norm (same sums as HF)."""
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(h, cos, sin, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class CausalLM(nn.Module):
+    """Embedding -> decoder layers -> final norm -> logits of the selected positions."""
+
+    layer_cls = DecoderLayer
+    interleaved_rope = False
+
+    def __init__(self, cfg, flags: dict):
+        super().__init__()
+        self.config = cfg
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        flags = dict(flags, head_dim=head_dim, interleaved=self.interleaved_rope,
+                     num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        self.head_dim, self.num_kv_heads = head_dim, flags["num_kv_heads"]
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(self.layer_cls(cfg, flags) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else nn.Linear(
+            cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata, logits_indices: torch.Tensor,
+                embeds_override: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """input_ids [T] -> logits [len(logits_indices), vocab] in fp32."""
+        h = embed_tokens(self.embed_tokens, input_ids, embeds_override)  # [T, d_model]
+        residual = None
+        for layer in self.layers:
+            h, residual = layer(h, residual, cos, sin, meta)
+        # the final norm is per token: only the positions that need logits
+        h, _ = self.norm(h[logits_indices], residual[logits_indices])
+        return F.linear(h, self.output_weight).float()  # [B, vocab]
+
+    # HF checkpoint name -> (our packed parameter, shard index)
+    packed_names = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1),
+                    "v_proj": ("qkv_proj", 2), "gate_proj": ("gate_up_proj", 0),
+                    "up_proj": ("gate_up_proj", 1)}
+
+
+def llama_flags(cfg) -> dict:
+    bias = bool(getattr(cfg, "attention_bias", False))
+    return dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+                qk_norm=False)
+
+
+def qwen2_flags(cfg) -> dict:
+    return dict(qkv_bias=True, o_bias=False, mlp_bias=False, qk_norm=False)
+
+
+def qwen3_flags(cfg) -> dict:
+    bias = bool(getattr(cfg, "attention_bias", False))
+    return dict(qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True)

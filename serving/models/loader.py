@@ -1,0 +1,84 @@
+"""Load HF safetensors (single file or sharded index) into our model, packing q|k|v and gate|up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from graft.serving.models.layers import PackedLinear
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / s for s in shards]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if not found:
+        raise ValueError(f"{model_dir}: no model.safetensors or model.safetensors.index.json; "
+                         "save the checkpoint with save_pretrained(safe_serialization=True)")
+    return found
+
+
+def load_weights(model: nn.Module, model_dir: str | Path) -> None:
+    """Copy every checkpoint tensor into `model`; error on anything missing or unexpected."""
+    from safetensors import safe_open
+
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file in safetensors_files(model_dir):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):
+                    continue  # tied: the output projection is the embedding table
+                target, shard = _map_name(name, model)
+                if target not in params:
+                    raise ValueError(f"{file.name}: unexpected tensor {name!r} for "
+                                     f"{type(model).__name__}; is config.json the right family?")
+                dest = params[target].data
+                if shard is not None:
+                    dest = _packed_module(model, target).shard(dest, shard)
+                tensor = f.get_tensor(name)
+                if tuple(tensor.shape) != tuple(dest.shape):
+                    raise ValueError(f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                     f"expected {tuple(dest.shape)} from config.json")
+                with torch.no_grad():
+                    dest.copy_(tensor)
+                loaded.add(target if shard is None else f"{target}#{shard}")
+    missing = []
+    for name, module in model.named_modules():
+        for pname, _ in module.named_parameters(recurse=False):
+            full = f"{name}.{pname}" if name else pname
+            if isinstance(module, PackedLinear) and full not in loaded:  # loaded whole or by shard
+                missing += [f"{full}#{i}" for i in range(len(module.shard_sizes))
+                            if f"{full}#{i}" not in loaded]
+            elif full not in loaded:
+                missing.append(full)
+    if missing:
+        raise ValueError(f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")
+
+
+def _map_name(name: str, model: nn.Module) -> tuple[str, int | None]:
+    """HF name (model.layers.0.self_attn.q_proj.weight) -> (our name, packed shard or None)."""
+    if name.startswith("model."):
+        name = name[len("model."):]
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in model.packed_names:
+        packed, shard = model.packed_names[parts[-2]]
+        return ".".join(parts[:-2] + [packed, parts[-1]]), shard
+    return name, None
+
+
+def _packed_module(model: nn.Module, param_name: str) -> PackedLinear:
+    return model.get_submodule(param_name.rsplit(".", 1)[0])

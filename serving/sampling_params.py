@@ -1,0 +1,51 @@
+"""Per-request decoding settings, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graft.errors import GraftConfigError
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    top_k: int = 0  # keep the k most likely tokens; 0 or -1 = all
+    max_tokens: int = 16  # most new tokens
+    ignore_eos: bool = False  # keep going past the model's eos token(s)
+    seed: int | None = None  # per-request generator: same seed, same tokens, any batch
+    stop_token_ids: list[int] = field(default_factory=list)  # finish when one is sampled
+    stop: list[str] | str | None = None  # finish when the text contains one (cut before it)
+    logprobs: int | None = None  # return this many top logprobs per token (plus the sampled)
+    skip_special_tokens: bool = True  # for the decoded text
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) \
+                or self.max_tokens <= 0:
+            raise GraftConfigError(
+                f"SamplingParams.max_tokens must be a positive int, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise GraftConfigError(
+                f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise GraftConfigError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise GraftConfigError(
+                f"SamplingParams.top_k must be an int >= -1 (0/-1 = off), got {self.top_k!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            raise GraftConfigError(
+                f"SamplingParams.logprobs must be None or an int >= 0, got {self.logprobs!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise GraftConfigError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise GraftConfigError(
+                f"SamplingParams.stop_token_ids must hold token ids >= 0, got {self.stop_token_ids!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
