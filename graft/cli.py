@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("graft.train_cli", "train a projector (stage align) or projector + LoRA (finetune)"),
     "chat": ("graft.chat_cli", "ask a grafted run dir about an image (HF generate path)"),
     "inspect": ("graft.inspect_cli", "components, parameter counts, frozen vs trainable, image tokens"),
+    "extract": ("graft.extract_cli", "take the vision tower / projector out of a Kimi or Llava checkpoint"),
+    "export": ("graft.export_cli", "write a run dir as an HF Llava checkpoint + processor (--format hf-llava)"),
     "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list; compare A B"),
     "serve": ("graft.serving.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
     "bench serve": ("graft.serving.bench_serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
