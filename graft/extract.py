@@ -1,0 +1,225 @@
+"""Donor extraction: the vision tower and/or projector of a VLM checkpoint as graft parts.
+
+Kimi-K2.5 / Kimi-VL donors give a `moonvit` encoder dir and an `mlp` adapter (pre-norm in 4
+chunks + Kimi's two Linears); HF Llava donors give a `clip`/`siglip` encoder dir and an `mlp`
+adapter. Tensors are read key by key, so the donor's language model is never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from graft.encoders.moonvit_weights import (CheckpointReader, load_projector_state,
+                                            load_vision_state, read_vision_config)
+from graft.errors import GraftConfigError
+from graft.io import atomic_write_json
+
+PARTS = ("vision", "projector", "both")
+MARKER = "graft_extract.json"  # written into every extracted encoder dir
+KIMI_TYPES = ("kimi_k25", "kimi_vl")
+LLAVA_TYPES = ("llava",)
+TOWER_KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
+_LLAVA_TOWER = re.compile(r"^(model\.)?vision_tower\.")
+_LLAVA_PROJECTOR = re.compile(r"^(model\.)?multi_modal_projector\.")
+
+
+def donor_config(root: str | Path) -> dict:
+    path = Path(root) / "config.json"
+    if not path.is_file():
+        raise GraftConfigError(f"donor {root}: no config.json; give a local Kimi-K2.5, Kimi-VL "
+                               "or HF Llava checkpoint dir")
+    config = json.loads(path.read_text())
+    if config.get("model_type") not in KIMI_TYPES + LLAVA_TYPES:
+        raise GraftConfigError(
+            f"donor {root}: model_type {config.get('model_type')!r} is not supported; "
+            f"extract works on {', '.join(KIMI_TYPES + LLAVA_TYPES)} checkpoints")
+    return config
+
+
+def kimi_projector_adapter(donor: str | Path, d_model: int | None = None, seed: int = 0):
+    """Kimi's projector as a graft `mlp` adapter on MoonViT's 2x2-merged tokens.
+
+    pre_norm and linear_1 are Kimi's; linear_2 is Kimi's too when `d_model` is None, else a
+    fresh seeded Linear sized for the target LLM (the part that must be trained again).
+    """
+    from graft.adapters import AdapterConfig, build_adapter
+
+    reader = donor if isinstance(donor, CheckpointReader) else CheckpointReader(donor)
+    config = json.loads((reader.root / "config.json").read_text())
+    eps = float(config.get("projection_layer_norm_eps", 1e-5))
+    if eps != 1e-5:
+        raise GraftConfigError(
+            f"{reader.root}: projection_layer_norm_eps={eps}; graft's adapter pre-norm uses 1e-5")
+    kimi = load_projector_state(reader)
+    d_vision, hidden = kimi["linear_1.weight"].shape[1], kimi["linear_1.weight"].shape[0]
+    chunks = d_vision // kimi["pre_norm.weight"].shape[0]
+    keep_out = d_model is None
+    d_out = kimi["linear_2.weight"].shape[0] if keep_out else d_model
+    cfg = AdapterConfig(kind="mlp", depth=2, hidden_size=hidden, layer_norm=True,
+                        norm_chunks=chunks, seed=seed)
+    adapter = build_adapter(cfg, d_vision, d_out)
+    ours = {"norm.weight": "pre_norm.weight", "norm.bias": "pre_norm.bias",
+            "mlp.linears.0.weight": "linear_1.weight", "mlp.linears.0.bias": "linear_1.bias"}
+    if keep_out:
+        ours |= {"mlp.linears.1.weight": "linear_2.weight", "mlp.linears.1.bias": "linear_2.bias"}
+    with torch.no_grad():
+        state = adapter.state_dict()
+        for name, src in ours.items():
+            state[name].copy_(kimi[src].float())
+    return adapter
+
+
+def llava_projector_adapter(reader: CheckpointReader, config: dict):
+    """Llava's multi_modal_projector (linear_1, GELU, linear_2) as a graft `mlp` adapter."""
+    from graft.adapters import AdapterConfig, build_adapter
+
+    act = config.get("projector_hidden_act", "gelu")
+    if act != "gelu":
+        raise GraftConfigError(f"{reader.root}: projector_hidden_act={act!r}; graft's mlp "
+                               "adapter uses GELU (exact erf), so only 'gelu' converts")
+    tensors = {_LLAVA_PROJECTOR.sub("", k): reader.get(k)
+               for k in reader.keys() if _LLAVA_PROJECTOR.match(k)}
+    for name in ("linear_1.weight", "linear_2.weight"):
+        if name not in tensors:
+            raise GraftConfigError(f"{reader.root}: no tensor multi_modal_projector.{name}; "
+                                   "expected an HF Llava checkpoint")
+    w1, w2 = tensors["linear_1.weight"], tensors["linear_2.weight"]
+    if w2.shape[1] != w1.shape[0]:
+        raise GraftConfigError(
+            f"{reader.root}: multi_modal_projector.linear_2.weight has shape {tuple(w2.shape)}, "
+            f"expected input width {w1.shape[0]} (linear_1's output)")
+    cfg = AdapterConfig(kind="mlp", depth=2, hidden_size=w1.shape[0])
+    adapter = build_adapter(cfg, w1.shape[1], w2.shape[0])
+    with torch.no_grad():
+        for i, layer in enumerate(adapter.mlp.linears):
+            layer.weight.copy_(tensors[f"linear_{i + 1}.weight"].float())
+            bias = tensors.get(f"linear_{i + 1}.bias")  # multimodal_projector_bias=False: none
+            layer.bias.copy_(bias.float() if bias is not None else torch.zeros_like(layer.bias))
+    return adapter
+
+
+def write_dir_atomically(out: Path, write, marker: str) -> None:
+    """Build the dir in a sibling temp dir and move it into place: no half-written parts.
+
+    An existing non-empty `out` is replaced only if it holds `marker` (graft wrote it).
+    """
+    if out.exists() and any(out.iterdir()) and not (out / marker).is_file():
+        raise GraftConfigError(f"{out} exists and was not written by graft (no {marker}); "
+                               "choose an empty or new output dir")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _save_tensors(tensors: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+
+
+def _extract_kimi_vision(reader: CheckpointReader, out: Path) -> dict:
+    from graft.encoders.moonvit import read_processor_config
+    from graft.encoders.moonvit_model import MoonViT
+
+    cfg, _ = read_vision_config(reader.root)
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in MoonViT(cfg).state_dict().items()}
+    state = load_vision_state(reader, cfg, expected)
+    proc = read_processor_config(reader.root, cfg, None)
+    config = {"architectures": ["Kimi_K25VisionModel"], "model_type": "kimi_k25_vision",
+              "patch_size": cfg.patch_size, "hidden_size": cfg.hidden_size,
+              "intermediate_size": cfg.intermediate_size,
+              "num_attention_heads": cfg.num_attention_heads,
+              "num_hidden_layers": cfg.num_hidden_layers, "pos_emb_height": cfg.pos_emb_height,
+              "pos_emb_width": cfg.pos_emb_width, "hidden_act": "gelu_pytorch_tanh",
+              "merge_kernel_size": list(cfg.merge_kernel_size),
+              "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"}}
+    side = proc.max_patches_per_side
+    processor = {"image_processor_type": "Kimi_K25ImageProcessor", "max_patches": proc.max_patches,
+                 "size": {"max_height": side, "max_width": side}, "patch_size": proc.patch_size,
+                 "merge_size": proc.merge_size, "image_mean": list(proc.image_mean),
+                 "image_std": list(proc.image_std)}
+
+    def write(tmp: Path) -> None:
+        _save_tensors(state, tmp / "model.safetensors")
+        atomic_write_json(tmp / "config.json", config)
+        atomic_write_json(tmp / "preprocessor_config.json", processor)
+        atomic_write_json(tmp / MARKER, {"donor": str(reader.root)})
+
+    write_dir_atomically(out, write, MARKER)
+    return {"kind": "moonvit", "path": str(out), "feature_layer": -1}
+
+
+def _extract_llava_vision(reader: CheckpointReader, config: dict, out: Path) -> dict:
+    vision = dict(config.get("vision_config") or {})
+    kind = TOWER_KINDS.get(vision.get("model_type"))
+    if kind is None:
+        raise GraftConfigError(
+            f"{reader.root}: Llava vision_config.model_type={vision.get('model_type')!r}; graft "
+            f"extracts {', '.join(TOWER_KINDS)} towers (encoder kinds clip, siglip)")
+    layer = config.get("vision_feature_layer", -2)
+    if not isinstance(layer, int):
+        raise GraftConfigError(f"{reader.root}: vision_feature_layer={layer!r} concatenates several "
+                               "layers; graft encoders select one layer")
+    processor = reader.root / "preprocessor_config.json"
+    if not processor.is_file():
+        raise GraftConfigError(f"{reader.root}: no preprocessor_config.json; save the Llava "
+                               "processor next to the weights (processor.save_pretrained(dir))")
+    tensors = {_LLAVA_TOWER.sub("", k): reader.get(k)
+               for k in reader.keys() if _LLAVA_TOWER.match(k)}
+    if not any(k.startswith("vision_model.") for k in tensors):
+        raise GraftConfigError(f"{reader.root}: no vision tower tensors; expected keys like "
+                               "'model.vision_tower.vision_model.embeddings.patch_embedding.weight'")
+    arch = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}[kind]
+    vision["architectures"] = [arch]
+
+    def write(tmp: Path) -> None:
+        _save_tensors(tensors, tmp / "model.safetensors")
+        atomic_write_json(tmp / "config.json", vision)
+        proc = json.loads(processor.read_text())
+        atomic_write_json(tmp / "preprocessor_config.json", proc)
+        atomic_write_json(tmp / MARKER, {"donor": str(reader.root)})
+
+    write_dir_atomically(out, write, MARKER)
+    strategy = config.get("vision_feature_select_strategy", "default")
+    return {"kind": kind, "path": str(out), "feature_layer": layer,
+            "drop_prefix": strategy == "default"}
+
+
+def extract(donor: str | Path, out: str | Path, part: str = "both") -> dict:
+    """Write OUT/vision (an encoder dir) and/or OUT/projector (an adapter dir); returns and
+    saves OUT/extract.json with the encoder/adapter spec blocks and the shards read."""
+    if part not in PARTS:
+        raise GraftConfigError(f"--part {part!r}: use one of {', '.join(PARTS)}")
+    from graft.adapters import save_adapter
+
+    donor, out = Path(donor), Path(out)
+    config = donor_config(donor)
+    reader = CheckpointReader(donor)
+    summary: dict = {"donor": str(donor), "model_type": config["model_type"], "part": part}
+    kimi = config["model_type"] in KIMI_TYPES
+    if part in ("vision", "both"):
+        summary["encoder"] = (_extract_kimi_vision(reader, out / "vision") if kimi
+                              else _extract_llava_vision(reader, config, out / "vision"))
+    if part in ("projector", "both"):
+        adapter = kimi_projector_adapter(reader) if kimi else llava_projector_adapter(reader, config)
+        save_adapter(adapter, out / "projector")
+        summary["adapter"] = {**adapter.config.to_dict(), "path": str(out / "projector"),
+                              "d_vision": adapter.d_vision, "d_model": adapter.d_model}
+    summary["shards_read"] = sorted(reader.opened)
+    atomic_write_json(out / "extract.json", summary)
+    return summary
