@@ -1,0 +1,116 @@
+"""timm encoders: ViT layer/prefix selection and CNN feature maps equal timm's own outputs."""
+
+import json
+
+import pytest
+import timm
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from graft.encoders import EncoderConfig, build_encoder
+from graft.errors import GraftConfigError
+from tests.vision_fixtures import TINY_VIT_KWARGS
+
+
+def _timm_model(name, path, **kwargs):
+    model = timm.create_model(name, pretrained=False, **kwargs).eval()
+    model.load_state_dict(load_file(path))
+    return model
+
+
+def _img(w=45, h=30, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray(torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8).numpy())
+
+
+@pytest.mark.parametrize("layer, block", [(-2, 0), (-1, 1), (1, 0), (2, 1)])
+def test_vit_layer_equals_timm_block_output(tiny_encoder_config, tiny_timm_vit_file, layer, block):
+    enc = build_encoder(tiny_encoder_config("timm_vit", feature_layer=layer))
+    ref = _timm_model("vit_tiny_patch16_224", tiny_timm_vit_file, **TINY_VIT_KWARGS)
+    inputs = enc.preprocess([_img(), _img(20, 70, seed=1)])
+    assert inputs.pixel_values.shape == (2, 3, 32, 32)  # squashed to the model's own input size
+    feats = enc.encode(inputs)
+    with torch.no_grad():
+        want = ref.forward_intermediates(inputs.pixel_values, indices=[block], norm=False, output_fmt="NLC",
+                                         intermediates_only=True)[0]
+    assert enc.hidden_size == 32 and enc.token_grid(45, 30) == (4, 4)
+    for i, f in enumerate(feats):
+        assert f.shape == (enc.num_tokens(45, 30), 32) == (16, 32)
+        assert torch.equal(f, want[i])
+
+
+def test_vit_keeps_prefix_tokens_when_asked(tiny_encoder_config, tiny_timm_vit_file):
+    enc = build_encoder(tiny_encoder_config("timm_vit", drop_prefix=False, feature_layer=-1))
+    ref = _timm_model("vit_tiny_patch16_224", tiny_timm_vit_file, **TINY_VIT_KWARGS)
+    inputs = enc.preprocess([_img()])
+    feats = enc.encode(inputs)[0]
+    with torch.no_grad():
+        x = ref.patch_embed(inputs.pixel_values)
+        x = ref.blocks(ref.norm_pre(ref._pos_embed(x)))  # CLS first, then 16 patches
+    assert enc.num_tokens(1, 1) == 17 and torch.equal(feats, x[0])
+
+
+def test_vit_pth_nested_state_dict_and_image_size(tiny_encoder_config, tiny_timm_vit_file, tmp_path):
+    pth = tmp_path / "vit.pth"
+    torch.save({"state_dict": load_file(tiny_timm_vit_file), "epoch": 3}, pth)
+    a = build_encoder(tiny_encoder_config("timm_vit"))
+    b = build_encoder(tiny_encoder_config("timm_vit", path=str(pth)))
+    img = [_img()]
+    assert torch.equal(a.encode(a.preprocess(img))[0], b.encode(b.preprocess(img))[0])
+    big = build_encoder(tiny_encoder_config("timm_vit", image_size=48))  # pos-embed resampled to 6x6
+    assert big.num_tokens(10, 10) == 36
+    assert big.encode(big.preprocess(img))[0].shape == (36, 32)
+
+
+def test_cnn_last_feature_map_as_tokens(tiny_encoder_config, tiny_timm_cnn_file):
+    enc = build_encoder(tiny_encoder_config("timm_cnn"))
+    # The file has the ImageNet classifier; the encoder drops it (num_classes=0).
+    ref = timm.create_model("efficientnet_lite0", pretrained=False).eval()
+    ref.load_state_dict(load_file(tiny_timm_cnn_file))
+    inputs = enc.preprocess([_img(), _img(64, 64, seed=2)])
+    assert inputs.pixel_values.shape == (2, 3, 64, 64)
+    feats = enc.encode(inputs)
+    with torch.no_grad():
+        fmap = ref.forward_features(inputs.pixel_values)  # [2, 1280, 2, 2]
+    assert enc.hidden_size == 1280 and enc.token_grid(500, 300) == (2, 2) and enc.num_tokens(500, 300) == 4
+    for i, f in enumerate(feats):
+        assert f.shape == (4, 1280)
+        assert torch.equal(f, fmap[i].flatten(1).T)
+    enc.train()  # BatchNorm must keep its running statistics
+    assert not enc.training and torch.equal(enc.encode(inputs)[0], feats[0])
+
+
+def test_random_init_is_seeded_and_identity(tiny_encoder_config):
+    cfg = dict(kind="timm", model_name="vit_tiny_patch16_224", timm_kwargs=dict(TINY_VIT_KWARGS))
+    a, b = build_encoder(EncoderConfig(**cfg)), build_encoder(EncoderConfig(**cfg))
+    c = build_encoder(EncoderConfig(**cfg, seed=1))
+    img = [_img()]
+    fa, fb, fc = (e.encode(e.preprocess(img))[0] for e in (a, b, c))
+    assert torch.equal(fa, fb) and not torch.equal(fa, fc)
+    assert a.identity() == b.identity() != c.identity()
+    assert json.loads(a.identity())["weights"] == "random-init seed=0"
+    loaded = build_encoder(tiny_encoder_config("timm_vit"))
+    ident = json.loads(loaded.identity())
+    assert ident["weights"]["model.safetensors"] and ident["preprocess"]["size"] == [32, 32]
+
+
+def test_bad_inputs(tiny_encoder_config, tiny_timm_vit_file, tmp_path):
+    with pytest.raises(GraftConfigError, match="encoder.model_name is required"):
+        build_encoder(EncoderConfig(kind="timm"))
+    with pytest.raises(GraftConfigError, match="not a timm model"):
+        build_encoder(EncoderConfig(kind="timm", model_name="no_such_net"))
+    with pytest.raises(GraftConfigError, match="encoder.path: weights file .* does not exist"):
+        build_encoder(tiny_encoder_config("timm_vit", path=str(tmp_path / "missing.safetensors")))
+    deeper = dict(TINY_VIT_KWARGS, depth=3)
+    with pytest.raises(GraftConfigError, match=r"missing 1?\d key\(s\).*blocks\.2"):
+        build_encoder(tiny_encoder_config("timm_vit", timm_kwargs=deeper))
+    wider = dict(TINY_VIT_KWARGS, embed_dim=64)
+    with pytest.raises(GraftConfigError, match="shape mismatch"):
+        build_encoder(tiny_encoder_config("timm_vit", timm_kwargs=wider))
+    with pytest.raises(GraftConfigError, match="feature_layer=0 is out of range"):
+        build_encoder(tiny_encoder_config("timm_vit", feature_layer=0))
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(GraftConfigError, match="not a loadable torch checkpoint"):
+        build_encoder(tiny_encoder_config("timm_vit", path=str(junk)))
