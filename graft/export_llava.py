@@ -47,8 +47,8 @@ def export_problems(encoder: dict, adapter_cfg: dict, d_model: int) -> list[str]
 
 
 def _tower(encoder: dict):
-    """(vision config dict, {name: tensor} under vision_model.*) from an HF CLIP/SigLIP dir."""
-    from graft.encoders.moonvit_weights import CheckpointReader
+    """(vision config dict, state dict) of the HF CLIP/SigLIP tower, as Llava's AutoModel names it."""
+    from transformers import AutoModel, CLIPVisionModel, SiglipVisionModel
 
     root = Path(encoder["path"])
     config = json.loads((root / "config.json").read_text())
@@ -56,13 +56,18 @@ def _tower(encoder: dict):
     if config.get("model_type") not in model_types:
         raise GraftConfigError(f"encoder.path {root}: model_type {config.get('model_type')!r}, "
                                f"expected {' or '.join(model_types)}")
-    vision = dict(config.get("vision_config", config))
-    vision["model_type"] = model_types[1]
-    reader = CheckpointReader(root)
-    tensors = {k: reader.get(k) for k in reader.keys() if k.startswith("vision_model.")}
-    if not tensors:
-        raise GraftConfigError(f"encoder.path {root}: no vision_model.* tensors")
-    return vision, tensors
+    # Loading through transformers reads vision-only and dual-encoder dirs alike.
+    cls = CLIPVisionModel if encoder["kind"] == "clip" else SiglipVisionModel
+    tower = cls.from_pretrained(str(root))
+    vision = tower.config.to_dict()
+    # Llava builds its tower with AutoModel.from_config: use that class's names.
+    with torch.device("meta"):
+        names = set(AutoModel.from_config(tower.config).state_dict())
+    state = tower.state_dict()
+    if set(state) != names:
+        raise GraftConfigError(f"encoder.path {root}: tower tensors do not match Llava's "
+                               f"{sorted(names ^ set(state))[:4]}")
+    return vision, state
 
 
 def _llm_tensors(llm_path: Path, lora_dir: Path | None) -> dict:

@@ -181,9 +181,9 @@ def _extract_llava_vision(reader: CheckpointReader, config: dict, out: Path) -> 
                                "processor next to the weights (processor.save_pretrained(dir))")
     tensors = {_LLAVA_TOWER.sub("", k): reader.get(k)
                for k in reader.keys() if _LLAVA_TOWER.match(k)}
-    if not any(k.startswith("vision_model.") for k in tensors):
+    if not tensors:
         raise GraftConfigError(f"{reader.root}: no vision tower tensors; expected keys like "
-                               "'model.vision_tower.vision_model.embeddings.patch_embedding.weight'")
+                               "'model.vision_tower.embeddings.patch_embedding.weight'")
     arch = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}[kind]
     vision["architectures"] = [arch]
 
