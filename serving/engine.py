@@ -61,6 +61,12 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None, **kwargs):
+        """An LLM dir (text only) or a run dir with graft.yaml (encoder + projector + LLM;
+        the multimodal front is then `engine.mm`)."""
+        if (Path(path) / "graft.yaml").is_file():
+            from graft.serving.multimodal import load_engine
+
+            return load_engine(path, config, **kwargs)
         return cls(path, config, **kwargs)
 
     # --- requests -------------------------------------------------------------------

@@ -170,12 +170,13 @@ class MultimodalFront:
         return prepared.prompt_token_ids, self.mm_inputs(prepared, embeds)
 
 
-def load_engine(path: str | Path, config=None, cache_bytes: int = DEFAULT_CACHE_BYTES):
+def load_engine(path: str | Path, config=None, cache_bytes: int = DEFAULT_CACHE_BYTES, **kwargs):
     """Engine for a run dir: the LLM from spec.llm.path, with `engine.mm` = this front.
     `Engine.from_pretrained` delegates here when the dir holds graft.yaml."""
     from graft.serving.engine import Engine
 
     front = MultimodalFront.from_run(path, cache_bytes, device=getattr(config, "device", "cpu"))
-    engine = Engine.from_pretrained(front.llm_path, config)
+    kwargs.setdefault("tokenizer", front.tokenizer)
+    engine = Engine(front.llm_path, config, **kwargs)
     engine.mm = front
     return engine
