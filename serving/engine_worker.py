@@ -109,12 +109,17 @@ class EngineWorker:
         self._expire_pending()
         self._admit_some()
         if self.engine.has_unfinished_requests():
+            # Snapshot progress so the step's shape (prefill tokens, decodes) can be measured
+            # from outside the engine for the admission cost model.
+            before = [(seq, seq.num_computed_tokens) for seq in self.engine.seqs.values()]
             start = time.perf_counter()
             outputs = self.engine.step()
             elapsed = time.perf_counter() - start
-            stats = getattr(self.engine, "last_step_stats", None)
-            if stats is not None and (stats.get("prefill_tokens") or stats.get("decode_seqs")):
-                self.cost.observe_step(stats["prefill_tokens"], stats["decode_seqs"], elapsed)
+            moved = [seq.num_computed_tokens - n for seq, n in before]
+            decodes = sum(1 for d in moved if d == 1)
+            prefill = sum(d for d in moved if d > 1)
+            if prefill or decodes:
+                self.cost.observe_step(prefill, decodes, elapsed)
             for out in outputs:
                 self._deliver(out)
 
@@ -182,11 +187,17 @@ class EngineWorker:
         if job.first_token_at is None and out.token_ids:
             job.first_token_at = now
             # The budget is for the first token; once met, decoding runs to its own end.
-            self.engine.clear_deadline(job.request_id)
+            seq = self.engine.seqs.get(job.request_id)
+            if seq is not None:
+                seq.deadline = None
             if self.metrics:
                 self.metrics.ttft.observe(now - job.arrival)
         job.n_output = len(out.token_ids)
-        job.sink("output", out)
+        if out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
+            job.sink("error", APIError(out.error or "the engine rejected this prompt",
+                                       param="messages", code="invalid_prompt"))
+        else:
+            job.sink("output", out)
         if out.finished:
             self.active.pop(out.request_id, None)
             self._release(out.request_id)

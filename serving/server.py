@@ -48,9 +48,9 @@ class _Ctx:
             "graft_running_requests": ("Requests inside the engine.",
                                        lambda: self.worker.num_running()),
             "graft_kv_blocks_used": ("KV cache blocks in use.",
-                                     lambda: engine.num_kv_blocks_used()),
+                                     lambda: self.kv_blocks()[0]),
             "graft_kv_blocks_total": ("KV cache blocks in the pool.",
-                                      lambda: engine.num_kv_blocks_total()),
+                                      lambda: self.kv_blocks()[1]),
             "graft_encoder_cache_hit_rate": ("Encoder cache hits / lookups.",
                                              lambda: self._cache_stat("hit_rate")),
             "graft_encoder_cache_bytes": ("Bytes of embeddings in the encoder cache.",
@@ -63,6 +63,11 @@ class _Ctx:
         })
         self.worker = EngineWorker(engine, self.front, self.metrics,
                                    settings.encoder_tokens_per_step, settings.admission_slack)
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """(blocks in use, blocks in the pool)."""
+        stats = self.engine.stats()
+        return stats.total_kv_blocks - stats.free_kv_blocks, stats.total_kv_blocks
 
     def _cache_stat(self, name: str) -> float:
         return float(self.front.cache.stats()[name]) if self.front else 0.0
