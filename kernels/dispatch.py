@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 from types import ModuleType
 
@@ -21,11 +22,8 @@ _MODES = ("auto", "reference", "triton")
 
 @functools.cache
 def triton_available() -> bool:
-    try:
-        importlib.import_module("triton")
-    except ImportError:
-        return False
-    return True
+    # find_spec, not import: importing triton early would lock it out of interpreter mode
+    return importlib.util.find_spec("triton") is not None
 
 
 def _triton_ops() -> ModuleType:

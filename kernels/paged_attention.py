@@ -40,7 +40,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, 
     part = tl.program_id(2)
     ctx = tl.load(ctx_ptr + seq)
     start = part * PARTITION
-    end = tl.minimum(start + PARTITION, ctx)
+    if SPLIT:
+        end = tl.minimum(start + PARTITION, ctx)
+    else:  # a single program walks the whole context
+        end = ctx
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     g_mask = offs_g < GROUP
@@ -202,7 +205,9 @@ def decode(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_l
     if num_seqs == 0:
         return out
     if max_context_len is None:
-        max_context_len = int(context_lens.max())  # one host sync; pass it in to avoid it
+        # no host sync: the block table's width bounds every context (partitions past a
+        # sequence's end exit at once), so size block_tables to the batch, not the model
+        max_context_len = block_tables.shape[1] * block_size
     tile_n = min(64, partition_size)
     if partition_size % tile_n:
         raise ValueError(f"paged_attention_decode: partition_size {partition_size} must be a multiple of {tile_n}")

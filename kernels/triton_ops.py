@@ -38,7 +38,9 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
 def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *,
                            max_context_len: int | None = None,
                            partition_size: int = paged_attention.DECODE_PARTITION):
-    """max_context_len (optional) saves a host sync; partition_size is the split-KV length."""
+    """max_context_len (optional, default block_tables width * block_size) sets the number of
+    split-KV partitions of partition_size tokens; a tighter value (>= every context length)
+    saves empty programs."""
     check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, "context_lens")
     _check_device("paged_attention_decode", q, k_cache, v_cache, block_tables, context_lens)
     return paged_attention.decode(q, k_cache, v_cache, block_tables, context_lens, scale,
