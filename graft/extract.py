@@ -164,6 +164,20 @@ def _extract_kimi_vision(reader: CheckpointReader, out: Path) -> dict:
     return {"kind": "moonvit", "path": str(out), "feature_layer": -1}
 
 
+def _llava_image_processor(root: Path) -> dict:
+    """The image processor settings: preprocessor_config.json, or the `image_processor` entry
+    of the processor_config.json that transformers 5 writes for a LlavaProcessor."""
+    if (root / "preprocessor_config.json").is_file():
+        return json.loads((root / "preprocessor_config.json").read_text())
+    if (root / "processor_config.json").is_file():
+        nested = json.loads((root / "processor_config.json").read_text()).get("image_processor")
+        if isinstance(nested, dict):
+            return nested
+    raise GraftConfigError(f"{root}: no preprocessor_config.json or processor_config.json with an "
+                           "image_processor; save the Llava processor next to the weights "
+                           "(processor.save_pretrained(dir))")
+
+
 def _extract_llava_vision(reader: CheckpointReader, config: dict, out: Path) -> dict:
     vision = dict(config.get("vision_config") or {})
     kind = TOWER_KINDS.get(vision.get("model_type"))
@@ -175,10 +189,7 @@ def _extract_llava_vision(reader: CheckpointReader, config: dict, out: Path) -> 
     if not isinstance(layer, int):
         raise GraftConfigError(f"{reader.root}: vision_feature_layer={layer!r} concatenates several "
                                "layers; graft encoders select one layer")
-    processor = reader.root / "preprocessor_config.json"
-    if not processor.is_file():
-        raise GraftConfigError(f"{reader.root}: no preprocessor_config.json; save the Llava "
-                               "processor next to the weights (processor.save_pretrained(dir))")
+    image_processor = _llava_image_processor(reader.root)
     tensors = {_LLAVA_TOWER.sub("", k): reader.get(k)
                for k in reader.keys() if _LLAVA_TOWER.match(k)}
     if not tensors:
@@ -190,8 +201,7 @@ def _extract_llava_vision(reader: CheckpointReader, config: dict, out: Path) -> 
     def write(tmp: Path) -> None:
         _save_tensors(tensors, tmp / "model.safetensors")
         atomic_write_json(tmp / "config.json", vision)
-        proc = json.loads(processor.read_text())
-        atomic_write_json(tmp / "preprocessor_config.json", proc)
+        atomic_write_json(tmp / "preprocessor_config.json", image_processor)
         atomic_write_json(tmp / MARKER, {"donor": str(reader.root)})
 
     write_dir_atomically(out, write, MARKER)
