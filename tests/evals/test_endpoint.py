@@ -36,7 +36,7 @@ def _make_app(seen: dict):
         if "bad" in text:
             return JSONResponse({"error": {"message": "bad request", "type": "invalid_request_error"}}, status_code=400)
         if "slow" in text:
-            await asyncio.sleep(3)
+            await asyncio.sleep(1.5)
 
         async def events():
             for piece in ("ye", "s"):
