@@ -31,10 +31,12 @@ def _read_config(path: str, kind: str, model_types: tuple[str, ...]) -> dict:
             f"encoder.path {path!r} holds a {cfg.get('model_type')!r} checkpoint but encoder.kind is {kind!r} "
             f"(expects model_type {' or '.join(model_types)}); fix encoder.kind"
         )
-    if not (root / "preprocessor_config.json").is_file():
+    # transformers 5 saves a full processor as processor_config.json (image settings nested).
+    if not any((root / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
         raise GraftConfigError(
-            f"encoder.path {path!r} has no preprocessor_config.json; save the checkpoint's image processor "
-            "there (processor.save_pretrained(dir)) so graft preprocesses like the model was trained"
+            f"encoder.path {path!r} has no preprocessor_config.json (or processor_config.json); save the "
+            "checkpoint's image processor there (processor.save_pretrained(dir)) so graft preprocesses "
+            "like the model was trained"
         )
     return cfg
 
@@ -72,7 +74,10 @@ class HFTowerEncoder(VisionEncoder):
                 f"encoder.path {config.path!r} lacks {len(missing)} vision weight(s), e.g. {missing[:4]}; "
                 f"it is not a complete {self.kind} vision checkpoint"
             )
-        self.processor = AutoImageProcessor.from_pretrained(config.path)
+        try:
+            self.processor = AutoImageProcessor.from_pretrained(config.path)
+        except (OSError, ValueError, KeyError) as err:
+            raise GraftConfigError(f"encoder.path {config.path!r}: cannot load its image processor ({err})") from err
         self.patch_size = int(model.config.patch_size)
         self._overrides = self._size_overrides(config.image_size)
         self.input_size = self._probe_input_size()

@@ -67,3 +67,13 @@ def test_projector_token_count_matches_prediction(built, kind, adapter):
     (feats,) = enc.encode(enc.preprocess([img]))
     assert feats.shape[0] == enc.num_tokens(*img.size)
     assert proj(feats, grid=grid).shape == (proj.num_output_tokens(enc.num_tokens(*img.size), grid), 16)
+
+
+def test_config_imports_stay_torch_free():
+    # graft's CLI parses specs before deciding to load models; the config layer must stay light.
+    import subprocess
+    import sys
+
+    code = ("import sys, graft.encoders, graft.adapters; from graft.encoders import EncoderConfig; "
+            "from graft.adapters import AdapterConfig; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

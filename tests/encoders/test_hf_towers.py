@@ -97,6 +97,23 @@ def test_clip_keeps_cls_when_asked(tiny_clip_dir):
     assert feats.shape == (17, 32) and torch.equal(feats, hs[0])
 
 
+def test_processor_config_json_layout(tiny_clip_dir, tmp_path):
+    # A full processor saved by transformers 5 writes processor_config.json, not preprocessor_config.json.
+    import transformers as tf
+
+    from tests.tiny_llm import build_tokenizer
+
+    dest = tmp_path / "clip_proc"
+    shutil.copytree(tiny_clip_dir, dest)
+    image_processor = tf.AutoImageProcessor.from_pretrained(tiny_clip_dir)
+    (dest / "preprocessor_config.json").unlink()
+    tf.CLIPProcessor(image_processor=image_processor, tokenizer=build_tokenizer(tmp_path / "tok")).save_pretrained(dest)
+    a = build_encoder(EncoderConfig(kind="clip", path=tiny_clip_dir))
+    b = build_encoder(EncoderConfig(kind="clip", path=str(dest)))
+    assert a.preprocess_identity() == b.preprocess_identity()
+    assert torch.equal(a.preprocess(_images()).pixel_values, b.preprocess(_images()).pixel_values)
+
+
 def test_image_size_override_interpolates(tiny_siglip_dir):
     enc = build_encoder(EncoderConfig(kind="siglip", path=tiny_siglip_dir, image_size=48))
     assert enc.token_grid(100, 50) == (6, 6) and enc.num_tokens(100, 50) == 36
