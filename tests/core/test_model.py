@@ -57,8 +57,7 @@ def test_missing_llm_path(make_spec, tmp_path):
 
 def test_adapter_dim_mismatch(make_spec, tmp_path, tiny_llm_factory):
     run = train(make_spec(max_steps=1))
-    spec = make_spec("clip")  # different d_vision than the saved siglip projector
-    spec.encoder["kind"] = "clip"
+    spec = make_spec("timm_cnn")  # 1280-d features; the saved siglip projector takes 32
     with pytest.raises(GraftConfigError, match="encoder gives"):
         GraftedModel.from_spec(spec, adapter_dir=run)
 

@@ -15,11 +15,11 @@ def losses(run_dir):
 
 def test_align_lowers_loss_and_keeps_llm(make_spec, tiny_llama):
     before = weights_sha256(tiny_llama)
-    spec = make_spec(max_steps=8)
+    spec = make_spec(max_steps=8, lr=2e-2)
     run = train(spec)
     ls = losses(run)
     assert len(ls) == 8
-    assert ls[-1] < ls[0] * 0.8
+    assert ls[-1] < 0.9 * ls[0] and max(ls[-3:]) < min(ls[:2])
     assert weights_sha256(tiny_llama) == before
     for name in ("graft.yaml", "adapter.safetensors", "adapter.json", "metrics.jsonl",
                  "loss_curve.png", "train_summary.json"):
