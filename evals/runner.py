@@ -8,7 +8,7 @@ import numpy as np
 
 from graft.errors import GraftConfigError, GraftError
 from graft.evals.backends import Request, Result, make_backend
-from graft.evals.cache import DEFAULT_CACHE, ResponseCache, cache_key
+from graft.evals.cache import ResponseCache, cache_key
 from graft.evals.dataset import Sample, load_samples
 from graft.evals.metrics import METRICS
 from graft.evals.report import git_state, hardware, now_utc, package_versions, write_results, write_samples
@@ -110,7 +110,7 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
     if isinstance(cache, ResponseCache):
         store = cache
     elif cache:
-        store = ResponseCache(DEFAULT_CACHE if cache is True else cache)
+        store = ResponseCache(None if cache is True else cache)
     out = Path(out_dir) if out_dir is not None else None
     state: dict = {}
     results = {"tasks": {}, "config": {

@@ -55,6 +55,21 @@ def _check_keys(raw: dict, cls, where: str) -> None:
         )
 
 
+_TYPES = {"name": str, "version": int, "description": str, "data": str, "image_root": str,
+          "data_root": (str, type(None)), "prompt": str, "system": (str, type(None)), "metrics": (list, str),
+          "id_field": str, "image_field": str, "answer_field": str, "options_field": str,
+          "circular": bool, "reference": str, "hooks": (str, type(None)),
+          "max_new_tokens": int, "temperature": (int, float)}
+
+
+def _check_types(raw: dict, where: str) -> None:
+    for key, value in raw.items():
+        want = _TYPES.get(key)
+        if want is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
+            names = want.__name__ if isinstance(want, type) else " or ".join(t.__name__ for t in want)
+            raise GraftConfigError(f"{where}: {key!r} must be {names}, got {value!r}")
+
+
 def parse_task(raw: dict, source: str) -> TaskSpec:
     """Build a TaskSpec from a YAML mapping; every mistake names the file and the key."""
     if not isinstance(raw, dict):
@@ -65,6 +80,8 @@ def parse_task(raw: dict, source: str) -> TaskSpec:
     if not isinstance(gen, dict):
         raise GraftConfigError(f"{source}: 'generation' must be a mapping (max_new_tokens, temperature)")
     _check_keys(gen, Generation, f"{source}: generation")
+    _check_types(raw, source)
+    _check_types(gen, f"{source}: generation")
     spec = TaskSpec(**raw, generation=Generation(**gen), source=source)
     if not spec.name:
         spec.name = Path(source).stem

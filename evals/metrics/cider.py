@@ -4,6 +4,8 @@ Deviation from the reference (pycocoevalcap): captions are tokenized by lowercas
 keeping runs of letters/digits (apostrophes kept inside words), not by the Java PTB
 tokenizer, so "don't" stays one token instead of "do n't". Scores can differ slightly
 from published numbers on text with contractions or unusual punctuation.
+Document frequencies come from the whole evaluated corpus; bootstrap CIs resample the
+per-image scores without recomputing them.
 """
 
 from __future__ import annotations

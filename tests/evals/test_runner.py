@@ -70,3 +70,12 @@ def test_cli_eval_list_and_errors(tiny_llama, text_data, tmp_path, capsys):
     assert json.loads((out / "results.json").read_text())["tasks"]["text_only"]["n"] == 2
     assert main(["eval", "compare", str(out), str(out), "--bootstrap", "20"]) == 0
     assert "text_only" in capsys.readouterr().out
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path):
+    from graft.errors import GraftConfigError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(GraftConfigError, match="--no-cache"):
+        ResponseCache(blocker / "cache.sqlite")

@@ -83,3 +83,10 @@ def test_limit_larger_than_data_and_hooks(tmp_path):
     _write_jsonl(tmp_path / "q.jsonl", [{"id": str(i), "question": f"q{i}", "answer": "x"} for i in range(3)])
     samples = load_samples(spec, limit=100)
     assert [s.prompt for s in samples] == ["Q0", "Q1", "Q2"]
+
+
+def test_wrong_types_named(tmp_path):
+    with pytest.raises(GraftConfigError, match=r"'circular' must be bool"):
+        load_task_file(_write_task(tmp_path, "circular: 'yes'\n"))
+    with pytest.raises(GraftConfigError, match=r"generation: 'max_new_tokens' must be int"):
+        load_task_file(_write_task(tmp_path, "generation: {max_new_tokens: '8'}\n"))
