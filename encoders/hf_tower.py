@@ -89,7 +89,9 @@ class HFTowerEncoder(VisionEncoder):
         self.interpolate = self.input_size != (model.config.image_size,) * 2
         self.layer_index = self._layer_index(model.config.num_hidden_layers)
         layers = _find_layers(model)
-        del layers[self.layer_index:]  # later layers never influence hidden_states[layer_index]
+        # Later layers never influence hidden_states[layer_index]; one stays so that
+        # hidden_states (recorded per layer) exists even for layer 0, the embeddings.
+        del layers[max(self.layer_index, 1):]
         if getattr(model, "use_head", False):
             model.use_head = False  # the pooling head only feeds pooler_output, which we never read
             del model.head
@@ -137,7 +139,7 @@ class HFTowerEncoder(VisionEncoder):
     def encode(self, inputs: EncoderInputs) -> list[torch.Tensor]:
         pixels = inputs.pixel_values.to(self.device, self.dtype)
         out = self.model(pixel_values=pixels, output_hidden_states=True, interpolate_pos_encoding=self.interpolate)
-        feats = out.hidden_states[-1]  # == full model's hidden_states[feature_layer]: [B, prefix + h*w, D]
+        feats = out.hidden_states[self.layer_index]  # [B, prefix + h*w, D]
         if self.config.drop_prefix and self.prefix_tokens:
             feats = feats[:, self.prefix_tokens:]
         return list(feats.unbind(0))

@@ -43,7 +43,7 @@ def reference(family, tower_dir):
     return _reference(family, tower_dir)
 
 
-@pytest.mark.parametrize("layer", [-2, -1, 1])
+@pytest.mark.parametrize("layer", [-2, -1, 0, 1])
 def test_feature_layer_equals_hf_hidden_states(family, tower_dir, reference, layer):
     enc = build_encoder(EncoderConfig(kind=family, path=tower_dir, feature_layer=layer))
     model, processor = reference
