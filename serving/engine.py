@@ -144,6 +144,7 @@ class Engine:
         """Run one scheduled batch; return an output for every request that moved or finished."""
         outputs, self._pending = self._pending, []
         batch, dropped = self.scheduler.schedule()
+        dropped += self._drop_bad_images(batch)
         for seq in dropped:
             self.seqs.pop(seq.request_id, None)
             outputs.append(make_output(seq, final=True))
@@ -163,6 +164,27 @@ class Engine:
             if seq.is_finished:
                 self.seqs.pop(seq.request_id, None)
         return outputs
+
+    def _drop_bad_images(self, batch) -> list[Sequence]:
+        """Resolve this step's image rows up front; a request whose rows fail is finished
+        with an error instead of failing the whole batch."""
+        bad = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            if seq.mm_inputs is None:
+                continue
+            try:
+                rows = seq.mm_inputs.rows_for(seq.num_computed_tokens, seq.num_computed_tokens + n)
+                if rows is not None and rows.shape[-1] != self.runner.hidden_size:
+                    raise ValueError(f"image embeddings have width {rows.shape[-1]}, the model's "
+                                     f"hidden size is {self.runner.hidden_size}")
+            except Exception as err:  # the embedding source is opaque (an encoder call)
+                bad.append(seq)
+                self.scheduler.finish(seq, "error", f"request {seq.request_id!r}: {err}")
+        if bad:
+            keep = [(s, n) for s, n in zip(batch.seqs, batch.num_tokens) if not s.is_finished]
+            batch.num_decodes = sum(1 for s, n in keep if n == 1)
+            batch.seqs, batch.num_tokens = [s for s, _ in keep], [n for _, n in keep]
+        return bad
 
     def _append_token(self, seq: Sequence, token: int, logprob, now: float) -> None:
         seq.token_ids.append(token)

@@ -53,6 +53,31 @@ class EngineWorker:
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="graft-engine", daemon=True)
 
+    def warmup(self) -> None:
+        """A few real steps (and encodes) before serving, so the first admission decisions
+        use costs measured on this machine rather than priors."""
+        from PIL import Image
+
+        from graft.serving.sampling_params import SamplingParams
+
+        engine = self.engine
+        vocab = engine.runner.vocab_size
+        n = max(2, min(engine.config.max_num_batched_tokens, engine.max_model_len // 2, 96))
+        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        for i, length in enumerate((max(2, n // 4), n, max(2, n // 2))):
+            ids = [(7 * i + 3 * k + 1) % vocab for k in range(length)]  # no shared prefix
+            engine.add_request(f"graft-warmup-{i}", prompt_token_ids=ids, sampling_params=params)
+            while engine.has_unfinished_requests():
+                self._run_once([])
+        if self.front is not None:
+            image = Image.new("RGB", (224, 224), (128, 128, 128))
+            n_tokens = self.front.model.image_token_count(224, 224)
+            for _ in range(2):  # the first call pays one-time setup; keep the second
+                start = time.perf_counter()
+                self.front.model.image_features([image])
+                elapsed = time.perf_counter() - start
+            self.cost.observe_encode(n_tokens, elapsed)
+
     # ---- called from the HTTP layer (any thread) ----------------------------------------
     def start(self) -> None:
         self._thread.start()

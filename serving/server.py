@@ -129,6 +129,7 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        await asyncio.to_thread(ctx.worker.warmup)
         ctx.worker.start()
         yield
         await asyncio.to_thread(ctx.worker.stop)

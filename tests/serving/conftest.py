@@ -1,0 +1,43 @@
+"""Shared helpers for engine tests: seeded prompts and cached HF greedy references."""
+
+import pytest
+import torch
+
+_HF_MODELS: dict = {}
+_HF_CACHE: dict = {}
+
+
+def make_prompts(lengths, seed=0, vocab=384):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model_dir, prompt, max_new_tokens):
+    """HF transformers `generate` greedy continuation (eos from generation_config), cached."""
+    from transformers import AutoModelForCausalLM
+
+    key = (str(model_dir), tuple(prompt), max_new_tokens)
+    if key not in _HF_CACHE:
+        if str(model_dir) not in _HF_MODELS:
+            _HF_MODELS[str(model_dir)] = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=torch.float32).eval()
+        model = _HF_MODELS[str(model_dir)]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                                 dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False)
+        _HF_CACHE[key] = out[0, len(prompt):].tolist()
+    return _HF_CACHE[key]
+
+
+@pytest.fixture(scope="session")
+def hf_ref():
+    return hf_greedy
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny shapes on a shared 2-core box: one thread avoids OpenMP spin contention."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
