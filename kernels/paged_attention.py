@@ -25,6 +25,30 @@ def _load_kv_tile(cache_ptr, bt_row_ptr, offs_n, n_mask, kvh, offs_d, d_mask,
 
 
 @triton.jit
+def _qk(q, k, DOT_F32: tl.constexpr):
+    if DOT_F32:
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    return s
+
+
+@triton.jit
+def _softmax_update(s, v, m_i, l_i, acc, DOT_F32: tl.constexpr):
+    """Fold one tile of masked log2-scores s [rows, TILE_N] and values v into (m, l, acc)."""
+    # a row that has seen no key yet keeps a finite max, so masked rows never produce NaN
+    m_new = tl.maximum(tl.maximum(m_i, tl.max(s, 1)), -1e30)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_F32:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    qk_scale, num_parts,
                    stride_qs, stride_qh, stride_qd,
@@ -64,21 +88,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_acc_ptr, 
                           stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE)
         v = _load_kv_tile(v_ptr, bt_row, offs_n, n_mask, kvh, offs_d, d_mask,
                           stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE)
-        if DOT_F32:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))  # [BLOCK_G, TILE_N], log2 units
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_F32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        s = tl.where(n_mask[None, :], _qk(q, k, DOT_F32) * qk_scale, float("-inf"))  # [BLOCK_G, TILE_N]
+        m_i, l_i, acc = _softmax_update(s, v, m_i, l_i, acc, DOT_F32)
     out_mask = g_mask[:, None] & d_mask[None, :]
     if SPLIT:
         # partials: acc [S, Hq, P, D] (unnormalised), (m, l) [S, Hq, P, 2]
@@ -161,23 +172,9 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, ctx_ptr, out_ptr, qk_sc
                               stride_kb, stride_kt, stride_kh, stride_kd, BLOCK_SIZE)
             v = _load_kv_tile(v_ptr, bt_row, offs_n, n_mask, kvh, offs_d, d_mask,
                               stride_vb, stride_vt, stride_vh, stride_vd, BLOCK_SIZE)
-            if DOT_F32:
-                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-            s = tl.where(allowed, s * qk_scale, float("-inf"))  # [BLOCK_M, TILE_N]
-            # rows past q_len may see no key: keep their max finite so no NaN is produced
-            m_new = tl.maximum(tl.maximum(m_i, tl.max(s, 1)), -1e30)
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if DOT_F32:
-                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            allowed = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])  # causal on absolute positions
+            s = tl.where(allowed, _qk(q, k, DOT_F32) * qk_scale, float("-inf"))  # [BLOCK_M, TILE_N]
+            m_i, l_i, acc = _softmax_update(s, v, m_i, l_i, acc, DOT_F32)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
                  out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
