@@ -18,7 +18,7 @@ from graft.encoders.moonvit_model import MoonViT, MoonViTConfig
 from graft.encoders.moonvit_processor import MoonViTProcessorConfig, preprocess, token_grid
 from graft.encoders.moonvit_weights import CheckpointReader, load_vision_state, read_vision_config
 from graft.encoders.registry import register_encoder
-from graft.errors import GraftConfigError
+from graft.errors import GraftConfigError, GraftDataError
 
 
 def read_processor_config(root: str | Path, vision: MoonViTConfig,
@@ -60,6 +60,12 @@ class MoonViTEncoder(VisionEncoder):
                 "or a dir written by `graft extract DONOR OUT --part vision`")
         root = Path(config.path)
         self.vision_config, _ = read_vision_config(root)
+        n = self.vision_config.num_hidden_layers
+        if not -(n + 1) <= config.feature_layer <= n:
+            raise GraftConfigError(
+                f"encoder.feature_layer={config.feature_layer}: MoonViT at {root} has {n} blocks; "
+                f"use -1 (final block + final LayerNorm, what Kimi's projector reads) .. -{n + 1}")
+        self.feature_layer = config.feature_layer
         self.processor = read_processor_config(root, self.vision_config, config.max_image_tokens)
         with torch.device("meta"):  # no random init of a 400M-parameter tower we overwrite
             model = MoonViT(self.vision_config)
@@ -70,12 +76,6 @@ class MoonViTEncoder(VisionEncoder):
         self.model = model
         self._weight_files = sorted(root / name for name in reader.opened)  # vision shards only
         self.hidden_size = self.vision_config.merged_size
-        self.feature_layer = config.feature_layer
-        n = self.vision_config.num_hidden_layers
-        if not -(n + 1) <= config.feature_layer <= n:
-            raise GraftConfigError(
-                f"encoder.feature_layer={config.feature_layer}: MoonViT at {root} has {n} blocks; "
-                f"use -1 (final block + final LayerNorm, what Kimi's projector reads) .. -{n + 1}")
         self.freeze()
 
     def preprocess(self, images) -> EncoderInputs:
@@ -91,8 +91,12 @@ class MoonViTEncoder(VisionEncoder):
 
     @torch.no_grad()
     def encode(self, inputs: EncoderInputs) -> list[torch.Tensor]:
-        patches = inputs.pixel_values.to(self.device, self.dtype)
-        return self.model(patches, inputs.extra["patch_grids"], self.feature_layer)
+        grids = inputs.extra.get("patch_grids")
+        if grids is None:
+            raise GraftDataError("moonvit encode needs EncoderInputs.extra['patch_grids'] (the "
+                                 "patch grid per image); build inputs with this encoder's preprocess")
+        patches = inputs.pixel_values.to(self.device, self.dtype)  # [n_patches, 3, 14, 14]
+        return self.model(patches, grids, self.feature_layer)
 
     def token_grid(self, width: int, height: int) -> tuple[int, int]:
         return token_grid(width, height, self.processor)

@@ -125,10 +125,18 @@ def write_dir_atomically(out: Path, write, marker: str) -> None:
         raise
 
 
-def _save_tensors(tensors: dict, path: Path) -> None:
+def _write_encoder_dir(out: Path, tensors: dict, config: dict, processor: dict, donor: Path) -> None:
+    """An HF-style encoder dir: model.safetensors, config.json, preprocessor_config.json."""
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    def write(tmp: Path) -> None:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", config)
+        atomic_write_json(tmp / "preprocessor_config.json", processor)
+        atomic_write_json(tmp / MARKER, {"donor": str(donor)})
+
+    write_dir_atomically(out, write, MARKER)
 
 
 def _extract_kimi_vision(reader: CheckpointReader, out: Path) -> dict:
@@ -154,13 +162,7 @@ def _extract_kimi_vision(reader: CheckpointReader, out: Path) -> dict:
                  "merge_size": proc.merge_size, "image_mean": list(proc.image_mean),
                  "image_std": list(proc.image_std)}
 
-    def write(tmp: Path) -> None:
-        _save_tensors(state, tmp / "model.safetensors")
-        atomic_write_json(tmp / "config.json", config)
-        atomic_write_json(tmp / "preprocessor_config.json", processor)
-        atomic_write_json(tmp / MARKER, {"donor": str(reader.root)})
-
-    write_dir_atomically(out, write, MARKER)
+    _write_encoder_dir(out, state, config, processor, reader.root)
     return {"kind": "moonvit", "path": str(out), "feature_layer": -1}
 
 
@@ -198,13 +200,7 @@ def _extract_llava_vision(reader: CheckpointReader, config: dict, out: Path) -> 
     arch = {"clip": "CLIPVisionModel", "siglip": "SiglipVisionModel"}[kind]
     vision["architectures"] = [arch]
 
-    def write(tmp: Path) -> None:
-        _save_tensors(tensors, tmp / "model.safetensors")
-        atomic_write_json(tmp / "config.json", vision)
-        atomic_write_json(tmp / "preprocessor_config.json", image_processor)
-        atomic_write_json(tmp / MARKER, {"donor": str(reader.root)})
-
-    write_dir_atomically(out, write, MARKER)
+    _write_encoder_dir(out, tensors, vision, image_processor, reader.root)
     strategy = config.get("vision_feature_select_strategy", "default")
     return {"kind": kind, "path": str(out), "feature_layer": layer,
             "drop_prefix": strategy == "default"}
