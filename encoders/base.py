@@ -109,5 +109,9 @@ class VisionEncoder(nn.Module):
                 raise GraftDataError(f"image {i} is a {type(img).__name__}, expected a PIL.Image.Image")
             if img.width < 1 or img.height < 1:
                 raise GraftDataError(f"image {i} is empty ({img.width}x{img.height})")
-            out.append(img if img.mode == "RGB" else img.convert("RGB"))
+            try:  # PIL decodes lazily: a truncated file fails here, not deep inside a transform
+                img.load()
+                out.append(img if img.mode == "RGB" else img.convert("RGB"))
+            except (OSError, SyntaxError, ValueError) as err:
+                raise GraftDataError(f"image {i} cannot be decoded ({type(err).__name__}: {err})") from err
         return out

@@ -78,11 +78,17 @@ class TimmEncoder(VisionEncoder):
         data_cfg = resolve_data_config({}, model=model)
         if self.is_vit:
             if config.image_size and tuple(model.patch_embed.img_size) != (config.image_size,) * 2:
+                if not hasattr(model, "set_input_size"):
+                    raise GraftConfigError(
+                        f"encoder.image_size: timm {config.model_name} cannot change its input size after loading; "
+                        "remove image_size (or build the model at that size with timm_kwargs.img_size)"
+                    )
                 model.set_input_size(img_size=(config.image_size, config.image_size))  # resamples pos_embed
             size = tuple(model.patch_embed.img_size)
             self.block_index = self._block_index(len(model.blocks))
             # Blocks after the chosen one never run: drop them (and the final norm/head).
-            model.prune_intermediate_layers([self.block_index], prune_norm=True, prune_head=True)
+            if hasattr(model, "prune_intermediate_layers"):
+                model.prune_intermediate_layers([self.block_index], prune_norm=True, prune_head=True)
             self.kept_prefix_tokens = 0 if config.drop_prefix else model.num_prefix_tokens
         else:
             size = (config.image_size,) * 2 if config.image_size else tuple(data_cfg["input_size"][1:])

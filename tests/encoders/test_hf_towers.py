@@ -157,3 +157,8 @@ def test_bad_inputs(tiny_siglip_dir, tiny_clip_dir, tmp_path):
         enc.preprocess([Image.new("RGB", (8, 8)), "cat.png"])
     with pytest.raises(GraftDataError, match="non-empty list"):
         enc.preprocess([])
+    png = tmp_path / "cut.png"
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(png)
+    png.write_bytes(png.read_bytes()[:60])  # header intact, pixel data cut off
+    with pytest.raises(GraftDataError, match="image 0 cannot be decoded"):
+        enc.preprocess([Image.open(png)])
