@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("graft.export_cli", "write a run dir as an HF Llava checkpoint + processor (--format hf-llava)"),
     "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list; compare A B"),
     "serve": ("graft.serving.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
+    "bench engine": ("graft.serving.bench_engine", "engine vs HF generate tok/s on a seeded workload, FLOP/s vs matmul roofline"),
     "bench serve": ("graft.serving.bench_serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
     "bench kernels": ("graft.kernels.bench", "paged-attention GB/s vs device copy and SDPA, prefill TFLOP/s (CUDA)"),
     "bench train": ("graft.bench_train", "align-run samples/s and peak memory, with/without feature cache"),

@@ -1,0 +1,214 @@
+"""`graft bench engine MODEL_DIR`: graft engine vs HF `generate` on one seeded workload.
+
+Reports output tokens/s of both (same checkpoint, same process), the ratio, and the
+engine's achieved FLOP/s as a fraction of an fp32 matmul roofline measured here on the
+model's own weight shapes. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", help="HF LLM directory (config.json + safetensors)")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=32,
+                        help="engine max_num_seqs and HF batch size")
+    parser.add_argument("--input-len", type=int, nargs=2, default=(32, 512), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
+    parser.add_argument("--out", default=None, help="write the JSON result here")
+
+
+def workload(n: int, input_len, output_len, vocab: int, seed: int):
+    rng = random.Random(seed)
+    reqs = []
+    for _ in range(n):
+        p_len = rng.randint(*input_len)
+        reqs.append(([rng.randrange(3, vocab) for _ in range(p_len)], rng.randint(*output_len)))
+    return reqs
+
+
+def run(args) -> int:
+    import torch
+
+    from graft.serving import Engine, EngineConfig, SamplingParams
+
+    if args.num_requests <= 0 or args.concurrency <= 0:
+        raise ValueError("--num-requests and --concurrency must be positive")
+    config = EngineConfig(max_num_seqs=args.concurrency, dtype=args.dtype, device=args.device,
+                          max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = Engine.from_pretrained(args.model_dir, config)
+    reqs = workload(args.num_requests, args.input_len, args.output_len, engine.runner.vocab_size,
+                    args.seed)
+    shapes = _matmul_shapes(engine)
+    result = {"model_dir": str(args.model_dir), "num_requests": args.num_requests,
+              "concurrency": args.concurrency, "input_len": list(args.input_len),
+              "output_len": list(args.output_len), "seed": args.seed, "dtype": args.dtype,
+              "device": args.device, "torch_threads": torch.get_num_threads(),
+              "num_kv_blocks": engine.block_manager.num_blocks,
+              "kernels_backend": _backend(engine)}
+    # warm-up outside the timed region (first-call allocations)
+    engine.generate(prompt_token_ids=[reqs[0][0][:32]],
+                    sampling_params=SamplingParams(temperature=0.0, max_tokens=4))
+    result["engine"] = _run_engine(engine, reqs, shapes)
+    roof = {m: _matmul_flops_per_s(shapes, m, engine.runner.dtype, engine.runner.device)
+            for m in (args.concurrency, 512)}
+    result["roofline_flops_per_s"] = {f"m{m}": v for m, v in roof.items()}
+    e = result["engine"]
+    result["engine_roofline_fraction"] = e["flops_per_s"] / roof[512]
+    if e["decode_flops_per_s"]:
+        result["decode_roofline_fraction"] = e["decode_flops_per_s"] / roof[args.concurrency]
+    if not args.skip_hf:
+        del engine  # give HF the memory
+        result["hf"] = _run_hf(args.model_dir, reqs, args.concurrency, args.dtype, args.device)
+        result["throughput_ratio"] = e["output_tokens_per_s"] / result["hf"]["output_tokens_per_s"]
+    _print(result)
+    if args.out:
+        _write_json(Path(args.out), result)
+    return 0
+
+
+def _backend(engine) -> str:
+    from graft.kernels import backend_name
+
+    return backend_name(engine.runner.kv_cache)
+
+
+def _matmul_shapes(engine) -> dict:
+    """Per-token matmul shapes (out, in) of every layer, the lm head, and attention sizes."""
+    m = engine.runner.model
+    layer = m.layers[0]
+    per_layer = [tuple(mod.weight.shape) for mod in
+                 (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                  layer.mlp.down_proj)]
+    return {"layer": per_layer, "num_layers": len(m.layers), "lm_head": tuple(m.output_weight.shape),
+            "q_dim": layer.self_attn.q_size}
+
+
+def _step_flops(shapes: dict, chunks: list[tuple[int, int]], num_logits: int) -> float:
+    """FLOPs of one forward: chunks are (tokens already cached, new tokens) per sequence."""
+    tokens = sum(n for _, n in chunks)
+    lin = sum(o * i for o, i in shapes["layer"]) * shapes["num_layers"]
+    # QK^T and PV: 2 matmuls x 2 flops x q_dim per (query, key) pair, causal within a chunk
+    pairs = sum(n * start + n * (n + 1) // 2 for start, n in chunks)
+    attn = 4 * shapes["q_dim"] * pairs * shapes["num_layers"]
+    head = shapes["lm_head"][0] * shapes["lm_head"][1]
+    return 2.0 * tokens * lin + attn + 2.0 * num_logits * head
+
+
+def _run_engine(engine, reqs, shapes) -> dict:
+    from graft.serving import SamplingParams
+
+    steps = []
+    execute = engine.runner.execute
+
+    def timed(batch):
+        chunks = [(s.num_computed_tokens, n) for s, n in zip(batch.seqs, batch.num_tokens)]
+        logits_rows = sum(1 for s, n in zip(batch.seqs, batch.num_tokens)
+                          if s.num_computed_tokens + n == len(s))
+        t0 = time.perf_counter()
+        out = execute(batch)
+        steps.append((time.perf_counter() - t0, _step_flops(shapes, chunks, logits_rows),
+                      batch.num_decodes == len(batch.seqs), len(batch.seqs)))
+        return out
+
+    engine.runner.execute = timed
+    try:
+        t0 = time.perf_counter()
+        outs = engine.generate(prompt_token_ids=[p for p, _ in reqs], sampling_params=[
+            SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in reqs])
+        wall = time.perf_counter() - t0
+    finally:
+        engine.runner.execute = execute
+    out_tokens = sum(len(o.token_ids) for o in outs)
+    flops = sum(f for _, f, _, _ in steps)
+    big = max(n for *_, n in steps)
+    decode = [(t, f) for t, f, dec, n in steps if dec and n == big]
+    dec_t = sum(t for t, _ in decode)
+    return {"seconds": wall, "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / wall,
+            "steps": len(steps), "forward_seconds": sum(t for t, *_ in steps),
+            "flops": flops, "flops_per_s": flops / wall,
+            "decode_batch": big, "decode_steps_at_batch": len(decode),
+            "decode_step_seconds": dec_t / len(decode) if decode else None,
+            "decode_flops_per_s": sum(f for _, f in decode) / dec_t if dec_t else None,
+            "num_preemptions": engine.scheduler.num_preemptions}
+
+
+def _run_hf(model_dir, reqs, batch_size: int, dtype: str, device: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+    model.eval()
+    pad = model.generation_config.pad_token_id
+    pad = 0 if pad is None else (pad[0] if isinstance(pad, list) else pad)
+    useful, t0 = 0, time.perf_counter()
+    for i in range(0, len(reqs), batch_size):
+        chunk = reqs[i:i + batch_size]
+        width = max(len(p) for p, _ in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, (p, _) in enumerate(chunk):  # left padding
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        new = max(n for _, n in chunk)
+        with torch.inference_mode():
+            model.generate(ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                           max_new_tokens=new, min_new_tokens=new)
+        useful += sum(n for _, n in chunk)  # tokens a caller asked for, not padding
+    wall = time.perf_counter() - t0
+    return {"seconds": wall, "output_tokens": useful, "output_tokens_per_s": useful / wall}
+
+
+def _matmul_flops_per_s(shapes: dict, m: int, dtype, device, repeats: int = 3) -> float:
+    """Best FLOP/s of x[m, in] @ W[out, in]^T over the model's layer and head shapes."""
+    import torch
+
+    mats = [torch.randn(o, i, dtype=dtype, device=device) for o, i in shapes["layer"]]
+    mats.append(torch.randn(*shapes["lm_head"], dtype=dtype, device=device))
+    xs = [torch.randn(m, w.shape[1], dtype=dtype, device=device) for w in mats]
+    flops = 2.0 * m * sum(w.numel() for w in mats)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first pass warms up
+            t0 = time.perf_counter()
+            for x, w in zip(xs, mats):
+                torch.nn.functional.linear(x, w)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+    return flops / best
+
+
+def _print(r: dict) -> None:
+    e = r["engine"]
+    print(f"engine: {e['output_tokens']} tokens in {e['seconds']:.1f}s = "
+          f"{e['output_tokens_per_s']:.1f} tok/s, {e['flops_per_s'] / 1e9:.1f} GFLOP/s "
+          f"({r['engine_roofline_fraction']:.0%} of matmul roofline at m=512)")
+    if e["decode_flops_per_s"]:
+        print(f"decode at batch {e['decode_batch']}: {e['decode_step_seconds'] * 1e3:.1f} ms/step, "
+              f"{r['decode_roofline_fraction']:.0%} of matmul roofline at m={r['concurrency']}")
+    if "hf" in r:
+        h = r["hf"]
+        print(f"hf generate: {h['output_tokens_per_s']:.1f} tok/s in {h['seconds']:.1f}s; "
+              f"engine/hf = {r['throughput_ratio']:.2f}x")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
