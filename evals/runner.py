@@ -88,6 +88,33 @@ def _reference_backend(state: dict, backend, base_llm):
     return state["ref"]
 
 
+def eval_task(spec: TaskSpec, samples: list[Sample], model, reference, cache: ResponseCache | None,
+              n_boot: int, seed: int) -> tuple[dict, list[dict]]:
+    """One task: (reference answers,) model answers, scores; returns (summary, sample rows)."""
+    requests = build_requests(spec, samples, seed)
+    if spec.reference == "base_llm":
+        for sample, res in zip(samples, generate_cached(reference(), cache, spec, samples, requests)):
+            if res.error is not None:
+                raise GraftError(f"task {spec.name}, sample {sample.id}: the base LLM failed: {res.error}")
+            sample.target = res.prediction
+    answers = generate_cached(model, cache, spec, samples, requests)
+    hooks = load_hooks(spec)
+    preds = [a.prediction for a in answers]
+    if "process_prediction" in hooks:
+        preds = [p if p is None else hooks["process_prediction"](p, s) for p, s in zip(preds, samples)]
+    summary, per_sample = score_task(spec, samples, preds, n_boot, seed)
+    summary.update({
+        "n": len(samples), "n_questions": len({s.group for s in samples}),
+        "n_errors": sum(a.error is not None for a in answers), "n_cached": sum(a.cached for a in answers),
+        "metrics": spec.metrics, "version": spec.version,
+        "latency_s": _summary([a.latency for a in answers]), "ttft_s": _summary([a.ttft for a in answers]),
+    })
+    rows = [{"id": s.id, "group": s.group, "prompt": s.prompt, "images": [str(p) for p in s.images],
+             "prediction": p, "target": s.target, "scores": sc, "ttft": a.ttft, "latency": a.latency,
+             "error": a.error, "cached": a.cached} for s, p, sc, a in zip(samples, preds, per_sample, answers)]
+    return summary, rows
+
+
 def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, limit: int | None = None,
              backend: str = "hf", cache: bool | str | Path | ResponseCache = True, seed: int = 0,
              n_boot: int = 1000, base_llm: str | None = None, log=print, **endpoint_options) -> dict:
@@ -95,7 +122,8 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
 
     model_or_backend: a run dir, a plain HF LLM dir, an http(s) endpoint URL, a GraftedModel,
     or any object with `identity` and `generate(requests)`. `backend` picks "hf" or "engine"
-    for directories. Tasks are shipped names or YAML paths.
+    for directories. Tasks are shipped names or YAML paths. `base_llm` is the frozen LLM dir
+    for `reference: base_llm` tasks (default: the one the model names).
     """
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",") if t]
@@ -105,48 +133,26 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         raise GraftConfigError(f"--limit must be >= 1, got {limit}")
     specs = [get_task(t) for t in tasks]
     task_samples = [load_samples(s, data_root, limit) for s in specs]  # all data errors before any model load
-    engine = make_backend(model_or_backend, backend, **endpoint_options)
-    store = None
-    if isinstance(cache, ResponseCache):
-        store = cache
-    elif cache:
-        store = ResponseCache(None if cache is True else cache)
-    out = Path(out_dir) if out_dir is not None else None
+    model = make_backend(model_or_backend, backend, **endpoint_options)
+    store = cache if isinstance(cache, ResponseCache) else (
+        ResponseCache(None if cache is True else cache) if cache else None)
     state: dict = {}
+    named = isinstance(model_or_backend, (str, Path))
+    is_url = named and str(model_or_backend).startswith(("http://", "https://"))
     results = {"tasks": {}, "config": {
-        "model": str(model_or_backend) if isinstance(model_or_backend, (str, Path)) else type(model_or_backend).__name__,
-        "backend": "endpoint" if str(model_or_backend).startswith(("http://", "https://")) else backend,
-        "model_identity": engine.identity, "data_root": None if data_root is None else str(data_root),
+        "model": str(model_or_backend) if named else type(model_or_backend).__name__,
+        "backend": "endpoint" if is_url else backend,
+        "model_identity": model.identity, "data_root": None if data_root is None else str(data_root),
         "limit": limit, "n_boot": n_boot, "base_llm": base_llm, "task_specs": {}},
         "seed": seed, "git": git_state(), "packages": package_versions(), "created": now_utc()}
     try:
         for spec, samples in zip(specs, task_samples):
-            requests = build_requests(spec, samples, seed)
-            if spec.reference == "base_llm":
-                ref = _reference_backend(state, engine, base_llm)
-                for sample, res in zip(samples, generate_cached(ref, store, spec, samples, requests)):
-                    if res.error is not None:
-                        raise GraftError(f"task {spec.name}, sample {sample.id}: the base LLM failed: {res.error}")
-                    sample.target = res.prediction
-            answers = generate_cached(engine, store, spec, samples, requests)
-            hooks = load_hooks(spec)
-            preds = [a.prediction for a in answers]
-            if "process_prediction" in hooks:
-                preds = [p if p is None else hooks["process_prediction"](p, s) for p, s in zip(preds, samples)]
-            summary, per_sample = score_task(spec, samples, preds, n_boot, seed)
-            summary.update({
-                "n": len(samples), "n_questions": len({s.group for s in samples}),
-                "n_errors": sum(a.error is not None for a in answers), "n_cached": sum(a.cached for a in answers),
-                "metrics": spec.metrics, "version": spec.version,
-                "latency_s": _summary([a.latency for a in answers]), "ttft_s": _summary([a.ttft for a in answers]),
-            })
+            summary, rows = eval_task(spec, samples, model, lambda: _reference_backend(state, model, base_llm),
+                                      store, n_boot, seed)
             results["tasks"][spec.name] = summary
             results["config"]["task_specs"][spec.name] = spec.to_dict()
-            rows = [{"id": s.id, "group": s.group, "prompt": s.prompt, "images": [str(p) for p in s.images],
-                     "prediction": p, "target": s.target, "scores": sc, "ttft": a.ttft, "latency": a.latency,
-                     "error": a.error, "cached": a.cached} for s, p, sc, a in zip(samples, preds, per_sample, answers)]
-            if out is not None:
-                write_samples(out, spec.name, rows)
+            if out_dir is not None:
+                write_samples(Path(out_dir), spec.name, rows)
             if log:
                 log(f"{spec.name}: {summary['metric']} {summary['score']:.4f} on {summary['n']} samples"
                     f" ({summary['n_errors']} failed, {summary['n_cached']} cached)")
@@ -154,6 +160,6 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         if store is not None and store is not cache:
             store.close()
     results["hardware"] = hardware()
-    if out is not None:
-        write_results(out, results)
+    if out_dir is not None:
+        write_results(Path(out_dir), results)
     return results
