@@ -43,43 +43,52 @@ def donor_config(root: str | Path) -> dict:
     return config
 
 
-def kimi_projector_adapter(donor: str | Path, d_model: int | None = None, seed: int = 0):
-    """Kimi's projector as a graft `mlp` adapter on MoonViT's 2x2-merged tokens.
+def _mlp_adapter(parts: dict, d_model: int | None, seed: int):
+    """A depth-2 graft `mlp` adapter holding a donor projector's tensors.
 
-    pre_norm and linear_1 are Kimi's; linear_2 is Kimi's too when `d_model` is None, else a
-    fresh seeded Linear sized for the target LLM (the part that must be trained again).
+    parts: linear_{1,2}.{weight,bias} (+ pre_norm.{weight,bias}); a missing bias is zero.
+    With `d_model` set, linear_2 is a fresh seeded Linear of that width (to be trained for a
+    different LLM); otherwise it is the donor's.
     """
     from graft.adapters import AdapterConfig, build_adapter
 
+    w1 = parts["linear_1.weight"]
+    norm = parts.get("pre_norm.weight")
+    chunks = w1.shape[1] // norm.shape[0] if norm is not None else 1
+    keep_out = d_model is None
+    cfg = AdapterConfig(kind="mlp", depth=2, hidden_size=w1.shape[0], layer_norm=norm is not None,
+                        norm_chunks=chunks, seed=seed)
+    adapter = build_adapter(cfg, w1.shape[1], parts["linear_2.weight"].shape[0] if keep_out else d_model)
+    ours = {"mlp.linears.0": "linear_1"} | ({"mlp.linears.1": "linear_2"} if keep_out else {})
+    if norm is not None:
+        ours["norm"] = "pre_norm"
+    state = adapter.state_dict()
+    with torch.no_grad():
+        for name, src in ours.items():
+            state[f"{name}.weight"].copy_(parts[f"{src}.weight"].float())
+            bias = parts.get(f"{src}.bias")  # Llava with multimodal_projector_bias=False: none
+            if bias is None:
+                state[f"{name}.bias"].zero_()
+            else:
+                state[f"{name}.bias"].copy_(bias.float())
+    return adapter
+
+
+def kimi_projector_adapter(donor: str | Path, d_model: int | None = None, seed: int = 0):
+    """Kimi's projector as a graft `mlp` adapter on MoonViT's 2x2-merged tokens: pre_norm
+    (4 chunks) and linear_1 are Kimi's; linear_2 too unless `d_model` asks for a new one."""
     reader = donor if isinstance(donor, CheckpointReader) else CheckpointReader(donor)
     config = json.loads((reader.root / "config.json").read_text())
     eps = float(config.get("projection_layer_norm_eps", 1e-5))
     if eps != 1e-5:
         raise GraftConfigError(
             f"{reader.root}: projection_layer_norm_eps={eps}; graft's adapter pre-norm uses 1e-5")
-    kimi = load_projector_state(reader)
-    d_vision, hidden = kimi["linear_1.weight"].shape[1], kimi["linear_1.weight"].shape[0]
-    chunks = d_vision // kimi["pre_norm.weight"].shape[0]
-    keep_out = d_model is None
-    d_out = kimi["linear_2.weight"].shape[0] if keep_out else d_model
-    cfg = AdapterConfig(kind="mlp", depth=2, hidden_size=hidden, layer_norm=True,
-                        norm_chunks=chunks, seed=seed)
-    adapter = build_adapter(cfg, d_vision, d_out)
-    ours = {"norm.weight": "pre_norm.weight", "norm.bias": "pre_norm.bias",
-            "mlp.linears.0.weight": "linear_1.weight", "mlp.linears.0.bias": "linear_1.bias"}
-    if keep_out:
-        ours |= {"mlp.linears.1.weight": "linear_2.weight", "mlp.linears.1.bias": "linear_2.bias"}
-    with torch.no_grad():
-        state = adapter.state_dict()
-        for name, src in ours.items():
-            state[name].copy_(kimi[src].float())
-    return adapter
+    return _mlp_adapter(load_projector_state(reader), d_model, seed)
 
 
-def llava_projector_adapter(reader: CheckpointReader, config: dict):
+def llava_projector_adapter(reader: CheckpointReader, config: dict, d_model: int | None = None,
+                            seed: int = 0):
     """Llava's multi_modal_projector (linear_1, GELU, linear_2) as a graft `mlp` adapter."""
-    from graft.adapters import AdapterConfig, build_adapter
-
     act = config.get("projector_hidden_act", "gelu")
     if act != "gelu":
         raise GraftConfigError(f"{reader.root}: projector_hidden_act={act!r}; graft's mlp "
@@ -95,14 +104,7 @@ def llava_projector_adapter(reader: CheckpointReader, config: dict):
         raise GraftConfigError(
             f"{reader.root}: multi_modal_projector.linear_2.weight has shape {tuple(w2.shape)}, "
             f"expected input width {w1.shape[0]} (linear_1's output)")
-    cfg = AdapterConfig(kind="mlp", depth=2, hidden_size=w1.shape[0])
-    adapter = build_adapter(cfg, w1.shape[1], w2.shape[0])
-    with torch.no_grad():
-        for i, layer in enumerate(adapter.mlp.linears):
-            layer.weight.copy_(tensors[f"linear_{i + 1}.weight"].float())
-            bias = tensors.get(f"linear_{i + 1}.bias")  # multimodal_projector_bias=False: none
-            layer.bias.copy_(bias.float() if bias is not None else torch.zeros_like(layer.bias))
-    return adapter
+    return _mlp_adapter(tensors, d_model, seed)
 
 
 def write_dir_atomically(out: Path, write, marker: str) -> None:
@@ -206,9 +208,14 @@ def _extract_llava_vision(reader: CheckpointReader, config: dict, out: Path) -> 
             "drop_prefix": strategy == "default"}
 
 
-def extract(donor: str | Path, out: str | Path, part: str = "both") -> dict:
+def extract(donor: str | Path, out: str | Path, part: str = "both",
+            target_llm: str | Path | None = None, seed: int = 0) -> dict:
     """Write OUT/vision (an encoder dir) and/or OUT/projector (an adapter dir); returns and
-    saves OUT/extract.json with the encoder/adapter spec blocks and the shards read."""
+    saves OUT/extract.json with the encoder/adapter spec blocks and the shards read.
+
+    With `target_llm` (an HF LLM dir), the projector's last Linear is re-made (seeded) for
+    that LLM's width; the donor's pre-norm and first Linear are kept.
+    """
     if part not in PARTS:
         raise GraftConfigError(f"--part {part!r}: use one of {', '.join(PARTS)}")
     from graft.adapters import save_adapter
@@ -222,10 +229,25 @@ def extract(donor: str | Path, out: str | Path, part: str = "both") -> dict:
         summary["encoder"] = (_extract_kimi_vision(reader, out / "vision") if kimi
                               else _extract_llava_vision(reader, config, out / "vision"))
     if part in ("projector", "both"):
-        adapter = kimi_projector_adapter(reader) if kimi else llava_projector_adapter(reader, config)
+        d_model = _hidden_size(target_llm) if target_llm is not None else None
+        adapter = (kimi_projector_adapter(reader, d_model, seed) if kimi
+                   else llava_projector_adapter(reader, config, d_model, seed))
         save_adapter(adapter, out / "projector")
         summary["adapter"] = {**adapter.config.to_dict(), "path": str(out / "projector"),
                               "d_vision": adapter.d_vision, "d_model": adapter.d_model}
+        if target_llm is not None:
+            summary["adapter"]["seeded_for"] = str(target_llm)
     summary["shards_read"] = sorted(reader.opened)
     atomic_write_json(out / "extract.json", summary)
     return summary
+
+
+def _hidden_size(llm_dir: str | Path) -> int:
+    path = Path(llm_dir) / "config.json"
+    if not path.is_file():
+        raise GraftConfigError(f"--target-llm {llm_dir}: no config.json; give a local HF LLM dir")
+    config = json.loads(path.read_text())
+    config = config.get("text_config", config)
+    if not isinstance(config.get("hidden_size"), int):
+        raise GraftConfigError(f"--target-llm {path}: no integer hidden_size")
+    return config["hidden_size"]

@@ -119,3 +119,29 @@ def test_bad_donors(tmp_path, clip_dir, k25_dir):
     (donor / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(GraftConfigError, match=r"pre_norm\.weight.*expected 'multi_modal_projector"):
         extract(donor, tmp_path / "c", "projector")
+
+
+def test_target_llm_remakes_only_the_last_linear(kimi_model, k25_dir, tiny_llama, tmp_path):
+    from graft.cli import main
+
+    args = ["extract", str(k25_dir), str(tmp_path / "out"), "--part", "projector",
+            "--target-llm", str(tiny_llama), "--seed", "3"]
+    assert main(args) == 0
+    adapter = load_adapter(tmp_path / "out" / "projector")
+    assert adapter.d_model == 64 and adapter.d_vision == 128
+    assert torch.equal(adapter.mlp.linears[0].bias, kimi_model.model.mm_projector.in_proj.bias)
+    assert not torch.equal(adapter.mlp.linears[1].weight, kimi_model.model.mm_projector.out_proj.weight)
+    summary = json.loads((tmp_path / "out" / "extract.json").read_text())
+    assert summary["adapter"]["seeded_for"] == str(tiny_llama) and "encoder" not in summary
+
+
+def test_projector_shapes_that_do_not_chain(k25_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    donor = tmp_path / "donor"
+    shutil.copytree(k25_dir, donor)
+    tensors = load_file(str(donor / VISION_SHARD))
+    tensors["mm_projector.proj.2.weight"] = torch.zeros(64, 100)
+    save_file(tensors, str(donor / VISION_SHARD))
+    with pytest.raises(GraftConfigError, match=r"linear_2 \(64, 100\).*linear_2 input = linear_1 output"):
+        extract(donor, tmp_path / "out", "projector")
