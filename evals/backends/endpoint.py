@@ -36,6 +36,14 @@ def _content(text: str, images: list[Path]) -> str | list[dict]:
     return parts
 
 
+def _retry_after(response: httpx.Response, default: float) -> float:
+    """The server's Retry-After (seconds, capped at 30) when it sends one, e.g. with a 429."""
+    try:
+        return min(max(float(response.headers.get("retry-after", default)), 0.0), 30.0)
+    except ValueError:
+        return default
+
+
 class EndpointBackend:
     def __init__(self, url: str, model: str | None = None, concurrency: int = 4, retries: int = 2,
                  timeout: float = 60.0, api_key: str | None = None, stream: bool = True):
@@ -97,20 +105,22 @@ class EndpointBackend:
 
     def _send(self, req: Request) -> Result:
         body = self._payload(req)
-        error = ""
+        error, wait = "", 0.0
         for attempt in range(self.retries + 1):
+            wait = min(0.25 * 2**attempt, 4.0)
             try:
                 return self._once(body)
             except httpx.HTTPStatusError as err:
                 error = f"HTTP {err.response.status_code}: {err.response.text[:200]}"
                 if err.response.status_code not in _RETRY_STATUS:
                     break
+                wait = _retry_after(err.response, wait)
             except httpx.TimeoutException:
                 error = f"timed out after {self.timeout:g}s"
             except (httpx.HTTPError, ValueError, KeyError, IndexError, RuntimeError) as err:
                 error = f"{type(err).__name__}: {err}"
             if attempt < self.retries:
-                time.sleep(min(0.25 * 2**attempt, 4.0))
+                time.sleep(wait)
         return Result(None, error=f"{error} (after {attempt + 1} attempt(s))")
 
     def generate(self, requests: list[Request]) -> list[Result]:

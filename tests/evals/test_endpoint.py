@@ -35,6 +35,8 @@ def _make_app(seen: dict):
             return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
         if "bad" in text:
             return JSONResponse({"error": {"message": "bad request", "type": "invalid_request_error"}}, status_code=400)
+        if "busy" in text and seen[text] == 1:  # refused once, as an admission controller would
+            return JSONResponse({"error": {"message": "busy"}}, status_code=429, headers={"Retry-After": "0"})
         if "slow" in text:
             await asyncio.sleep(1.5)
 
@@ -77,14 +79,15 @@ def test_failing_requests_are_recorded_not_fatal(server, tmp_path):
             {"id": "fail", "question": "fail?", "answer": "yes"},
             {"id": "bad", "question": "bad?", "answer": "yes"},
             {"id": "slow", "question": "slow?", "answer": "yes"},
-            {"id": "ok2", "question": "fine?", "answer": "yes"}]
+            {"id": "ok2", "question": "fine?", "answer": "yes"},
+            {"id": "busy", "question": "busy?", "answer": "yes"}]
     (tmp_path / "q.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "t.yaml").write_text("name: probe\ndata: q.jsonl\ndata_root: .\nmetrics: [exact_match]\n")
 
     results = run_eval(url + "/v1", tasks=[str(tmp_path / "t.yaml")], out_dir=tmp_path / "out", cache=False,
                        n_boot=20, log=None, retries=1, timeout=0.5, concurrency=3)
     task = results["tasks"]["probe"]
-    assert task["n"] == 5 and task["n_errors"] == 3 and task["accuracy"] == pytest.approx(2 / 5)
+    assert task["n"] == 6 and task["n_errors"] == 3 and task["accuracy"] == pytest.approx(3 / 6)
     samples = {json.loads(x)["id"]: json.loads(x) for x in (tmp_path / "out" / "samples_probe.jsonl").read_text().splitlines()}
     assert samples["ok"]["prediction"] == "yes" and samples["ok"]["ttft"] is not None
     assert samples["ok"]["latency"] >= samples["ok"]["ttft"]
@@ -92,6 +95,7 @@ def test_failing_requests_are_recorded_not_fatal(server, tmp_path):
     assert "HTTP 400" in samples["bad"]["error"] and "1 attempt" in samples["bad"]["error"]
     assert "timed out" in samples["slow"]["error"]
     assert seen["fail?"] == 2 and seen["bad?"] == 1  # 5xx retried once, 4xx not retried
+    assert samples["busy"]["prediction"] == "yes" and seen["busy?"] == 2  # 429 retried after Retry-After
     assert seen["images"] == 1 and seen["model"] == "tiny-graft"
     assert results["config"]["backend"] == "endpoint"
 
