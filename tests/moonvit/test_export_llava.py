@@ -48,12 +48,14 @@ def _hf_logits(out, images):
 @pytest.mark.parametrize("family,tower,adapter,lora", [
     ("llama", "clip", {"kind": "mlp", "depth": 2}, False),
     ("qwen2", "siglip", {"kind": "linear"}, False),
-    ("glm4", "clip", {"kind": "mlp", "depth": 2}, True),
-], ids=["llama-clip-mlp", "qwen2-siglip-linear", "glm4-clip-mlp-lora"])
+    ("glm4", "clip-full", {"kind": "mlp", "depth": 2}, True),
+], ids=["llama-clip-mlp", "qwen2-siglip-linear", "glm4-dual-clip-mlp-lora"])
 def test_round_trip_matches_graft_logits(family, tower, adapter, lora, tiny_llm_factory,
-                                         clip_dir, siglip_dir, tmp_path):
+                                         request, tmp_path):
     llm = tiny_llm_factory(family)
-    path = clip_dir if tower == "clip" else siglip_dir
+    path = request.getfixturevalue({"clip": "clip_dir", "siglip": "siglip_dir",
+                                    "clip-full": "tiny_clip_full_dir"}[tower])
+    tower = tower.removesuffix("-full")  # a full CLIPModel dir (text tower too) is a clip encoder
     feature_layer = -2 if tower == "clip" else -1
     run = write_run_dir(tmp_path / "run", llm, {"kind": tower, "path": str(path),
                                                 "feature_layer": feature_layer}, adapter, lora=lora)
