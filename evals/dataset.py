@@ -62,6 +62,8 @@ def _build(record: dict, spec: TaskSpec, image_root: Path, where: str) -> list[S
     sid = str(record[spec.id_field])
     images = _image_paths(record, spec, image_root, where)
     target = record.get(spec.answer_field)
+    if isinstance(target, list):  # VQAv2 files list answers as {"answer": ..., "answer_confidence": ...}
+        target = [t["answer"] if isinstance(t, dict) and "answer" in t else t for t in target]
     if spec.reference == "data" and target in (None, "", []):
         raise GraftDataError(f"{where}: missing the answer field {spec.answer_field!r}")
     variants = [(None, target)]
@@ -101,7 +103,7 @@ def load_samples(spec: TaskSpec, data_root=None, limit: int | None = None) -> li
     samples: list[Sample] = []
     seen: set[str] = set()
     n_questions = 0
-    with path.open(encoding="utf-8") as fh:
+    with path.open(encoding="utf-8-sig") as fh:  # tolerate a byte-order mark
         for lineno, line in enumerate(fh, 1):
             if limit is not None and n_questions >= limit:
                 break

@@ -90,3 +90,10 @@ def test_wrong_types_named(tmp_path):
         load_task_file(_write_task(tmp_path, "circular: 'yes'\n"))
     with pytest.raises(GraftConfigError, match=r"generation: 'max_new_tokens' must be int"):
         load_task_file(_write_task(tmp_path, "generation: {max_new_tokens: '8'}\n"))
+
+
+def test_vqav2_answer_dicts(tmp_path):
+    spec = load_task_file(_write_task(tmp_path, "answer_field: answers\nmetrics: [vqa_accuracy]\n"))
+    _write_jsonl(tmp_path / "q.jsonl", [{"id": 1, "question": "q", "answers": [{"answer": "two", "answer_id": 1}] * 10}])
+    [sample] = load_samples(spec)
+    assert sample.id == "1" and sample.target == ["two"] * 10
