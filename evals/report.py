@@ -79,7 +79,11 @@ def read_results(run: str | Path) -> dict:
 
 
 def read_samples(run_dir: Path, task: str) -> list[dict]:
+    from graft.errors import GraftDataError
+
     path = run_dir / f"samples_{task}.jsonl"
+    if not path.is_file():
+        raise GraftDataError(f"{path} is missing: compare needs the samples files next to results.json")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
