@@ -90,6 +90,9 @@ class EngineWorker:
 
     def submit(self, job: Job, budget_s: float | None) -> float:
         """Admission control, then queue; returns the TTFT estimate or raises APIError(429)."""
+        if not self._thread.is_alive() or self._stop:
+            raise APIError("the engine thread is not running; see the server log",
+                           status=503, type="server_error", code="engine_down")
         with self._cond:
             queue = [j.queue_item() for j in self.pending]
             queue += [j.queue_item() for j in self.active.values() if j.first_token_at is None]

@@ -42,6 +42,9 @@ class _Ctx:
         self.settings = settings
         self.tokenizer = self.front.tokenizer if self.front else engine.tokenizer
         self.max_model_len = engine.max_model_len
+        # every allowed image as base64 (4/3) plus generous room for the text
+        self.max_body_bytes = (settings.limit_images_per_prompt * settings.media.max_image_bytes
+                               * 4 // 3 + (8 << 20))
         self.metrics = ServerMetrics({
             "graft_queue_depth": ("Requests waiting for their first token.",
                                   lambda: self.worker.queue_depth()),
@@ -119,6 +122,32 @@ class _Ctx:
             raise P.APIError(str(err), code="invalid_value") from None
 
 
+def _sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
+    """Thread-safe hand-off from the engine thread to one request's queue."""
+    def put(kind: str, payload) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
+        except RuntimeError:  # loop closed (shutdown): nobody is listening any more
+            pass
+    return put
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The POST body, refusing (413) before buffering more than `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise P.APIError(f"request body is {declared} bytes, over the limit of {limit}",
+                         status=413, code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise P.APIError(f"request body is over the limit of {limit} bytes", status=413,
+                             code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _error_response(err: P.APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
@@ -171,7 +200,10 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         arrival = time.monotonic()
         ctx.metrics.requests.inc()
-        req = P.parse_chat_request(await request.body())
+        raw = await _read_body(request, ctx.max_body_bytes)
+        # big bodies (base64 images) are parsed off the event loop too
+        req = (P.parse_chat_request(raw) if len(raw) < 65536
+               else await asyncio.to_thread(P.parse_chat_request, raw))
         if req.model != ctx.settings.model_name:
             raise P.APIError(f"model {req.model!r} does not exist; this server serves "
                              f"{ctx.settings.model_name!r} (see /v1/models)", status=404,
@@ -183,8 +215,7 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
         queue: asyncio.Queue = asyncio.Queue()
         cid = P.new_completion_id()
         job = Job(cid, ids, params,
-                  sink=lambda kind, payload: loop.call_soon_threadsafe(
-                      queue.put_nowait, (kind, payload)),
+                  sink=_sink(loop, queue),
                   prepared=prepared, arrival=arrival,
                   deadline=arrival + budget_ms / 1000 if budget_ms else None,
                   encode_tokens=ctx.front.uncached_tokens(prepared.images) if prepared else 0)
