@@ -153,28 +153,36 @@ def load_vision_state(reader: CheckpointReader, cfg: MoonViTConfig, expected: di
 
     d = cfg.hidden_size
     for ours, shape in expected.items():
-        m = re.match(r"layers\.(\d+)\.(.+)$", ours)
-        if layout == "hf" or not m:
-            src = "patch_embed.pos_emb.weight" if (
-                layout == "kimi" and ours == "patch_embed.pos_emb.position_embeddings") else ours
-            out[ours] = _check(names.get(src, src), read(src), shape, root)
+        if layout == "hf":
+            out[ours] = _check(names.get(ours, ours), read(ours), shape, root)
             continue
-        i, part = m.groups()
-        kimi = {"norm1": "norm0", "norm2": "norm1", "mlp.fc1": "mlp.fc0", "mlp.fc2": "mlp.fc1",
-                "attn.proj": "wo"}
-        module, _, leaf = part.rpartition(".")
-        if module in kimi:
-            src = f"blocks.{i}.{kimi[module]}.{leaf}"
-            out[ours] = _check(names.get(src, src), read(src), shape, root)
+        src, third = _kimi_source(ours)
+        tensor = read(src)
+        if third is None:
+            out[ours] = _check(names[src], tensor, shape, root)
             continue
-        # attn.{q,k,v}_proj come from the fused wqkv: rows [q; k; v], q/k in complex order.
-        src = f"blocks.{i}.wqkv.{leaf}"
-        fused = read(src)
-        _check(names[src], fused, (3 * d, *shape[1:]), root)
-        which = "qkv".index(module[len("attn.")])
-        part_t = fused[which * d:(which + 1) * d]
-        out[ours] = part_t if which == 2 else _rope_rows_to_half(part_t, cfg.num_attention_heads)
+        _check(names[src], tensor, (3 * d, *shape[1:]), root)
+        tensor = tensor[third * d:(third + 1) * d]  # wqkv rows are [q; k; v]
+        out[ours] = tensor if third == 2 else _rope_rows_to_half(tensor, cfg.num_attention_heads)
     return out
+
+
+# Our (transformers) block module names -> Kimi release names; q/k/v live in the fused wqkv.
+_KIMI_BLOCK = {"norm1": "norm0", "norm2": "norm1", "mlp.fc1": "mlp.fc0", "mlp.fc2": "mlp.fc1",
+               "attn.proj": "wo"}
+
+
+def _kimi_source(ours: str) -> tuple[str, int | None]:
+    """Release-layout name holding our tensor `ours`, and its third of wqkv (q 0, k 1, v 2)."""
+    if ours == "patch_embed.pos_emb.position_embeddings":
+        return "patch_embed.pos_emb.weight", None
+    m = re.match(r"layers\.(\d+)\.(.+)\.(weight|bias)$", ours)
+    if m is None:
+        return ours, None
+    i, module, leaf = m.groups()
+    if module in _KIMI_BLOCK:
+        return f"blocks.{i}.{_KIMI_BLOCK[module]}.{leaf}", None
+    return f"blocks.{i}.wqkv.{leaf}", "qkv".index(module.removeprefix("attn.")[0])
 
 
 def load_projector_state(reader: CheckpointReader) -> dict:
