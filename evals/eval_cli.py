@@ -16,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N questions per task")
     parser.add_argument("--out", default=None, help="folder for results.json and samples_<task>.jsonl")
     parser.add_argument("--backend", default="hf", choices=["hf", "engine"], help="how --model runs")
+    parser.add_argument("--device", default="cpu", help="torch device for --model (cpu, cuda, cuda:1)")
     parser.add_argument("--data-root", default=None, help="folder task data paths are relative to")
     parser.add_argument("--base-llm", default=None, help="frozen LLM dir for reference: base_llm tasks")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap and sampling seed")
@@ -76,7 +77,8 @@ def run(args) -> int:
     results = run_eval(args.endpoint or args.model, tasks=args.tasks, data_root=args.data_root,
                        out_dir=args.out, limit=args.limit, backend=args.backend,
                        cache=False if args.no_cache else (args.cache or True), seed=args.seed,
-                       n_boot=args.bootstrap, base_llm=args.base_llm, **endpoint_options)
+                       n_boot=args.bootstrap, base_llm=args.base_llm, device=args.device,
+                       **endpoint_options)
     print(results_table(results))
     if args.out:
         print(f"wrote {args.out}/results.json")

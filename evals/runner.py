@@ -74,7 +74,7 @@ def score_task(spec: TaskSpec, samples: list[Sample], predictions: list[str | No
     return summary, per_sample
 
 
-def _reference_backend(state: dict, backend, base_llm):
+def _reference_backend(state: dict, backend, base_llm, device: str):
     if "ref" not in state:
         path = base_llm or getattr(backend, "base_llm", None)
         if not path:
@@ -84,7 +84,7 @@ def _reference_backend(state: dict, backend, base_llm):
         from graft.evals.backends.hf import PlainLLMBackend
 
         same = isinstance(backend, PlainLLMBackend) and Path(backend.base_llm) == Path(path)
-        state["ref"] = backend if same else PlainLLMBackend(path)
+        state["ref"] = backend if same else PlainLLMBackend(path, device=device)
     return state["ref"]
 
 
@@ -117,13 +117,14 @@ def eval_task(spec: TaskSpec, samples: list[Sample], model, reference, cache: Re
 
 def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, limit: int | None = None,
              backend: str = "hf", cache: bool | str | Path | ResponseCache = True, seed: int = 0,
-             n_boot: int = 1000, base_llm: str | None = None, log=print, **endpoint_options) -> dict:
+             n_boot: int = 1000, base_llm: str | None = None, device: str = "cpu", log=print,
+             **endpoint_options) -> dict:
     """Evaluate a model on tasks; returns the results dict (also written to out_dir/results.json).
 
     model_or_backend: a run dir, a plain HF LLM dir, an http(s) endpoint URL, a GraftedModel,
     or any object with `identity` and `generate(requests)`. `backend` picks "hf" or "engine"
-    for directories. Tasks are shipped names or YAML paths. `base_llm` is the frozen LLM dir
-    for `reference: base_llm` tasks (default: the one the model names).
+    for directories, on `device`. Tasks are shipped names or YAML paths. `base_llm` is the
+    frozen LLM dir for `reference: base_llm` tasks (default: the one the model names).
     """
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",") if t]
@@ -133,7 +134,7 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         raise GraftConfigError(f"--limit must be >= 1, got {limit}")
     specs = [get_task(t) for t in tasks]
     task_samples = [load_samples(s, data_root, limit) for s in specs]  # all data errors before any model load
-    model = make_backend(model_or_backend, backend, **endpoint_options)
+    model = make_backend(model_or_backend, backend, device=device, **endpoint_options)
     store = cache if isinstance(cache, ResponseCache) else (
         ResponseCache(None if cache is True else cache) if cache else None)
     state: dict = {}
@@ -143,12 +144,12 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         "model": str(model_or_backend) if named else type(model_or_backend).__name__,
         "backend": "endpoint" if is_url else backend,
         "model_identity": model.identity, "data_root": None if data_root is None else str(data_root),
-        "limit": limit, "n_boot": n_boot, "base_llm": base_llm, "task_specs": {}},
+        "limit": limit, "n_boot": n_boot, "base_llm": base_llm, "device": device, "task_specs": {}},
         "seed": seed, "git": git_state(), "packages": package_versions(), "created": now_utc()}
     try:
         for spec, samples in zip(specs, task_samples):
-            summary, rows = eval_task(spec, samples, model, lambda: _reference_backend(state, model, base_llm),
-                                      store, n_boot, seed)
+            reference = lambda: _reference_backend(state, model, base_llm, device)  # noqa: E731
+            summary, rows = eval_task(spec, samples, model, reference, store, n_boot, seed)
             results["tasks"][spec.name] = summary
             results["config"]["task_specs"][spec.name] = spec.to_dict()
             if out_dir is not None:

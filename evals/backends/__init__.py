@@ -10,7 +10,7 @@ from graft.evals.backends.base import Request, Result
 BACKEND_KINDS = ("hf", "engine")
 
 
-def make_backend(target, kind: str = "hf", **endpoint_options):
+def make_backend(target, kind: str = "hf", device: str = "cpu", **endpoint_options):
     """A ready backend from a backend object, a GraftedModel, an http(s) URL, a run dir or an LLM dir."""
     if hasattr(target, "generate") and hasattr(target, "identity"):
         return target
@@ -32,14 +32,14 @@ def make_backend(target, kind: str = "hf", **endpoint_options):
     if kind == "engine":
         from graft.evals.backends.engine import EngineBackend
 
-        return EngineBackend(path)
+        return EngineBackend(path, device=device)
     if (path / "graft.yaml").is_file():
         from graft.evals.backends.hf import GraftedBackend
 
-        return GraftedBackend(path)
+        return GraftedBackend(path, device=device)
     from graft.evals.backends.hf import PlainLLMBackend
 
-    return PlainLLMBackend(path)
+    return PlainLLMBackend(path, device=device)
 
 
 __all__ = ["BACKEND_KINDS", "Request", "Result", "make_backend"]

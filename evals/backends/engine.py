@@ -12,11 +12,12 @@ from graft.evals.backends.base import Request, Result, load_images
 
 
 class EngineBackend:
-    def __init__(self, path: str | Path, config=None, chunk: int = 64):
-        from graft.serving import Engine
+    def __init__(self, path: str | Path, config=None, chunk: int = 64, device: str = "cpu"):
+        from graft.serving import Engine, EngineConfig
 
         self.chunk = chunk
         path = Path(path)
+        config = config or EngineConfig(device=device)
         if (path / "graft.yaml").is_file():
             from graft.serving.multimodal import load_engine
 

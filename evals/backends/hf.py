@@ -59,12 +59,13 @@ class GraftedBackend:
 class PlainLLMBackend:
     """The un-grafted LLM from its HF dir: the chat template and HF generate, nothing of graft's."""
 
-    def __init__(self, llm_dir: str | Path, dtype: str = "float32"):
+    def __init__(self, llm_dir: str | Path, dtype: str = "float32", device: str = "cpu"):
         from graft.io import sha256_file, weights_sha256
         from graft.model import load_llm
 
         self.llm, self.tokenizer = load_llm(str(llm_dir), dtype)
-        self.llm.eval()
+        self.llm.to(device).eval()
+        self.device = device
         tok_cfg = Path(llm_dir) / "tokenizer_config.json"
         tok_digest = sha256_file(tok_cfg)[:16] if tok_cfg.is_file() else "none"
         self.identity = f"llm:{weights_sha256(llm_dir)[:32]}:{tok_digest}"
@@ -76,7 +77,7 @@ class PlainLLMBackend:
         if req.images:
             raise ValueError("a plain LLM cannot take images; use a grafted run dir for image tasks")
         text = self.tokenizer.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
-        ids = torch.tensor([self.tokenizer(text, add_special_tokens=False)["input_ids"]])
+        ids = torch.tensor([self.tokenizer(text, add_special_tokens=False)["input_ids"]], device=self.device)
         kwargs = dict(max_new_tokens=req.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
         if req.temperature > 0:
             torch.manual_seed(req.seed)
