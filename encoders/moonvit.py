@@ -36,6 +36,8 @@ def read_processor_config(root: str | Path, vision: MoonViTConfig,
         side = (raw.get("size") or {}).get("max_height", raw.get("patch_limit_on_one_side"))
         if side is not None:
             cfg.max_patches_per_side = int(side)
+        if raw.get("pad_input") is not None:  # Kimi-VL: false = center-crop to multiples of 28
+            cfg.pad_input = bool(raw["pad_input"])
         for name in ("image_mean", "image_std"):
             if raw.get(name) is not None:
                 setattr(cfg, name, tuple(float(v) for v in raw[name]))

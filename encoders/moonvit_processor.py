@@ -1,4 +1,4 @@
-"""MoonViT's image processor: resize under a patch budget, pad to multiples of 28, patchify.
+"""MoonViT's image processor: resize under a patch budget, pad/crop to multiples of 28, patchify.
 
 Follows Kimi-K2.5's processor (never upscale, bicubic + antialias, zero padding at the
 bottom/right, mean = std = 0.5), so the same image gives the same pixels and token count.
@@ -23,12 +23,7 @@ class MoonViTProcessorConfig:
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)  # per-channel mean on [0, 1] pixels
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)  # per-channel std on [0, 1] pixels
     max_image_tokens: int | None = None  # hard cap on output tokens per image (None: Kimi's limits)
-
-    def identity(self) -> str:
-        return (f"moonvit-processor:p{self.patch_size}:m{self.merge_size}:"
-                f"max{self.max_patches}:side{self.max_patches_per_side}:"
-                f"mean{list(self.image_mean)}:std{list(self.image_std)}:"
-                f"tok{self.max_image_tokens}")
+    pad_input: bool = True  # pad up to multiples of 28 (K2.5); false: center-crop down (Kimi-VL)
 
 
 def _kimi_fit(width: int, height: int, cfg: MoonViTProcessorConfig, max_patches: float):
@@ -46,8 +41,14 @@ def _pad_up(n: int, factor: int) -> int:
     return -(-n // factor) * factor
 
 
+def _final(n: int, factor: int, pad: bool) -> int:
+    """Side length after padding up / cropping down to a multiple of `factor` (never to 0)."""
+    return _pad_up(n, factor) if pad or n < factor else n - n % factor
+
+
 def fit_size(width: int, height: int, cfg: MoonViTProcessorConfig):
-    """(resized (w, h), padded (w, h)) in pixels for an image of `width` x `height`."""
+    """(resized (w, h), final (w, h)) in pixels for an image of `width` x `height`; the final
+    size is the resized one padded or center-cropped to multiples of patch x merge (28)."""
     if width < 1 or height < 1:
         raise GraftDataError(f"image size {width}x{height}: both sides must be >= 1 pixel")
     factor = cfg.patch_size * cfg.merge_size
@@ -58,17 +59,19 @@ def fit_size(width: int, height: int, cfg: MoonViTProcessorConfig):
             raise GraftConfigError(f"max_image_tokens={budget}: must be >= 1 (or null for no cap)")
         budget_patches = min(cfg.max_patches, budget * cfg.merge_size ** 2)
         new_w, new_h = _kimi_fit(width, height, cfg, budget_patches)
-        # Padding to multiples of 28 can add tokens: shrink until the padded grid fits.
-        while (_pad_up(new_w, factor) // factor) * (_pad_up(new_h, factor) // factor) > budget:
+        # Padding to multiples of 28 can add tokens: shrink until the final grid fits.
+        while (_final(new_w, factor, cfg.pad_input) // factor) * \
+                (_final(new_h, factor, cfg.pad_input) // factor) > budget:
             new_w, new_h = max(1, int(new_w * 0.97)), max(1, int(new_h * 0.97))
-    return (new_w, new_h), (_pad_up(new_w, factor), _pad_up(new_h, factor))
+    final = (_final(new_w, factor, cfg.pad_input), _final(new_h, factor, cfg.pad_input))
+    return (new_w, new_h), final
 
 
 def token_grid(width: int, height: int, cfg: MoonViTProcessorConfig) -> tuple[int, int]:
     """(rows, cols) of output tokens for an image of `width` x `height` pixels."""
-    _, (pad_w, pad_h) = fit_size(width, height, cfg)
+    _, (out_w, out_h) = fit_size(width, height, cfg)
     factor = cfg.patch_size * cfg.merge_size
-    return pad_h // factor, pad_w // factor
+    return out_h // factor, out_w // factor
 
 
 def preprocess(images, cfg: MoonViTProcessorConfig):
@@ -86,14 +89,17 @@ def preprocess(images, cfg: MoonViTProcessorConfig):
             raise GraftDataError(f"image {i}: expected a PIL image, got {type(image).__name__}")
         rgb = np.asarray(image.convert("RGB"))
         x = torch.from_numpy(rgb.copy()).permute(2, 0, 1)  # [3, H, W] uint8
-        (new_w, new_h), (pad_w, pad_h) = fit_size(x.shape[2], x.shape[1], cfg)
+        (new_w, new_h), (out_w, out_h) = fit_size(x.shape[2], x.shape[1], cfg)
         if (new_h, new_w) != tuple(x.shape[1:]):
             x = tvF.resize(x, [new_h, new_w], interpolation=InterpolationMode.BICUBIC,
                            antialias=True)
-        if (pad_h, pad_w) != (new_h, new_w):
-            x = tvF.pad(x, [0, 0, pad_w - new_w, pad_h - new_h], fill=0)
-        x = (x.float() - mean) / std  # [3, pad_h, pad_w]
-        gh, gw = pad_h // p, pad_w // p
+        crop_h, crop_w = min(new_h, out_h), min(new_w, out_w)
+        if (crop_h, crop_w) != (new_h, new_w):
+            x = tvF.center_crop(x, [crop_h, crop_w])
+        if (out_h, out_w) != (crop_h, crop_w):
+            x = tvF.pad(x, [0, 0, out_w - crop_w, out_h - crop_h], fill=0)  # bottom/right
+        x = (x.float() - mean) / std  # [3, out_h, out_w]
+        gh, gw = out_h // p, out_w // p
         patches = x.view(3, gh, p, gw, p).permute(1, 3, 0, 2, 4).reshape(gh * gw, 3, p, p)
         all_patches.append(patches)
         grids.append((gh, gw))

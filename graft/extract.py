@@ -163,6 +163,8 @@ def _extract_kimi_vision(reader: CheckpointReader, out: Path) -> dict:
                  "size": {"max_height": side, "max_width": side}, "patch_size": proc.patch_size,
                  "merge_size": proc.merge_size, "image_mean": list(proc.image_mean),
                  "image_std": list(proc.image_std)}
+    if not proc.pad_input:  # Kimi-VL's crop mode; K2.5's processor always pads
+        processor["pad_input"] = False
 
     _write_encoder_dir(out, state, config, processor, reader.root)
     return {"kind": "moonvit", "path": str(out), "feature_layer": -1}

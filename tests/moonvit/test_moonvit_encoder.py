@@ -158,3 +158,17 @@ def test_grid_beyond_position_table(k25_dir, tmp_path):
     (donor / "preprocessor_config.json").write_text(json.dumps(proc))
     with pytest.raises(GraftConfigError, match="1024 patches per side .* covers 512"):
         _moonvit(donor)
+
+
+def test_crop_mode_of_kimi_vl_processor():
+    from graft.encoders.moonvit_processor import MoonViTProcessorConfig, preprocess, token_grid
+
+    cfg = MoonViTProcessorConfig(pad_input=False)
+    image = _images([(100, 70)])[0]
+    patches, grids = preprocess([image], cfg)
+    assert grids == [(4, 6)] and token_grid(100, 70, cfg) == (2, 3)  # 84 x 56 px kept
+    pixels = (torch.from_numpy(np.asarray(image)).permute(2, 0, 1).float() - 127.5) / 127.5
+    top, left = round((70 - 56) / 2), round((100 - 84) / 2)
+    first = pixels[:, top:top + 14, left:left + 14]
+    assert torch.allclose(patches[0], first, atol=1e-6)
+    assert token_grid(20, 20, cfg) == (1, 1)  # below 28 px a side is padded, never cropped to 0
