@@ -167,7 +167,7 @@ def test_crop_mode_of_kimi_vl_processor():
     image = _images([(100, 70)])[0]
     patches, grids = preprocess([image], cfg)
     assert grids == [(4, 6)] and token_grid(100, 70, cfg) == (2, 3)  # 84 x 56 px kept
-    pixels = (torch.from_numpy(np.asarray(image)).permute(2, 0, 1).float() - 127.5) / 127.5
+    pixels = (torch.from_numpy(np.array(image)).permute(2, 0, 1).float() - 127.5) / 127.5
     top, left = round((70 - 56) / 2), round((100 - 84) / 2)
     first = pixels[:, top:top + 14, left:left + 14]
     assert torch.allclose(patches[0], first, atol=1e-6)
