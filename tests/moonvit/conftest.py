@@ -24,16 +24,3 @@ def hf_names_dir(kimi_model, tmp_path_factory):
 def kimi_vl_dir(k25_dir, tmp_path_factory):
     return save_kimi_vl(k25_dir, tmp_path_factory.mktemp("kimi_vl"))
 
-
-@pytest.fixture(scope="session")
-def clip_dir(tmp_path_factory):
-    from tests.moonvit.llava_parts import build_tower
-
-    return build_tower(tmp_path_factory.mktemp("clip_tower"), "clip")
-
-
-@pytest.fixture(scope="session")
-def siglip_dir(tmp_path_factory):
-    from tests.moonvit.llava_parts import build_tower
-
-    return build_tower(tmp_path_factory.mktemp("siglip_tower"), "siglip")

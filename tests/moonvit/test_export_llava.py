@@ -10,7 +10,7 @@ from PIL import Image
 from graft.errors import GraftConfigError
 from graft.export_llava import export_llava, export_problems
 from graft.inject import IMAGE_PLACEHOLDER
-from tests.moonvit.llava_parts import write_run_dir
+from tests.moonvit.run_dirs import write_run_dir
 
 MESSAGES = [{"role": "user", "content": "<image>\nWhat is shown in the image?"}]
 
@@ -53,7 +53,7 @@ def _hf_logits(out, images):
 def test_round_trip_matches_graft_logits(family, tower, adapter, lora, tiny_llm_factory,
                                          request, tmp_path):
     llm = tiny_llm_factory(family)
-    path = request.getfixturevalue({"clip": "clip_dir", "siglip": "siglip_dir",
+    path = request.getfixturevalue({"clip": "tiny_clip_dir", "siglip": "tiny_siglip_dir",
                                     "clip-full": "tiny_clip_full_dir"}[tower])
     tower = tower.removesuffix("-full")  # a full CLIPModel dir (text tower too) is a clip encoder
     feature_layer = -2 if tower == "clip" else -1
@@ -89,9 +89,9 @@ def test_export_refuses_what_llava_cannot_express(tiny_llama, k25_dir, tmp_path)
     assert not (tmp_path / "hf").exists()
 
 
-def test_export_will_not_overwrite_foreign_dirs(tiny_llama, clip_dir, tmp_path):
+def test_export_will_not_overwrite_foreign_dirs(tiny_llama, tiny_clip_dir, tmp_path):
     run = write_run_dir(tmp_path / "run", tiny_llama,
-                        {"kind": "clip", "path": str(clip_dir)}, {"kind": "mlp"})
+                        {"kind": "clip", "path": str(tiny_clip_dir)}, {"kind": "mlp"})
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(GraftConfigError, match="not written by graft"):

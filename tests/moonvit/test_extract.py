@@ -75,14 +75,14 @@ def test_kimi_projector_seeds_an_adapter_for_another_llm(kimi_model, k25_dir):
     assert torch.equal(adapter.mlp.linears[1].weight, again.mlp.linears[1].weight)
 
 
-def test_llava_donor(tiny_llama, clip_dir, tmp_path):
+def test_llava_donor(tiny_llama, tiny_clip_dir, tmp_path):
     """An HF Llava checkpoint saved by transformers -> clip encoder + mlp adapter = Llava's features."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     from graft.export_llava import export_llava
-    from tests.moonvit.llava_parts import write_run_dir
+    from tests.moonvit.run_dirs import write_run_dir
 
-    run = write_run_dir(tmp_path / "run", tiny_llama, {"kind": "clip", "path": str(clip_dir)},
+    run = write_run_dir(tmp_path / "run", tiny_llama, {"kind": "clip", "path": str(tiny_clip_dir)},
                         {"kind": "mlp", "depth": 2})
     export_llava(run, tmp_path / "exported")
     llava = LlavaForConditionalGeneration.from_pretrained(str(tmp_path / "exported")).eval()
@@ -107,9 +107,9 @@ def test_llava_donor(tiny_llama, clip_dir, tmp_path):
     assert max((o - r).abs().max().item() for o, r in zip(ours, ref)) <= 1e-5
 
 
-def test_bad_donors(tmp_path, clip_dir, k25_dir):
+def test_bad_donors(tmp_path, tiny_clip_dir, k25_dir):
     with pytest.raises(GraftConfigError, match="model_type 'clip_vision_model' is not supported"):
-        extract(clip_dir, tmp_path / "a")
+        extract(tiny_clip_dir, tmp_path / "a")
     with pytest.raises(GraftConfigError, match="--part 'head'"):
         extract(k25_dir, tmp_path / "b", "head")
     donor = tmp_path / "no_projector"

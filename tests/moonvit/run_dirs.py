@@ -1,4 +1,4 @@
-"""Tiny CLIP/SigLIP towers, graft run dirs written by hand, and HF Llava donors (offline)."""
+"""Graft run dirs written by hand, as `graft train` leaves them (for export tests)."""
 
 from __future__ import annotations
 
@@ -6,26 +6,6 @@ from pathlib import Path
 
 import torch
 import yaml
-
-TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-             image_size=28, patch_size=14)
-
-
-def build_tower(out: Path, kind: str = "clip", seed: int = 0) -> Path:
-    """A tiny random CLIP or SigLIP vision tower + its image processor, saved like a hub dir."""
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel,
-                              SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel)
-
-    torch.manual_seed(seed)
-    if kind == "clip":
-        model = CLIPVisionModel(CLIPVisionConfig(**TOWER))
-        proc = CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
-    else:
-        model = SiglipVisionModel(SiglipVisionConfig(**TOWER))
-        proc = SiglipImageProcessor(size={"height": 28, "width": 28})
-    model.save_pretrained(str(out))
-    proc.save_pretrained(str(out))
-    return out
 
 
 def write_run_dir(out: Path, llm_dir: Path, encoder: dict, adapter: dict, lora: bool = False,
