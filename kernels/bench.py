@@ -28,12 +28,22 @@ class BenchConfig:
     prefill_len: int = 2048  # tokens per prompt (no cached prefix)
     copy_mib: int = 2048  # size of the device copy that measures achievable bandwidth
     iters: int = 20  # timed repetitions (median reported)
+    sweep: bool = False  # also time the launch settings of DECODE_SWEEP / PREFILL_SWEEP
+
+
+# launch settings tried by --sweep (the defaults are the first entries)
+DECODE_SWEEP = [dict(tile_n=t, num_warps=w, partition_size=p) for p in (512, 256, 1024)
+                for t in (64, 32, 128) for w in (4, 8)]
+PREFILL_SWEEP = [dict(block_m=m, tile_n=t, num_warps=w) for m in (64, 128) for t in (64, 32) for w in (4, 8)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = BenchConfig()
     for name, value in asdict(defaults).items():
         choices = ["bfloat16", "float16", "float32"] if name == "dtype" else None
+        if isinstance(value, bool):
+            parser.add_argument(f"--{name}", action="store_true", help="time every launch setting in the sweep")
+            continue
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, choices=choices)
     parser.add_argument("--out", default="", help="write the results as JSON to this file")
 
@@ -58,6 +68,15 @@ def _time_ms(fn, device, iters: int) -> float:
             times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     return times[len(times) // 2]
+
+
+def _try_time(fn, device, iters: int) -> float | None:
+    """_time_ms, or None when this launch setting does not compile or run on the device."""
+    try:
+        return _time_ms(fn, device, iters)
+    except Exception as err:  # e.g. out of shared memory: the sweep goes on
+        print(f"  launch setting failed: {type(err).__name__}: {str(err)[:200]}", file=sys.stderr)
+        return None
 
 
 def _paged(cfg: BenchConfig, n_seqs: int, tokens: int, device, dtype):
@@ -92,17 +111,22 @@ def bench_decode(cfg: BenchConfig, device, dtype, impl) -> dict:
     out = impl.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
     ms = _time_ms(lambda: impl.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale),
                   device, cfg.iters)
+    kv_bytes = 2 * cfg.batch * cfg.context * cfg.num_kv_heads * cfg.head_dim * k_cache.element_size()
+    io_bytes = kv_bytes + 2 * q.numel() * q.element_size()
+    sweep = []
+    for tuning in DECODE_SWEEP if cfg.sweep else []:
+        t_ms = _try_time(lambda: impl.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens,
+                                                             scale, **tuning), device, cfg.iters)
+        sweep.append(dict(tuning, ms=t_ms, gb_per_s=io_bytes / t_ms / 1e6 if t_ms else 0.0))
     k_dense, v_dense = _gather(k_cache, block_tables, cfg.context), _gather(v_cache, block_tables, cfg.context)
     del k_cache, v_cache
     q4 = q[:, :, None, :]  # [B, Hq, 1, D]
     sdpa = lambda: F.scaled_dot_product_attention(q4, k_dense, v_dense, scale=scale, enable_gqa=True)  # noqa: E731
     diff = (sdpa()[:, :, 0].float() - out.float()).abs().max().item()
     sdpa_ms = _time_ms(sdpa, device, cfg.iters)
-    kv_bytes = 2 * cfg.batch * cfg.context * cfg.num_kv_heads * cfg.head_dim * k_dense.element_size()
-    io_bytes = kv_bytes + 2 * q.numel() * q.element_size()
     return {"ms": ms, "gb_per_s": io_bytes / ms / 1e6, "sdpa_gathered_ms": sdpa_ms,
             "sdpa_gathered_gb_per_s": io_bytes / sdpa_ms / 1e6, "speedup_vs_sdpa": sdpa_ms / ms,
-            "max_abs_diff_vs_sdpa": diff, "bytes": io_bytes}
+            "max_abs_diff_vs_sdpa": diff, "bytes": io_bytes, "sweep": sweep}
 
 
 def bench_prefill(cfg: BenchConfig, device, dtype, impl) -> dict:
@@ -117,15 +141,21 @@ def bench_prefill(cfg: BenchConfig, device, dtype, impl) -> dict:
     scale = cfg.head_dim ** -0.5
     run = lambda: impl.paged_attention_prefill(q, k_cache, v_cache, block_tables, cu, context_lens, scale)  # noqa: E731
     ms = _time_ms(run, device, cfg.iters)
+    flops = 4 * n * cfg.num_q_heads * cfg.head_dim * length * (length + 1) / 2  # causal QK^T + PV
+    sweep = []
+    for tuning in PREFILL_SWEEP if cfg.sweep else []:
+        t_ms = _try_time(lambda: impl.paged_attention_prefill(q, k_cache, v_cache, block_tables, cu, context_lens,
+                                                              scale, **tuning), device, cfg.iters)
+        sweep.append(dict(tuning, ms=t_ms, tflop_per_s=flops / t_ms / 1e9 if t_ms else 0.0))
     q4 = q.view(n, length, cfg.num_q_heads, cfg.head_dim).transpose(1, 2)  # [n, Hq, L, D]
     k_dense, v_dense = _gather(k_cache, block_tables, length), _gather(v_cache, block_tables, length)
     sdpa = lambda: F.scaled_dot_product_attention(q4, k_dense, v_dense, is_causal=True, scale=scale,  # noqa: E731
                                                   enable_gqa=True)
     diff = (sdpa().transpose(1, 2).reshape(q.shape).float() - run().float()).abs().max().item()
     sdpa_ms = _time_ms(sdpa, device, cfg.iters)
-    flops = 4 * n * cfg.num_q_heads * cfg.head_dim * length * (length + 1) / 2  # causal QK^T + PV
     return {"ms": ms, "tflop_per_s": flops / ms / 1e9, "sdpa_contiguous_ms": sdpa_ms,
-            "sdpa_contiguous_tflop_per_s": flops / sdpa_ms / 1e9, "max_abs_diff_vs_sdpa": diff}
+            "sdpa_contiguous_tflop_per_s": flops / sdpa_ms / 1e9, "max_abs_diff_vs_sdpa": diff,
+            "sweep": sweep}
 
 
 def bench_copy(cfg: BenchConfig, device) -> dict:
@@ -181,6 +211,12 @@ def run(args: argparse.Namespace) -> int:
           f"(ours x{d['speedup_vs_sdpa']:.2f}); max |diff| {d['max_abs_diff_vs_sdpa']:.2e}")
     print(f"prefill {cfg.prefill_seqs} x {cfg.prefill_len}: {p['ms']:.3f} ms  {p['tflop_per_s']:.1f} TFLOP/s; "
           f"SDPA contiguous {p['sdpa_contiguous_tflop_per_s']:.1f} TFLOP/s; max |diff| {p['max_abs_diff_vs_sdpa']:.2e}")
+    for label, rows, key in (("decode", d["sweep"], "gb_per_s"), ("prefill", p["sweep"], "tflop_per_s")):
+        if rows:
+            best = max(rows, key=lambda r: r[key])
+            print(f"best {label} setting of {len(rows)}: " + ", ".join(f"{k}={v}" for k, v in best.items()
+                                                                     if k not in ("ms", key))
+                  + f" -> {best[key]:.1f} {key}")
     if args.out:
         _write_json(args.out, res)
         print(f"wrote {args.out}")

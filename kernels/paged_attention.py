@@ -193,8 +193,12 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))  # padded (masked) when not a power of two
 
 
+def _stages(num_stages: int | None) -> dict:
+    return {} if num_stages is None else {"num_stages": num_stages}
+
+
 def decode(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_len=None,
-           partition_size=DECODE_PARTITION):
+           partition_size=DECODE_PARTITION, tile_n=64, num_warps=4, num_stages=None):
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -205,9 +209,10 @@ def decode(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_l
         # no host sync: the block table's width bounds every context (partitions past a
         # sequence's end exit at once), so size block_tables to the batch, not the model
         max_context_len = block_tables.shape[1] * block_size
-    tile_n = min(64, partition_size)
-    if partition_size % tile_n:
-        raise ValueError(f"paged_attention_decode: partition_size {partition_size} must be a multiple of {tile_n}")
+    tile_n = min(tile_n, partition_size)
+    if partition_size % tile_n or tile_n < 16:
+        raise ValueError(f"paged_attention_decode: partition_size {partition_size} must be a multiple of "
+                         f"tile_n {tile_n} (>= 16)")
     num_parts = max(1, triton.cdiv(max_context_len, partition_size))
     split = num_parts > 1
     block_d = _block_d(head_dim)
@@ -222,7 +227,7 @@ def decode(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_l
         block_tables.stride(0), *out.stride(),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_G=_block_g(group), BLOCK_D=block_d,
         BLOCK_SIZE=block_size, TILE_N=tile_n, PARTITION=partition_size, SPLIT=split,
-        DOT_F32=_dot_f32(q), num_warps=4)
+        DOT_F32=_dot_f32(q), num_warps=num_warps, **_stages(num_stages))
     if split:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
             part_acc, part_ml, context_lens, out, num_parts, *out.stride(),
@@ -232,7 +237,7 @@ def decode(q, k_cache, v_cache, block_tables, context_lens, scale, max_context_l
 
 
 def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, max_q_len=None,
-            block_m=64):
+            block_m=64, tile_n=64, num_warps=4, num_stages=None):
     total_q, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -245,6 +250,6 @@ def prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale * LOG2E,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0), *out.stride(),
         GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=block_m,
-        BLOCK_D=_block_d(head_dim), BLOCK_SIZE=block_size, TILE_N=64,
-        DOT_F32=_dot_f32(q), num_warps=4)
+        BLOCK_D=_block_d(head_dim), BLOCK_SIZE=block_size, TILE_N=tile_n,
+        DOT_F32=_dot_f32(q), num_warps=num_warps, **_stages(num_stages))
     return out

@@ -35,25 +35,22 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     norm_rope.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, *,
-                           max_context_len: int | None = None,
-                           partition_size: int = paged_attention.DECODE_PARTITION):
-    """max_context_len (optional, default block_tables width * block_size) sets the number of
-    split-KV partitions of partition_size tokens; a tighter value (>= every context length)
-    saves empty programs."""
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale, **tuning):
+    """tuning: max_context_len (default block_tables width * block_size; a tighter value, >= every
+    context, saves empty programs), partition_size (split-KV tokens, 512), tile_n (64), num_warps,
+    num_stages."""
     check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, "context_lens")
     _check_device("paged_attention_decode", q, k_cache, v_cache, block_tables, context_lens)
-    return paged_attention.decode(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                  max_context_len, partition_size)
+    return paged_attention.decode(q, k_cache, v_cache, block_tables, context_lens, scale, **tuning)
 
 
-def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *,
-                            max_q_len: int | None = None, block_m: int = 64):
-    """max_q_len (optional) saves a host sync; block_m is the query tile (>= 16)."""
+def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, **tuning):
+    """tuning: max_q_len (saves a host sync), block_m (query tile, 64), tile_n (64), num_warps,
+    num_stages."""
     check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     _check_device("paged_attention_prefill", q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     return paged_attention.prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                                   max_q_len, block_m)
+                                   **tuning)
 
 
 def rms_norm(x, weight, eps, residual=None):

@@ -145,11 +145,29 @@ def test_half_precision_dot_path(monkeypatch):
                                ref.paged_attention_decode(*dec), atol=3e-3, rtol=3e-3)
 
 
-def test_bench_runs_end_to_end_on_tiny_shapes():
-    from graft.kernels.bench import BenchConfig, run_benchmarks
+def test_bench_runs_end_to_end_on_tiny_shapes(monkeypatch):
+    from graft.kernels import bench
 
-    cfg = BenchConfig(batch=2, context=40, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
-                      dtype="float32", prefill_seqs=2, prefill_len=20, copy_mib=1, iters=1)
-    res = run_benchmarks(cfg, torch.device(DEVICE), tri)
+    monkeypatch.setattr(bench, "DECODE_SWEEP", [dict(tile_n=32, num_warps=8, partition_size=32)])
+    monkeypatch.setattr(bench, "PREFILL_SWEEP", [dict(block_m=16, tile_n=32, num_warps=8)])
+    cfg = bench.BenchConfig(batch=2, context=40, num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+                            dtype="float32", prefill_seqs=2, prefill_len=20, copy_mib=1, iters=1, sweep=True)
+    res = bench.run_benchmarks(cfg, torch.device(DEVICE), tri)
     assert res["decode"]["max_abs_diff_vs_sdpa"] < 1e-4 and res["prefill"]["max_abs_diff_vs_sdpa"] < 1e-4
     assert res["decode"]["gb_per_s"] > 0 and res["prefill"]["tflop_per_s"] > 0
+    assert len(res["decode"]["sweep"]) == 1 and res["prefill"]["sweep"][0]["tflop_per_s"] > 0
+
+
+def test_launch_settings_do_not_change_results():
+    case = _on_device(make_case([45, 19, 7, 33], [12, 19, 0, 1], 16, 2, 4, 72))
+    args = (case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q, case.context_lens,
+            case.scale)
+    expect = ref.paged_attention_prefill(*args)
+    got = tri.paged_attention_prefill(*args, block_m=32, tile_n=16, max_q_len=19)
+    torch.testing.assert_close(got, expect, **TOL[torch.float32])
+    last = case.cu_seqlens_q[1:] - 1
+    dec = (case.q[last.long()], *args[1:4], case.context_lens, case.scale)
+    torch.testing.assert_close(tri.paged_attention_decode(*dec, partition_size=32, tile_n=16, max_context_len=45),
+                               ref.paged_attention_decode(*dec), **TOL[torch.float32])
+    with pytest.raises(ValueError, match="partition_size"):
+        tri.paged_attention_decode(*dec, partition_size=48, tile_n=32)
