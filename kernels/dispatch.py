@@ -1,4 +1,5 @@
-"""Pick the implementation of each op: Triton on CUDA tensors, the PyTorch reference elsewhere.
+"""Pick the implementation of each op: Triton on CUDA tensors, the PyTorch reference elsewhere
+(and wherever autograd needs a backward).
 
 GRAFT_KERNELS=auto (default) | reference (always the reference) | triton (always Triton,
 e.g. on CPU tensors under TRITON_INTERPRET=1). Read at every call so tests can switch it.
@@ -43,6 +44,8 @@ def implementation(t: torch.Tensor) -> ModuleType:
             raise GraftConfigError("GRAFT_KERNELS=triton but triton is not importable; "
                                    "install triton or unset GRAFT_KERNELS")
         return _triton_ops()
+    if t.requires_grad and torch.is_grad_enabled():
+        return reference  # the Triton kernels have no backward: keep autograd working
     if t.is_cuda and triton_available():
         return _triton_ops()
     return reference

@@ -16,12 +16,30 @@ def test_prefill_matches_dense(block_size, group, head_dim):
     torch.testing.assert_close(out.double(), dense_attention(case), atol=1e-5, rtol=1e-5)
 
 
-def test_decode_matches_dense_and_zero_context():
-    case = make_case([33, 0, 1, 64], [1, 1, 1, 1], 16, 2, 3, 64, unused_fill=0)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_decode_matches_dense_and_zero_context(dtype, tol):
+    case = make_case([33, 0, 1, 64], [1, 1, 1, 1], 16, 2, 3, 64, dtype=dtype, unused_fill=0)
     out = ref.paged_attention_decode(case.q, case.k_cache, case.v_cache, case.block_tables,
                                      case.context_lens, case.scale)
-    torch.testing.assert_close(out.double(), dense_attention(case), atol=1e-5, rtol=1e-5)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), dense_attention(case), atol=tol, rtol=tol)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_dispatch_env_and_autograd(monkeypatch):
+    import graft.kernels as K
+    from graft.errors import GraftConfigError
+
+    x = torch.randn(2, 8)
+    assert K.backend_name(x) == "reference"
+    monkeypatch.setenv("GRAFT_KERNELS", "fast")
+    with pytest.raises(GraftConfigError, match="GRAFT_KERNELS"):
+        K.rms_norm(x, torch.ones(8), 1e-6)
+    monkeypatch.setenv("GRAFT_KERNELS", "auto")
+    w = torch.ones(8, requires_grad=True)
+    x.requires_grad_(True)
+    K.rms_norm(x, w, 1e-6).sum().backward()  # CPU/autograd inputs take the reference
+    assert x.grad is not None and w.grad is not None
 
 
 def test_store_kv_skips_minus_one():
