@@ -59,12 +59,14 @@ class GraftedModel(nn.Module):
         encoder = build_encoder(enc_cfg)
         llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype)
         d_model = llm.get_input_embeddings().embedding_dim
+        adapter_dir = adapter_dir or GraftSpec.expand(spec.adapter_init)
         if adapter_dir is not None:
             projector = load_adapter(adapter_dir)
             if projector.d_vision != encoder.hidden_size or projector.d_model != d_model:
                 raise GraftConfigError(
                     f"adapter in {adapter_dir} maps {projector.d_vision}->{projector.d_model}, "
                     f"but encoder gives {encoder.hidden_size} and the LLM takes {d_model}")
+            spec.adapter = projector.config.to_dict()  # the loaded adapter is the truth
         else:
             projector = build_adapter(AdapterConfig.from_dict(dict(spec.adapter)),
                                       encoder.hidden_size, d_model)

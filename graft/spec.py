@@ -68,6 +68,7 @@ class TrainConfig:
 class GraftSpec:
     encoder: dict = field(default_factory=dict)  # graft.encoders.EncoderConfig fields
     adapter: dict = field(default_factory=lambda: {"kind": "mlp", "depth": 2})  # AdapterConfig fields
+    adapter_init: str | None = None  # start the projector from this adapter dir (e.g. `graft extract --part projector`)
     llm: LLMConfig = field(default_factory=LLMConfig)  # the frozen LLM
     data: DataConfig = field(default_factory=DataConfig)  # training data
     train: TrainConfig = field(default_factory=TrainConfig)  # optimisation settings

@@ -98,3 +98,14 @@ def test_bad_samples_named_or_skipped(make_spec, tmp_path, sample, files, match)
     run = train(spec)
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["skipped_samples"] == 1 and summary["train_samples"] == 1
+
+
+def test_adapter_init_seeds_the_projector(make_spec, tmp_path):
+    run = train(make_spec(max_steps=1))
+    spec = make_spec()
+    spec.adapter_init = str(run)
+    seeded = GraftedModel.from_spec(spec)
+    trained = GraftedModel.from_run(run)
+    for (name, a), (_, b) in zip(seeded.projector.state_dict().items(),
+                                 trained.projector.state_dict().items()):
+        assert torch.equal(a, b), name
