@@ -91,6 +91,21 @@ class MultimodalFront:
         key = cache_key(loaded.content_hash, self.preprocess_id, self.encoder_id, self.adapter_id)
         return PreparedImage(key, loaded.image, n, n * self.d_model * 4)  # float32 rows
 
+    def shrink_image(self, im: PreparedImage, scale: float = 0.8) -> PreparedImage | None:
+        """The image downscaled until it costs fewer tokens (native-resolution encoders);
+        None where the token count does not depend on size or the image is already tiny."""
+        from PIL import Image
+
+        from graft.serving.media import pixel_hash
+
+        w, h = im.image.size
+        while min(w, h) > 8:
+            w, h = max(1, int(w * scale)), max(1, int(h * scale))
+            if self.model.image_token_count(w, h) < im.n_tokens:
+                small = im.image.resize((w, h), Image.BICUBIC)
+                return self.prepare_image(LoadedImage(small, pixel_hash(small), w, h))
+        return None
+
     def prompt(self, messages: list[dict], images: list[PreparedImage]) -> PreparedPrompt:
         """Token ids for `messages` (one `<image>` marker per image, in order)."""
         from graft.template import encode_chat

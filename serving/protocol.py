@@ -102,6 +102,8 @@ class ChatCompletionRequest(_Strict):
     stream_options: StreamOptions | None = None
     # graft extension (pass with the openai client's extra_body): time to first token budget
     ttft_budget_ms: float | None = Field(default=None, gt=0.0)
+    # graft extension: on a budget refusal, downscale native-resolution images and retry
+    shrink_images_to_budget: bool | None = None
     ignore_eos: bool = False
 
     @field_validator("stop")

@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="image tokens encoded between two engine steps")
     p.add_argument("--ttft-budget-ms", type=float, default=None,
                    help="default time-to-first-token budget; requests may set ttft_budget_ms")
+    p.add_argument("--shrink-images-to-budget", action="store_true",
+                   help="downscale native-resolution images (e.g. MoonViT) to meet a budget")
     p.add_argument("--admission-slack", type=float, default=1.0,
                    help="multiply TTFT estimates by this before comparing to the budget")
     p.add_argument("--block-size", type=int, default=16)
@@ -67,7 +69,8 @@ def build(args: argparse.Namespace):
         limit_images_per_prompt=args.limit_images_per_prompt,
         default_ttft_budget_ms=args.ttft_budget_ms,
         encoder_tokens_per_step=args.encoder_tokens_per_step,
-        admission_slack=args.admission_slack)
+        admission_slack=args.admission_slack,
+        shrink_images_to_budget=args.shrink_images_to_budget)
     return build_app(engine, settings)
 
 

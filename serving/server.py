@@ -22,6 +22,9 @@ from graft.serving.media import MediaConfig, load_image
 from graft.serving.metrics import ServerMetrics
 
 
+_MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands
+
+
 @dataclass
 class ServerSettings:
     model_name: str = "graft"  # the `model` clients must send (also listed by /v1/models)
@@ -30,6 +33,7 @@ class ServerSettings:
     default_ttft_budget_ms: float | None = None  # budget for requests that give none
     encoder_tokens_per_step: int = 4096  # image tokens encoded between two engine steps
     admission_slack: float = 1.0  # >1 makes admission control more conservative
+    shrink_images_to_budget: bool = False  # downscale native-resolution images to fit a budget
     disconnect_poll_s: float = 0.25  # how often a non-streaming request checks its client
 
 
@@ -92,13 +96,24 @@ class _Ctx:
         try:
             if self.front is None:
                 ids = encode_chat(self.tokenizer, messages, [], add_generation_prompt=True).input_ids
-                return ids, None
+                return ids, None, messages
             images = [self.front.prepare_image(load_image(url, self.settings.media, param))
                       for param, url in refs]
             self.front.check_cache_room(images)
             prepared = self.front.prompt(messages, images)
         except GraftError as err:
             raise P.APIError(str(err), param="messages", code="invalid_prompt") from None
+        return prepared.prompt_token_ids, prepared, messages
+
+    def shrink(self, messages: list[dict], prepared):
+        """The prompt with its costliest image downscaled to fewer tokens, or None."""
+        images = list(prepared.images)
+        k = max(range(len(images)), key=lambda i: images[i].n_tokens)
+        smaller = self.front.shrink_image(images[k])
+        if smaller is None:
+            return None
+        images[k] = smaller
+        prepared = self.front.prompt(messages, images)
         return prepared.prompt_token_ids, prepared
 
     def sampling_params(self, req: P.ChatCompletionRequest, n_prompt: int):
@@ -208,18 +223,31 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
             raise P.APIError(f"model {req.model!r} does not exist; this server serves "
                              f"{ctx.settings.model_name!r} (see /v1/models)", status=404,
                              type="not_found_error", param="model", code="model_not_found")
-        ids, prepared = await asyncio.to_thread(ctx.prepare, req)
-        params = ctx.sampling_params(req, len(ids))
+        ids, prepared, messages = await asyncio.to_thread(ctx.prepare, req)
         budget_ms = req.ttft_budget_ms or ctx.settings.default_ttft_budget_ms
+        shrink = req.shrink_images_to_budget
+        if shrink is None:
+            shrink = ctx.settings.shrink_images_to_budget
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cid = P.new_completion_id()
-        job = Job(cid, ids, params,
-                  sink=_sink(loop, queue),
-                  prepared=prepared, arrival=arrival,
-                  deadline=arrival + budget_ms / 1000 if budget_ms else None,
-                  encode_tokens=ctx.front.uncached_tokens(prepared.images) if prepared else 0)
-        ctx.worker.submit(job, budget_ms / 1000 if budget_ms else None)
+        for attempt in range(_MAX_SHRINK_STEPS + 1):
+            job = Job(cid, ids, ctx.sampling_params(req, len(ids)), sink=_sink(loop, queue),
+                      prepared=prepared, arrival=arrival,
+                      deadline=arrival + budget_ms / 1000 if budget_ms else None,
+                      encode_tokens=ctx.front.uncached_tokens(prepared.images) if prepared else 0)
+            try:
+                ctx.worker.submit(job, budget_ms / 1000 if budget_ms else None)
+                break
+            except P.APIError as err:
+                # Over budget: a native-resolution encoder can trade detail for tokens.
+                if err.status != 429 or not shrink or not prepared or not prepared.images \
+                        or attempt == _MAX_SHRINK_STEPS:
+                    raise
+                smaller = await asyncio.to_thread(ctx.shrink, messages, prepared)
+                if smaller is None:
+                    raise
+                ids, prepared = smaller
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(_stream(ctx, job, queue, req.model, include_usage),
