@@ -186,8 +186,8 @@ class EngineWorker:
             for job in list(self.pending):
                 if job.prepared is not None and job.prepared.images:
                     need = job.encode_tokens
-                    nbytes = sum(im.nbytes for im in job.prepared.images)
-                    if batch and need > budget or nbytes > room:
+                    nbytes = job.prepared.cache_bytes
+                    if (batch and need > budget) or nbytes > room:
                         break  # keep EDF order: later jobs wait behind this one
                     budget -= need
                     room -= nbytes

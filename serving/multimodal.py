@@ -36,6 +36,15 @@ class PreparedPrompt:
     images: list[PreparedImage]  # in prompt order
     spans: list[tuple[int, int]]  # (offset, length) of each image's placeholder run
 
+    @property
+    def cache_bytes(self) -> int:
+        """Cache bytes this prompt pins while it runs (a repeated image counts once)."""
+        return unique_bytes(self.images)
+
+
+def unique_bytes(images: list[PreparedImage]) -> int:
+    return sum(im.nbytes for im in {im.key: im for im in images}.values())
+
 
 def _file_digest(path: Path) -> str:
     h = hashlib.sha256()
@@ -122,6 +131,12 @@ class MultimodalFront:
                     f"image {k} needs {im.nbytes} bytes of embeddings ({im.n_tokens} tokens), "
                     f"more than the encoder cache holds ({self.cache.max_bytes} bytes); send a "
                     "smaller image or raise --encoder-cache-mb")
+        unique = unique_bytes(images)
+        if unique > self.cache.max_bytes:  # all of a prompt's images are pinned at once
+            raise GraftDataError(
+                f"the {len(images)} images need {unique} bytes of embeddings together, more "
+                f"than the encoder cache holds ({self.cache.max_bytes} bytes); send fewer or "
+                "smaller images or raise --encoder-cache-mb")
 
     def uncached_tokens(self, images: list[PreparedImage]) -> int:
         return sum(im.n_tokens for im in {im.key: im for im in images}.values()

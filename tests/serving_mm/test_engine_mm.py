@@ -118,6 +118,12 @@ def test_image_bigger_than_cache_fails_clearly(tiny_run_dir):
     with pytest.raises(GraftDataError, match="encoder cache"):
         engine.mm.prepare_chat(ASK, [RED])
     assert engine.mm.cache.bytes == 0
+    two = [{"role": "user", "content": "<image><image>\nSame?"}]
+    engine.mm.cache.max_bytes = 6000  # one image fits, two different ones cannot be pinned
+    ids, _ = engine.mm.prepare_chat(two, [RED, RED], owner="same")  # a repeat counts once
+    engine.mm.cache.release("same")
+    with pytest.raises(GraftDataError, match="together"):
+        engine.mm.prepare_chat(two, [RED, BLUE])
 
 
 def test_marker_count_mismatch(tiny_run_dir):
