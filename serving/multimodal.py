@@ -58,10 +58,13 @@ class MultimodalFront:
     """Frozen encoder + projector + tokenizer of a run dir, with a byte-bounded embedding cache."""
 
     def __init__(self, model, run_dir: str | Path | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, cache: EncoderCache | None = None):
         self.model = model  # GraftedModel whose HF LLM was dropped (the engine runs the LLM)
         self.tokenizer = model.tokenizer
-        self.cache = EncoderCache(cache_bytes)
+        # several grafts over one engine share one cache (keys carry encoder + adapter identity)
+        self.cache = cache if cache is not None else EncoderCache(cache_bytes)
+        self.hits = 0  # this front's encoder-cache lookups (the cache's own counters sum all)
+        self.misses = 0
         self.encoder_id = model.encoder.identity()
         adapter_file = Path(run_dir, "adapter.safetensors") if run_dir else None
         if adapter_file is not None and adapter_file.is_file():
@@ -157,8 +160,10 @@ class MultimodalFront:
                 continue  # already queued for this batch: encoded once, pinned below
             hit = self.cache.get(im.key, owner)
             if hit is None:
+                self.misses += 1
                 todo[im.key] = im
             else:
+                self.hits += 1
                 out[im.key] = hit
         encoded = 0
         if todo:
