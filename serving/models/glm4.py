@@ -13,11 +13,7 @@ class Glm4DecoderLayer(DecoderLayer):
         self.post_mlp_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, h, residual, cos, sin, meta):
-        if residual is None:
-            residual = h
-            h = self.input_layernorm(h)
-        else:
-            h, residual = self.input_layernorm(h, residual)
+        h, residual = self.input_norm(h, residual)
         h = self.post_self_attn_layernorm(self.self_attn(h, cos, sin, meta))
         h, residual = self.post_attention_layernorm(h, residual)
         return self.post_mlp_layernorm(self.mlp(h)), residual

@@ -27,13 +27,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, residual, cos, sin, meta):
-        """Pre-norm block; the residual add is fused into the next norm (same sums as HF)."""
+    def input_norm(self, h, residual):
+        """(normed, residual); the previous block's residual add is fused in (same sums as HF)."""
         if residual is None:
-            residual = h
-            h = self.input_layernorm(h)
-        else:
-            h, residual = self.input_layernorm(h, residual)
+            return self.input_layernorm(h), h
+        return self.input_layernorm(h, residual)
+
+    def forward(self, h, residual, cos, sin, meta):
+        h, residual = self.input_norm(h, residual)
         h = self.self_attn(h, cos, sin, meta)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
