@@ -245,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
     report = asyncio.run(run_load(args))
     t = report["ttft_ms"]
     print(f"{report['completed']}/{report['requests']} ok in {report['duration_s']:.1f}s  "
-          f"req/s {report['request_throughput']:.2f}  tok/s {report['output_token_throughput']:.1f}  "
+          f"req/s {report['request_throughput']:.2f}  "
+          f"tok/s {report['output_token_throughput']:.1f}  "
           f"goodput {report['goodput']:.2f} req/s  429 rate {report['rate_429']:.2%}")
     if t["n"]:
         print(f"TTFT ms p50 {t['p50']:.0f}  p90 {t['p90']:.0f}  p99 {t['p99']:.0f}")

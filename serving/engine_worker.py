@@ -23,7 +23,7 @@ class Job:
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: object  # SamplingParams
-    sink: Callable[[str, object], None]  # thread-safe: ("output", RequestOutput) | ("error", APIError)
+    sink: Callable[[str, object], None]  # thread-safe; kinds: output, error, deadline
     prepared: object = None  # multimodal.PreparedPrompt when the prompt has images
     deadline: float | None = None  # absolute time.monotonic() for the first token
     arrival: float = field(default_factory=time.monotonic)
@@ -109,7 +109,9 @@ class EngineWorker:
             self._cond.notify()
 
     def queue_depth(self) -> int:
-        return len(self.pending) + sum(1 for j in self.active.values() if j.first_token_at is None)
+        with self._cond:
+            return len(self.pending) + sum(1 for j in self.active.values()
+                                           if j.first_token_at is None)
 
     def num_running(self) -> int:
         return len(self.active)
@@ -156,9 +158,9 @@ class EngineWorker:
             job = next((j for j in self.pending if j.request_id == rid), None)
             if job is not None:
                 self.pending.remove(job)
-        if job is None and rid in self.active:
-            job = self.active.pop(rid)
-            self.engine.abort(rid)
+            elif rid in self.active:
+                job = self.active.pop(rid)
+                self.engine.abort(rid)
         if job is not None:
             self._release(rid)
             if self.metrics:
@@ -205,7 +207,8 @@ class EngineWorker:
             self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
                                     sampling_params=job.sampling_params, mm_inputs=mm,
                                     deadline=job.deadline)
-            self.active[job.request_id] = job
+            with self._cond:  # `active` is read by submit() and the metrics on other threads
+                self.active[job.request_id] = job
 
     def _deliver(self, out) -> None:
         job = self.active.get(out.request_id)
@@ -227,7 +230,8 @@ class EngineWorker:
         else:
             job.sink("output", out)
         if out.finished:
-            self.active.pop(out.request_id, None)
+            with self._cond:
+                self.active.pop(out.request_id, None)
             self._release(out.request_id)
             if self.metrics:
                 self._record_finish(job, out, now)
@@ -250,10 +254,11 @@ class EngineWorker:
     def _fail_all(self, err: APIError) -> None:
         with self._cond:
             jobs = list(self.pending) + list(self.active.values())
+            running = set(self.active)
             self.pending.clear()
+            self.active.clear()
         for job in jobs:
-            if job.request_id in self.active:
-                self.active.pop(job.request_id)
+            if job.request_id in running:
                 try:
                     self.engine.abort(job.request_id)
                 except Exception:  # the engine is already in trouble; free what we can

@@ -73,8 +73,8 @@ class _Ctx:
 
     def kv_blocks(self) -> tuple[int, int]:
         """(blocks in use, blocks in the pool)."""
-        stats = self.engine.stats()
-        return stats.total_kv_blocks - stats.free_kv_blocks, stats.total_kv_blocks
+        bm = self.engine.block_manager  # len()-based reads: safe beside the engine thread
+        return bm.num_blocks - bm.num_free_blocks, bm.num_blocks
 
     def _cache_stat(self, name: str) -> float:
         return float(self.front.cache.stats()[name]) if self.front else 0.0
@@ -95,8 +95,8 @@ class _Ctx:
                              code="too_many_images")
         try:
             if self.front is None:
-                ids = encode_chat(self.tokenizer, messages, [], add_generation_prompt=True).input_ids
-                return ids, None, messages
+                chat = encode_chat(self.tokenizer, messages, [], add_generation_prompt=True)
+                return chat.input_ids, None, messages
             images = [self.front.prepare_image(load_image(url, self.settings.media, param))
                       for param, url in refs]
             self.front.check_cache_room(images)
