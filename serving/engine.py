@@ -69,6 +69,15 @@ class Engine:
             return load_engine(path, config, **kwargs)
         return cls(path, config, **kwargs)
 
+    @classmethod
+    def from_grafts(cls, grafts: dict[str, str | Path], config: EngineConfig | None = None,
+                    llm: str | Path | None = None, **kwargs):
+        """One engine (one LLM copy, one KV pool) serving several run dirs trained on the same
+        LLM (checked by sha256): `engine.grafts[name]` is each graft's multimodal front."""
+        from graft.serving.grafts import load_engine_with_grafts
+
+        return load_engine_with_grafts(grafts, config, llm, **kwargs)
+
     # --- requests -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | None = None,
                     sampling_params: SamplingParams | None = None, *,
