@@ -34,7 +34,7 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
         self.config = config
-        self.bm = block_manager
+        self.bm = self.block_manager = block_manager
         self.waiting: list[Sequence] = []  # sorted by Sequence.queue_key
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0

@@ -80,3 +80,21 @@ def test_blocks_return_after_abort(tiny_llama):
     assert not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == free0
     assert engine.step() == []
+
+
+def test_pressure_matches_relaxed_run(tiny_llm_factory):
+    """Shared prefixes + a tiny pool + a tiny budget + seeded sampling: same tokens as roomy."""
+    model_dir = tiny_llm_factory("qwen2")
+    base = make_prompts((35,), seed=7)[0]
+    prompts = [base[:n] + t for n, t in zip((35, 20, 35, 3, 16, 35),
+                                            make_prompts((4, 11, 1, 30, 9, 17), seed=8))]
+    params = [SamplingParams(temperature=0.0, max_tokens=14),
+              SamplingParams(temperature=0.9, top_p=0.8, seed=3, max_tokens=14)] * 3
+    roomy = Engine.from_pretrained(model_dir, EngineConfig(enable_prefix_caching=False))
+    tight = Engine.from_pretrained(model_dir, EngineConfig(
+        block_size=4, num_kv_blocks=20, max_num_batched_tokens=10, max_num_seqs=4))
+    want = [o.token_ids for o in roomy.generate(prompt_token_ids=prompts, sampling_params=params)]
+    got = [o.token_ids for o in tight.generate(prompt_token_ids=prompts, sampling_params=params)]
+    assert got == want
+    assert tight.scheduler.num_preemptions > 0 and tight.block_manager.hit_tokens > 0
+    assert tight.block_manager.num_free_blocks == 20
