@@ -19,8 +19,9 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -x --durations=15 tests
 
+# DEMO_ARGS passes options through, e.g. make demo DEMO_ARGS="--cache-dir /data/graft"
 demo: $(STAMP)
-	$(BIN)/python -m graft.quickstart
+	$(BIN)/python -m graft.quickstart $(DEMO_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

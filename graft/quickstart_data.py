@@ -32,10 +32,10 @@ DIGIT_QUESTION = "Which digit is shown?"
 @dataclass
 class DataParams:
     seed: int = 0  # seeds scenes, splits and question order
-    train_scenes: int = 1200  # synthetic scenes for training
-    val_scenes: int = 200  # held-out scenes (eval: shape_color, shape_kind)
-    digits_test: int = 300  # held-out digits (eval: digits); the rest of the 1797 train
-    digits_train: int | None = None  # cap on training digits (None: all the rest)
+    train_scenes: int = 600  # synthetic scenes for training
+    val_scenes: int = 150  # held-out scenes (eval: shape_color, shape_kind)
+    digits_test: int = 250  # held-out digits (eval: digits), drawn from the 1797 by seed
+    digits_train: int | None = 800  # training digits from the rest (None: all of the rest)
     image_size: int = 128  # PNG side in pixels
 
 
