@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for both engine and HF (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
     parser.add_argument("--out", default=None, help="write the JSON result here")
 
@@ -47,6 +49,8 @@ def run(args) -> int:
 
     if args.num_requests <= 0 or args.concurrency <= 0:
         raise ValueError("--num-requests and --concurrency must be positive")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     config = EngineConfig(max_num_seqs=args.concurrency, dtype=args.dtype, device=args.device,
                           max_num_batched_tokens=args.max_num_batched_tokens)
     engine = Engine.from_pretrained(args.model_dir, config)
