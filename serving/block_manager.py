@@ -44,6 +44,11 @@ class BlockManager:
         """Blocks no sequence references (including cached ones that may be evicted)."""
         return len(self.free_ids) + len(self.evictable)
 
+    @property
+    def free_block_ids(self) -> list[int]:
+        """Ids of the unreferenced blocks, never-cached first, then cached in eviction order."""
+        return list(self.free_ids) + list(self.evictable)
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -62,6 +62,7 @@ def test_lru_eviction_prefers_uncached_then_oldest():
     bm.free(a)
     bm.free(b)
     assert bm.num_free_blocks == 4 and len(bm.evictable) == 2
+    assert sorted(bm.free_block_ids) == [0, 1, 2, 3]
     c = _seq([9, 9, 9, 9, 9], "c")  # needs 3 blocks: 2 uncached, then evicts a's block
     _run(bm, c)
     assert bm.lookup(_seq([1, 2, 3])) == [] and len(bm.lookup(_seq([5, 6, 7]))) == 1
