@@ -61,14 +61,12 @@ class Sampler:
             logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
         probs = torch.softmax(logits, dim=-1)
         noise = torch.empty_like(probs)
-        for j, seq in enumerate(seqs):
-            gen = self._generator_for(seq)
-            noise[j].exponential_(generator=gen)
+        seeded = [j for j, s in enumerate(seqs) if s.params.seed is not None]
+        if len(seeded) < len(seqs):
+            noise.exponential_(generator=self.generator)  # unseeded rows share one draw
+        for j in seeded:  # a seeded row draws only from its own generator
+            seq = seqs[j]
+            if seq.generator is None:
+                seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+            noise[j].exponential_(generator=seq.generator)
         return (probs / noise).argmax(dim=-1)
-
-    def _generator_for(self, seq: Sequence) -> torch.Generator:
-        if seq.params.seed is None:
-            return self.generator
-        if seq.generator is None:
-            seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
-        return seq.generator
