@@ -260,11 +260,17 @@ class Engine:
         else:
             params = [sampling_params or SamplingParams()] * len(items)
         ids = [f"generate-{next(self._gen_ids)}" for _ in items]
-        for rid, item, p in zip(ids, items, params):
-            if prompts is not None:
-                self.add_request(rid, item, p)
-            else:
-                self.add_request(rid, prompt_token_ids=list(item), sampling_params=p)
+        try:
+            for rid, item, p in zip(ids, items, params):
+                if prompts is not None:
+                    self.add_request(rid, item, p)
+                else:
+                    self.add_request(rid, prompt_token_ids=list(item), sampling_params=p)
+        except Exception:  # leave nothing of this call queued
+            for rid in ids:
+                self.abort(rid)
+            self._pending = [o for o in self._pending if o.request_id not in ids]
+            raise
         final: dict[str, RequestOutput] = {}
         wanted = set(ids)
         while wanted - final.keys():

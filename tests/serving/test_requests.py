@@ -96,3 +96,10 @@ def test_kv_cache_sizing(tiny_llama):
     assert by_mem.block_manager.num_blocks == (1 << 20) // per_block
     default = Engine.from_pretrained(tiny_llama)
     assert default.block_manager.num_blocks == 64 * (512 // 16)  # max_num_seqs full contexts
+
+
+def test_generate_type_error_leaves_nothing_queued(tiny_llama):
+    engine = Engine.from_pretrained(tiny_llama, EngineConfig())
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        engine.generate(prompt_token_ids=[[1, 2, 3], [4, "x"]], sampling_params=GREEDY)
+    assert not engine.has_unfinished_requests()
