@@ -27,15 +27,16 @@ TEXT_PROMPTS = (  # plain prompts: the grafted model must answer them exactly as
     "Write one sentence about the sea.",
 )
 DIGIT_QUESTION = "Which digit is shown?"
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
 @dataclass
 class DataParams:
     seed: int = 0  # seeds scenes, splits and question order
-    train_scenes: int = 600  # synthetic scenes for training
-    val_scenes: int = 150  # held-out scenes (eval: shape_color, shape_kind)
-    digits_test: int = 250  # held-out digits (eval: digits), drawn from the 1797 by seed
-    digits_train: int | None = 800  # training digits from the rest (None: all of the rest)
+    train_scenes: int = 400  # synthetic scenes for training
+    val_scenes: int = 100  # held-out scenes (eval: shape_color, shape_kind)
+    digits_test: int = 150  # held-out digits (eval: digits), drawn from the 1797 by seed
+    digits_train: int | None = 400  # training digits from the rest (None: all of the rest)
     image_size: int = 128  # PNG side in pixels
 
 
@@ -125,6 +126,20 @@ def scene_conversation(scene: Scene, rng: np.random.Generator) -> list[dict]:
 
 
 # ---- digits ----------------------------------------------------------------------------
+def digit_conversation(digit: int, rng: np.random.Generator) -> list[dict]:
+    """Three turns that all need the digit's identity, in random order. Scene samples are
+    about as long, so batches pad little, and each image gives three times the signal."""
+    turns = [(DIGIT_QUESTION, str(digit)),
+             ("Is the digit even or odd?", "even" if digit % 2 == 0 else "odd"),
+             ("Write the digit as a word.", DIGIT_WORDS[digit])]
+    conv = []
+    for i, k in enumerate(rng.permutation(len(turns))):
+        question, answer = turns[k]
+        conv.append({"from": "human", "value": ("<image>\n" if i == 0 else "") + question})
+        conv.append({"from": "gpt", "value": answer})
+    return conv
+
+
 def digit_image(pixels: np.ndarray, size: int) -> Image.Image:
     """An 8x8 sklearn digit (0..16, ink high) as dark ink on white, smoothly upscaled."""
     gray = (255 - pixels.astype(np.float32) * (255 / 16)).clip(0, 255).astype(np.uint8)
@@ -191,9 +206,8 @@ def write_quickstart_data(out: str | Path, params: DataParams | None = None) -> 
             digit_image(digits.images[j], size).save(out / rel)
             answer = str(int(digits.target[j]))
             if split == "train":
-                train.append({"id": sid, "image": rel, "conversations": [
-                    {"from": "human", "value": f"<image>\n{DIGIT_QUESTION}"},
-                    {"from": "gpt", "value": answer}]})
+                train.append({"id": sid, "image": rel,
+                              "conversations": digit_conversation(int(answer), rng)})
             else:
                 evals["digits"].append({"id": sid, "image": rel, "question": DIGIT_QUESTION,
                                         "answer": answer})
