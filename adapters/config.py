@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from graft.errors import GraftConfigError
+from graft.errors import GraftConfigError, check_fields
 
 KINDS = ("linear", "mlp", "pixel_shuffle", "resampler")
 
@@ -31,14 +31,7 @@ class AdapterConfig:
             return cls()
         if isinstance(d, cls):
             return d
-        if not isinstance(d, dict):
-            raise GraftConfigError(f"adapter must be a mapping of fields, got {type(d).__name__}")
-        allowed = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(allowed))
-        if unknown:
-            raise GraftConfigError(
-                f"unknown adapter field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
-            )
+        d = check_fields(cls, d, "adapter")
         cfg = cls(**d)
         cfg.validate()
         return cfg

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from graft.errors import GraftConfigError
+from graft.errors import GraftConfigError, check_fields
 
 
 @dataclass
@@ -30,15 +30,7 @@ class EncoderConfig:
             return cls()
         if isinstance(d, cls):
             return d
-        if not isinstance(d, dict):
-            raise GraftConfigError(f"encoder must be a mapping of fields, got {type(d).__name__}")
-        allowed = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(allowed))
-        if unknown:
-            raise GraftConfigError(
-                f"unknown encoder field(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
-            )
-        values = dict(d)
+        values = check_fields(cls, d, "encoder")
         if isinstance(values.get("path"), os.PathLike):
             values["path"] = os.fspath(values["path"])
         cfg = cls(**values)

@@ -14,3 +14,22 @@ class GraftConfigError(GraftError, ValueError):
 
 class GraftDataError(GraftError, ValueError):
     """A data sample is wrong: the message names the file/sample index and the problem."""
+
+
+def check_fields(cls, d, section: str) -> dict:
+    """Return `d` as a dict if it only names fields of dataclass `cls`, else explain.
+
+    Shared by every config block (encoder, adapter, spec sections) so they all reject
+    typos the same way: naming the section, the unknown keys and the allowed ones.
+    """
+    from dataclasses import fields
+
+    if not isinstance(d, dict):
+        raise GraftConfigError(f"{section} must be a mapping of fields, got {type(d).__name__}")
+    allowed = [f.name for f in fields(cls)]
+    unknown = sorted(set(d) - set(allowed))
+    if unknown:
+        raise GraftConfigError(
+            f"unknown {section} field(s) {', '.join(map(repr, unknown))} "
+            f"({', '.join(f'{section}.{k}' for k in unknown)}); allowed: {', '.join(allowed)}")
+    return dict(d)

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from graft.errors import GraftConfigError
+from graft.errors import GraftConfigError, check_fields
 
 
 @dataclass
@@ -130,19 +130,12 @@ class GraftSpec:
 
 def _build(cls, raw: dict, prefix: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        where = prefix.rstrip(".") or "top level"
-        raise GraftConfigError(
-            f"unknown key(s) {', '.join(prefix + k for k in unknown)} at {where}; "
-            f"allowed: {', '.join(sorted(fields))}")
+    raw = check_fields(cls, raw, prefix.rstrip(".") or "spec")
     kwargs: dict[str, Any] = {}
     for name, value in raw.items():
         f = fields[name]
         sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         if dataclasses.is_dataclass(sub):
-            if not isinstance(value, dict):
-                raise GraftConfigError(f"{prefix}{name} must be a mapping")
             kwargs[name] = _build(type(sub), value, f"{prefix}{name}.")
         else:
             kwargs[name] = _coerce(value, f, f"{prefix}{name}")
