@@ -136,11 +136,12 @@ def held_out_chat(run_dir: Path, data_dir: Path) -> dict:
             "truth": row["answer"]}
 
 
-def next_steps(run_dir: str, image: str) -> str:
+def next_steps(run_dir: str, image: str, question: str, data_dir: str) -> str:
     return ("next:\n"
-            f"  graft chat {run_dir} --image {image} \"What color is the shape?\"\n"
+            f"  graft chat {run_dir} --image {image} \"{question}\"\n"
             f"  graft serve {run_dir}      # OpenAI-compatible chat API on 127.0.0.1:8000\n"
-            f"  graft eval --help          # more tasks, other backends")
+            f"  graft eval --model {run_dir} --backend engine --data-root {data_dir} "
+            "--tasks quickstart_digits   # the same eval on graft's own engine")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except GraftError as err:
         print(f"quickstart: error: {err}", file=sys.stderr)
         return 2
-    image = summary["chat"]["image"] if summary["chat"] else f"{args.data_dir}/images/<file>.png"
-    print(next_steps(summary["run_dir"], image))
+    chat = summary["chat"] or {"image": f"{args.data_dir}/images/FILE.png",
+                               "question": "What kind of shape is shown?"}
+    print(next_steps(summary["run_dir"], chat["image"], chat["question"], args.data_dir))
     return 0
 
 

@@ -8,7 +8,7 @@ from PIL import Image
 
 from graft.cli import main as cli_main
 from graft.errors import GraftConfigError
-from graft.quickstart_data import (COLORS, KINDS, DataParams, data_is_current, draw_scene,
+from graft.quickstart_data import (COLORS, DIGIT_WORDS, KINDS, DataParams, data_is_current, draw_scene,
                                    write_quickstart_data)
 
 SMALL = dict(train_scenes=12, val_scenes=6, digits_test=10, digits_train=20, image_size=64)
@@ -47,6 +47,18 @@ def test_layout_and_formats(small_data):
     text = _jsonl(out / "eval" / "text_only.jsonl")
     assert text and all(set(r) == {"id", "question"} for r in text)
     assert {r["answer"] for r in _jsonl(out / "eval" / "digits.jsonl")} <= set("0123456789")
+
+
+def test_digit_turns_agree(small_data):
+    out, _ = small_data
+    digits = [s for s in json.loads((out / "train.json").read_text()) if s["id"].startswith("digit_")]
+    assert len(digits) == 20
+    for sample in digits:
+        conv = sample["conversations"]
+        qa = {q["value"].removeprefix("<image>\n"): a["value"] for q, a in zip(conv[::2], conv[1::2])}
+        d = int(qa["Which digit is shown?"])
+        assert qa["Is the digit even or odd?"] == ("even" if d % 2 == 0 else "odd")
+        assert qa["Write the digit as a word."] == DIGIT_WORDS[d]
 
 
 def test_held_out_images_never_train(small_data):
