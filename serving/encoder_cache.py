@@ -50,6 +50,9 @@ class EncoderCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __bool__(self) -> bool:
+        return True  # an empty cache is still a cache (`if cache:` must not mean "has entries")
+
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 

@@ -51,6 +51,7 @@ def live_server(tiny_run_dir, tmp_path_factory):  # noqa: F811
     args = parser.parse_args([str(tiny_run_dir), "--served-model-name", "tiny",
                               "--allowed-local-media-path", str(media),
                               "--limit-images-per-prompt", "2", "--max-image-pixels", "4096",
+                              "--max-image-bytes", "3000",
                               "--max-model-len", "256", "--num-kv-blocks", "64",
                               "--max-num-batched-tokens", "64"])
     app = serve_cli.build(args)

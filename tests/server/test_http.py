@@ -5,6 +5,7 @@ import base64
 import time
 
 import httpx
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -12,6 +13,7 @@ from graft.serving.media import to_data_url
 
 RED = Image.new("RGB", (32, 32), (220, 20, 20))
 BLUE = Image.new("RGB", (32, 32), (20, 20, 220))
+NOISE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8))
 
 
 def _msgs(image=RED, text="What color?"):
@@ -91,6 +93,8 @@ BAD = {
         400, "messages[0].content[0].image_url.url"),
     "too_many_pixels": ({"model": "tiny", "messages": _msgs(Image.new("RGB", (128, 128)))},
                         413, "messages[0].content[0].image_url.url"),
+    "too_many_bytes": ({"model": "tiny", "messages": _msgs(NOISE)}, 413,
+                       "messages[0].content[0].image_url.url"),
     "too_many_images": ({"model": "tiny", "messages": [{"role": "user", "content": [
         _img_part(to_data_url(RED))] * 3}]}, 400, "messages"),
     "remote_url": ({"model": "tiny", "messages": [{"role": "user", "content": [
