@@ -28,6 +28,8 @@ class Job:
     deadline: float | None = None  # absolute time.monotonic() for the first token
     arrival: float = field(default_factory=time.monotonic)
     encode_tokens: int = 0  # image tokens not in the encoder cache at admission
+    front: object = None  # MultimodalFront of the graft it asked for (None: the worker's front)
+    graft: str | None = None  # served model name, for per-graft metrics
     first_token_at: float | None = None
     n_output: int = 0
 
@@ -38,9 +40,12 @@ class Job:
 
 class EngineWorker:
     def __init__(self, engine, front=None, metrics=None, encoder_tokens_per_step: int = 4096,
-                 admission_slack: float = 1.0):
+                 admission_slack: float = 1.0, fronts: list | None = None):
         self.engine = engine
         self.front = front  # MultimodalFront or None (text-only model)
+        # every front whose jobs may come (several grafts); they share one encoder cache
+        self.fronts = list(fronts) if fronts else [f for f in (front,) if f is not None]
+        self.cache = self.fronts[0].cache if self.fronts else None
         self.metrics = metrics
         self.encoder_tokens_per_step = encoder_tokens_per_step
         self.cost = StepCostModel()
@@ -69,12 +74,12 @@ class EngineWorker:
             engine.add_request(f"graft-warmup-{i}", prompt_token_ids=ids, sampling_params=params)
             while engine.has_unfinished_requests():
                 self._run_once([])
-        if self.front is not None:
+        for front in self.fronts:
             image = Image.new("RGB", (224, 224), (128, 128, 128))
-            n_tokens = self.front.model.image_token_count(224, 224)
+            n_tokens = front.model.image_token_count(224, 224)
             for _ in range(2):  # the first call pays one-time setup; keep the second
                 start = time.perf_counter()
-                self.front.model.image_features([image])
+                front.model.image_features([image])
                 elapsed = time.perf_counter() - start
             self.cost.observe_encode(n_tokens, elapsed)
 
@@ -184,7 +189,8 @@ class EngineWorker:
         with self._cond:
             batch: list[Job] = []
             budget = self.encoder_tokens_per_step
-            room = self.front.cache.max_bytes - self.front.cache.pinned_bytes if self.front else 0
+            room = (self.cache.max_bytes - self.cache.pinned_bytes
+                    if self.cache is not None else 0)
             for job in list(self.pending):
                 if job.prepared is not None and job.prepared.images:
                     need = job.encode_tokens
@@ -196,14 +202,21 @@ class EngineWorker:
                 batch.append(job)
                 self.pending.remove(job)
         embeds: dict = {}
-        items = [(im, j.request_id) for j in batch if j.prepared is not None
-                 for im in j.prepared.images]
-        if items:
-            start = time.perf_counter()
-            embeds, encoded = self.front.encode(items)
-            self.cost.observe_encode(encoded, time.perf_counter() - start)
+        by_front: dict[int, tuple] = {}  # one encoder batch per graft
+        for j in batch:
+            if j.prepared is not None:
+                front = j.front or self.front
+                by_front.setdefault(id(front), (front, []))[1].extend(
+                    (im, j.request_id) for im in j.prepared.images)
+        for front, items in by_front.values():
+            if items:
+                start = time.perf_counter()
+                got, encoded = front.encode(items)
+                embeds.update(got)  # keys carry encoder + adapter identity: no clashes
+                self.cost.observe_encode(encoded, time.perf_counter() - start)
         for job in batch:
-            mm = self.front.mm_inputs(job.prepared, embeds) if job.prepared is not None else None
+            mm = ((job.front or self.front).mm_inputs(job.prepared, embeds)
+                  if job.prepared is not None else None)
             self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
                                     sampling_params=job.sampling_params, mm_inputs=mm,
                                     deadline=job.deadline)
@@ -223,6 +236,9 @@ class EngineWorker:
                 seq.deadline = None
             if self.metrics:
                 self.metrics.ttft.observe(now - job.arrival)
+                per_graft = self.metrics.grafts.get(job.graft)
+                if per_graft is not None:
+                    per_graft.ttft.observe(now - job.arrival)
         job.n_output = len(out.token_ids)
         if out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
             job.sink("error", APIError(out.error or "the engine rejected this prompt",
@@ -248,8 +264,8 @@ class EngineWorker:
             m.deadline.inc()
 
     def _release(self, rid: str) -> None:
-        if self.front is not None:
-            self.front.cache.release(rid)
+        if self.cache is not None:
+            self.cache.release(rid)
 
     def _fail_all(self, err: APIError) -> None:
         with self._cond:

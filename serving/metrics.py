@@ -14,34 +14,52 @@ def _fmt(v: float) -> str:
     return repr(float(v)) if v != float("inf") else "+Inf"
 
 
+def _labels(labels: dict[str, str], **more: str) -> str:
+    items = {**labels, **more}
+    if not items:
+        return ""
+    esc = {k: str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+           for k, v in items.items()}
+    return "{" + ",".join(f'{k}="{v}"' for k, v in esc.items()) + "}"
+
+
+def _header(m, kind: str, header: bool) -> list[str]:
+    return [f"# HELP {m.name} {m.help}", f"# TYPE {m.name} {kind}"] if header else []
+
+
 class Counter:
-    def __init__(self, name: str, help: str):
+    def __init__(self, name: str, help: str, labels: dict[str, str] | None = None):
         self.name, self.help, self.value = name, help, 0.0
+        self.labels = labels or {}
         self._lock = threading.Lock()
 
     def inc(self, n: float = 1.0) -> None:
         with self._lock:
             self.value += n
 
-    def render(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter",
-                f"{self.name} {_fmt(self.value)}"]
+    def render(self, header: bool = True) -> list[str]:
+        return _header(self, "counter", header) + [
+            f"{self.name}{_labels(self.labels)} {_fmt(self.value)}"]
 
 
 class Gauge:
     """Read on scrape from a callable, so it can never go stale."""
 
-    def __init__(self, name: str, help: str, read: Callable[[], float]):
+    def __init__(self, name: str, help: str, read: Callable[[], float],
+                 labels: dict[str, str] | None = None):
         self.name, self.help, self.read = name, help, read
+        self.labels = labels or {}
 
-    def render(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge",
-                f"{self.name} {_fmt(self.read())}"]
+    def render(self, header: bool = True) -> list[str]:
+        return _header(self, "gauge", header) + [
+            f"{self.name}{_labels(self.labels)} {_fmt(self.read())}"]
 
 
 class Histogram:
-    def __init__(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+    def __init__(self, name: str, help: str, buckets: tuple[float, ...] = LATENCY_BUCKETS,
+                 labels: dict[str, str] | None = None):
         self.name, self.help, self.buckets = name, help, tuple(sorted(buckets))
+        self.labels = labels or {}
         self.counts = [0] * (len(self.buckets) + 1)  # last slot: above every bound (+Inf)
         self.sum = 0.0
         self.count = 0
@@ -53,14 +71,41 @@ class Histogram:
             self.sum += v
             self.count += 1
 
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+    def render(self, header: bool = True) -> list[str]:
+        lines = _header(self, "histogram", header)
         running = 0
         for bound, n in zip(self.buckets + (float("inf"),), self.counts):
             running += n
-            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {running}')
-        lines += [f"{self.name}_sum {_fmt(self.sum)}", f"{self.name}_count {self.count}"]
+            lines.append(f"{self.name}_bucket{_labels(self.labels, le=_fmt(bound))} {running}")
+        tail = _labels(self.labels)
+        lines += [f"{self.name}_sum{tail} {_fmt(self.sum)}", f"{self.name}_count{tail} {self.count}"]
         return lines
+
+
+class GraftMetrics:
+    """One served model's series, labelled graft="NAME": requests, TTFT, encoder-cache use."""
+
+    def __init__(self, name: str, cache_counts: Callable[[], tuple[int, int]] | None = None):
+        lab = {"graft": name}
+        self.requests = Counter("graft_per_graft_requests_total",
+                                "Chat completion requests per graft.", lab)
+        self.ttft = Histogram("graft_per_graft_time_to_first_token_seconds",
+                              "Time to first token per graft.", labels=lab)
+        self.gauges = [] if cache_counts is None else [
+            Gauge("graft_per_graft_encoder_cache_hits", "Encoder cache hits per graft.",
+                  lambda: cache_counts()[0], lab),
+            Gauge("graft_per_graft_encoder_cache_misses", "Encoder cache misses per graft.",
+                  lambda: cache_counts()[1], lab),
+            Gauge("graft_per_graft_encoder_cache_hit_rate",
+                  "Encoder cache hits / lookups per graft.",
+                  lambda: _rate(*cache_counts()), lab)]
+
+    def series(self) -> list:
+        return [self.requests, self.ttft, *self.gauges]
+
+
+def _rate(hits: int, misses: int) -> float:
+    return hits / (hits + misses) if hits + misses else 0.0
 
 
 class ServerMetrics:
@@ -83,6 +128,12 @@ class ServerMetrics:
         self.prompt_tokens = Counter("graft_prompt_tokens_total", "Prompt tokens processed.")
         self.generation_tokens = Counter("graft_generation_tokens_total", "Tokens generated.")
         self.gauges = [Gauge(name, help, read) for name, (help, read) in gauges.items()]
+        self.grafts: dict[str, GraftMetrics] = {}  # served model name -> its labelled series
+
+    def add_graft(self, name: str, cache_counts: Callable[[], tuple[int, int]] | None = None
+                  ) -> GraftMetrics:
+        self.grafts[name] = GraftMetrics(name, cache_counts)
+        return self.grafts[name]
 
     def render(self) -> str:
         lines: list[str] = []
@@ -90,4 +141,13 @@ class ServerMetrics:
                   self.rejected_429, self.errors_4xx, self.aborted, self.deadline,
                   self.prompt_tokens, self.generation_tokens, *self.gauges):
             lines += m.render()
+        seen: set[str] = set()  # one HELP/TYPE per family, then a sample set per graft
+        by_name: dict[str, list] = {}
+        for g in self.grafts.values():
+            for m in g.series():
+                by_name.setdefault(m.name, []).append(m)
+        for name, series in by_name.items():
+            for m in series:
+                lines += m.render(header=name not in seen)
+                seen.add(name)
         return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""`graft serve PATH`: the OpenAI-compatible chat server for a run dir or a plain LLM dir."""
+"""`graft serve PATH`: the OpenAI-compatible chat server for a run dir or a plain LLM dir;
+`graft serve [LLM_DIR] --graft NAME=RUN_DIR ...`: several grafts over one shared LLM."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="run dir (graft.yaml: images + text) or HF LLM dir (text only)")
+    p.add_argument("path", nargs="?", default=None,
+                   help="run dir (graft.yaml: images + text) or HF LLM dir (text only); with "
+                        "--graft: optional, the LLM dir every graft was trained on")
+    p.add_argument("--graft", action="append", default=[], metavar="NAME=RUN_DIR",
+                   help="serve this run dir as model NAME (repeat it: every graft shares one "
+                        "LLM, KV pool and batch; the bare LLM stays listed, text only)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
-                   help="model name clients send (default: the dir's name)")
+                   help="model name clients send (default: the dir's name; with --graft: "
+                        "the bare LLM's name)")
     p.add_argument("--allowed-local-media-path", default=None,
                    help="allow image_url file paths under this dir (default: none)")
     p.add_argument("--allow-remote-media", action="store_true",
@@ -53,9 +60,18 @@ def build(args: argparse.Namespace):
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
                           dtype=args.dtype, device=args.device)
-    path = Path(args.path)
-    if (path / "graft.yaml").is_file():
-        engine = load_engine(path, config, int(args.encoder_cache_mb * 1024 * 1024))
+    cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
+    path = Path(args.path) if args.path else None
+    if args.graft:
+        engine = _graft_engine(args.graft, path, config, cache_bytes)
+        path = engine.grafts.llm_path  # the base name defaults to the LLM dir's name
+    elif path is None:
+        from graft.errors import GraftConfigError
+
+        raise GraftConfigError("graft serve needs PATH (a run dir or LLM dir) or at least one "
+                               "--graft NAME=RUN_DIR")
+    elif (path / "graft.yaml").is_file():
+        engine = load_engine(path, config, cache_bytes)
     else:
         from graft.serving import Engine
 
@@ -74,11 +90,28 @@ def build(args: argparse.Namespace):
     return build_app(engine, settings)
 
 
+def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):
+    from graft.errors import GraftConfigError
+    from graft.serving.grafts import load_engine_with_grafts, parse_graft_arg
+
+    if llm is not None and (llm / "graft.yaml").is_file():
+        raise GraftConfigError(f"PATH {llm} is a run dir; with --graft, pass it as "
+                               f"--graft NAME={llm} and give PATH only for the shared LLM dir")
+    grafts: dict[str, str] = {}
+    for text in specs:
+        name, run_dir = parse_graft_arg(text)
+        if name in grafts:
+            raise GraftConfigError(f"--graft {text!r}: the name {name!r} is used twice")
+        grafts[name] = run_dir
+    return load_engine_with_grafts(grafts, config, llm=llm, cache_bytes=cache_bytes)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     app = build(args)
-    print(f"graft serve: {args.path} as {app.state.ctx.settings.model_name!r} on "
+    names = ", ".join(map(repr, app.state.ctx.models))
+    print(f"graft serve: {args.path or 'grafts'} as {names} on "
           f"http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

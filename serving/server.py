@@ -68,8 +68,19 @@ class _Ctx:
             "graft_encoder_cache_evictions": ("Encoder cache evictions.",
                                               lambda: self._cache_stat("evictions")),
         })
+        self.grafts = getattr(engine, "grafts", None)  # several grafts over one LLM, or None
+        # served model name -> its multimodal front (None: the bare LLM, text only)
+        self.models = {settings.model_name: self.front}
+        if self.grafts is not None:
+            if settings.model_name in self.grafts:
+                raise GraftError(f"model name {settings.model_name!r} names both the bare LLM "
+                                 "and a graft; pick another --served-model-name or graft name")
+            self.models.update(self.grafts.fronts)
+        for name, front in self.models.items():
+            self.metrics.add_graft(name, (lambda f=front: (f.hits, f.misses)) if front else None)
         self.worker = EngineWorker(engine, self.front, self.metrics,
-                                   settings.encoder_tokens_per_step, settings.admission_slack)
+                                   settings.encoder_tokens_per_step, settings.admission_slack,
+                                   fronts=[f for f in self.models.values() if f is not None])
 
     def kv_blocks(self) -> tuple[int, int]:
         """(blocks in use, blocks in the pool)."""
@@ -77,15 +88,17 @@ class _Ctx:
         return bm.num_blocks - bm.num_free_blocks, bm.num_blocks
 
     def _cache_stat(self, name: str) -> float:
-        return float(self.front.cache.stats()[name]) if self.front else 0.0
+        cache = self.worker.cache
+        return float(cache.stats()[name]) if cache is not None else 0.0
 
     # ---- request preparation (runs in a worker thread) -----------------------------------
-    def prepare(self, req: P.ChatCompletionRequest):
+    def prepare(self, req: P.ChatCompletionRequest, front):
+        """(prompt ids, PreparedPrompt or None, messages) through `front` (None: text only)."""
         from graft.template import encode_chat
 
         messages, refs = P.to_chat_messages(req.messages)
         limit = self.settings.limit_images_per_prompt
-        if refs and self.front is None:
+        if refs and front is None:
             raise P.APIError("this model is text-only (served from an LLM dir, not a run dir); "
                              "remove the image_url parts", param=refs[0][0],
                              code="images_not_supported")
@@ -94,26 +107,26 @@ class _Ctx:
                              f"{limit} (--limit-images-per-prompt)", param="messages",
                              code="too_many_images")
         try:
-            if self.front is None:
+            if front is None:
                 chat = encode_chat(self.tokenizer, messages, [], add_generation_prompt=True)
                 return chat.input_ids, None, messages
-            images = [self.front.prepare_image(load_image(url, self.settings.media, param))
+            images = [front.prepare_image(load_image(url, self.settings.media, param))
                       for param, url in refs]
-            self.front.check_cache_room(images)
-            prepared = self.front.prompt(messages, images)
+            front.check_cache_room(images)
+            prepared = front.prompt(messages, images)
         except GraftError as err:
             raise P.APIError(str(err), param="messages", code="invalid_prompt") from None
         return prepared.prompt_token_ids, prepared, messages
 
-    def shrink(self, messages: list[dict], prepared):
+    def shrink(self, messages: list[dict], prepared, front):
         """The prompt with its costliest image downscaled to fewer tokens, or None."""
         images = list(prepared.images)
         k = max(range(len(images)), key=lambda i: images[i].n_tokens)
-        smaller = self.front.shrink_image(images[k])
+        smaller = front.shrink_image(images[k])
         if smaller is None:
             return None
         images[k] = smaller
-        prepared = self.front.prompt(messages, images)
+        prepared = front.prompt(messages, images)
         return prepared.prompt_token_ids, prepared
 
     def sampling_params(self, req: P.ChatCompletionRequest, n_prompt: int):
@@ -203,8 +216,8 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": ctx.settings.model_name, "object": "model",
-                                            "created": 0, "owned_by": "graft"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                            "owned_by": "graft"} for name in ctx.models]}
 
     @app.get("/metrics")
     async def metrics():
@@ -219,11 +232,13 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
         # big bodies (base64 images) are parsed off the event loop too
         req = (P.parse_chat_request(raw) if len(raw) < 65536
                else await asyncio.to_thread(P.parse_chat_request, raw))
-        if req.model != ctx.settings.model_name:
+        if req.model not in ctx.models:
             raise P.APIError(f"model {req.model!r} does not exist; this server serves "
-                             f"{ctx.settings.model_name!r} (see /v1/models)", status=404,
+                             f"{', '.join(map(repr, ctx.models))} (see /v1/models)", status=404,
                              type="not_found_error", param="model", code="model_not_found")
-        ids, prepared, messages = await asyncio.to_thread(ctx.prepare, req)
+        front = ctx.models[req.model]  # the graft this request asked for
+        ctx.metrics.grafts[req.model].requests.inc()
+        ids, prepared, messages = await asyncio.to_thread(ctx.prepare, req, front)
         budget_ms = req.ttft_budget_ms or ctx.settings.default_ttft_budget_ms
         shrink = req.shrink_images_to_budget
         if shrink is None:
@@ -235,7 +250,8 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
             job = Job(cid, ids, ctx.sampling_params(req, len(ids)), sink=_sink(loop, queue),
                       prepared=prepared, arrival=arrival,
                       deadline=arrival + budget_ms / 1000 if budget_ms else None,
-                      encode_tokens=ctx.front.uncached_tokens(prepared.images) if prepared else 0)
+                      encode_tokens=front.uncached_tokens(prepared.images) if prepared else 0,
+                      front=front, graft=req.model)
             try:
                 ctx.worker.submit(job, budget_ms / 1000 if budget_ms else None)
                 break
@@ -244,7 +260,7 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
                 if err.status != 429 or not shrink or not prepared or not prepared.images \
                         or attempt == _MAX_SHRINK_STEPS:
                     raise
-                smaller = await asyncio.to_thread(ctx.shrink, messages, prepared)
+                smaller = await asyncio.to_thread(ctx.shrink, messages, prepared, front)
                 if smaller is None:
                     raise
                 ids, prepared = smaller
