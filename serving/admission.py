@@ -86,7 +86,9 @@ class AdmissionController:
         ahead = [q for q in queue if q.deadline <= item.deadline]
         prefill = item.prefill_tokens + sum(q.prefill_tokens for q in ahead)
         encode = item.encode_tokens + sum(q.encode_tokens for q in ahead)
-        seconds = (self.cost.prefill_seconds(prefill, decode_seqs, self.token_budget)
+        c0, _, c2 = self.cost.coefficients
+        in_flight = c0 + c2 * decode_seqs  # the step running now must end before ours starts
+        seconds = (in_flight + self.cost.prefill_seconds(prefill, decode_seqs, self.token_budget)
                    + encode * self.cost.encode_s_per_token)
         return seconds * self.slack
 

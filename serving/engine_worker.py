@@ -30,6 +30,7 @@ class Job:
     encode_tokens: int = 0  # image tokens not in the encoder cache at admission
     front: object = None  # MultimodalFront of the graft it asked for (None: the worker's front)
     graft: str | None = None  # served model name, for per-graft metrics
+    estimate_s: float | None = None  # admission control's TTFT estimate
     first_token_at: float | None = None
     n_output: int = 0
 
@@ -103,6 +104,7 @@ class EngineWorker:
             queue += [j.queue_item() for j in self.active.values() if j.first_token_at is None]
             decoding = sum(1 for j in self.active.values() if j.first_token_at is not None)
             estimate = self.admission.admit(job.queue_item(), budget_s, queue, decoding)
+            job.estimate_s = estimate
             self.pending.append(job)
             self.pending.sort(key=lambda j: j.queue_item().deadline)
             self._cond.notify()
@@ -157,6 +159,11 @@ class EngineWorker:
                 self.cost.observe_step(prefill, decodes, elapsed)
             for out in outputs:
                 self._deliver(out)
+        elif self.pending:
+            # Work that cannot start yet (no cache room) beside an idle engine: wait for a
+            # change (new request, abort, stop) rather than spin.
+            with self._cond:
+                self._cond.wait(timeout=0.05)
 
     def _abort_now(self, rid: str) -> None:
         with self._cond:
@@ -236,6 +243,8 @@ class EngineWorker:
                 seq.deadline = None
             if self.metrics:
                 self.metrics.ttft.observe(now - job.arrival)
+                if job.estimate_s:
+                    self.metrics.ttft_vs_estimate.observe((now - job.arrival) / job.estimate_s)
                 per_graft = self.metrics.grafts.get(job.graft)
                 if per_graft is not None:
                     per_graft.ttft.observe(now - job.arrival)

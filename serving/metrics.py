@@ -116,6 +116,10 @@ class ServerMetrics:
         self.tpot = Histogram("graft_time_per_output_token_seconds",
                               "Mean time per output token after the first, per request.")
         self.e2e = Histogram("graft_e2e_request_latency_seconds", "End-to-end request latency.")
+        # calibration of admission control: measured TTFT / estimated TTFT (1 = exact)
+        self.ttft_vs_estimate = Histogram("graft_ttft_over_estimate_ratio",
+                                          "Measured TTFT divided by the admission estimate.",
+                                          buckets=(0.25, 0.5, 0.8, 1.0, 1.25, 1.5, 2.0, 4.0))
         self.requests = Counter("graft_requests_total", "Chat completion requests received.")
         self.finished = Counter("graft_requests_finished_total", "Requests that completed.")
         self.rejected_429 = Counter("graft_requests_rejected_429_total",
@@ -137,7 +141,7 @@ class ServerMetrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        for m in (self.ttft, self.tpot, self.e2e, self.requests, self.finished,
+        for m in (self.ttft, self.tpot, self.e2e, self.ttft_vs_estimate, self.requests, self.finished,
                   self.rejected_429, self.errors_4xx, self.aborted, self.deadline,
                   self.prompt_tokens, self.generation_tokens, *self.gauges):
             lines += m.render()
