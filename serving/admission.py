@@ -75,11 +75,27 @@ class AdmissionController:
     """Admit a request when its estimated TTFT (work queued ahead of it under EDF + its own
     encode + prefill) fits its budget; otherwise raise a 429 with a Retry-After."""
 
-    def __init__(self, cost: StepCostModel, token_budget: int, slack: float = 1.0):
+    def __init__(self, cost: StepCostModel, token_budget: int, slack: float = 1.0,
+                 quantile: float = 0.9):
         self.cost = cost
         self.token_budget = token_budget
         self.slack = slack  # multiply estimates (>1: conservative)
+        self.quantile = quantile  # of measured/estimated TTFT that scales decisions
+        self._ratios: deque[float] = deque(maxlen=64)
         self.rejected = 0
+
+    def observe_ttft(self, measured_s: float, estimate_s: float) -> None:
+        """Feedback from an admitted request: its measured TTFT against the model's estimate."""
+        if estimate_s > 0:
+            self._ratios.append(measured_s / estimate_s)
+
+    @property
+    def correction(self) -> float:
+        """A high quantile of measured/estimated TTFT over recent requests (never below 1):
+        keeps decisions honest when the machine's speed drifts under the cost model."""
+        if len(self._ratios) < 8:
+            return 1.0
+        return min(max(float(np.quantile(list(self._ratios), self.quantile)), 1.0), 8.0)
 
     def estimate_ttft(self, item: QueueItem, queue: list[QueueItem], decode_seqs: int) -> float:
         # Earliest-deadline-first: only work due no later than ours runs before ours.
@@ -88,14 +104,15 @@ class AdmissionController:
         encode = item.encode_tokens + sum(q.encode_tokens for q in ahead)
         c0, _, c2 = self.cost.coefficients
         in_flight = c0 + c2 * decode_seqs  # the step running now must end before ours starts
-        seconds = (in_flight + self.cost.prefill_seconds(prefill, decode_seqs, self.token_budget)
-                   + encode * self.cost.encode_s_per_token)
-        return seconds * self.slack
+        return (in_flight + self.cost.prefill_seconds(prefill, decode_seqs, self.token_budget)
+                + encode * self.cost.encode_s_per_token)
 
     def admit(self, item: QueueItem, budget_s: float | None, queue: list[QueueItem],
               decode_seqs: int) -> float:
-        """Estimated TTFT in seconds, or APIError(429) when it exceeds `budget_s`."""
-        estimate = self.estimate_ttft(item, queue, decode_seqs)
+        """The cost model's TTFT estimate in seconds (for `observe_ttft`), or APIError(429)
+        when the estimate times slack and correction exceeds `budget_s`."""
+        raw = self.estimate_ttft(item, queue, decode_seqs)
+        estimate = raw * self.slack * self.correction
         if budget_s is not None and estimate > budget_s:
             self.rejected += 1
             # Work ahead drains at roughly the estimated rate: retry once it has.
@@ -106,4 +123,4 @@ class AdmissionController:
                 "ttft_budget_ms", status=429, type="rate_limit_error",
                 param="ttft_budget_ms", code="ttft_budget_exceeded",
                 headers={"Retry-After": str(retry)})
-        return estimate
+        return raw

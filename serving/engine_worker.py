@@ -185,6 +185,8 @@ class EngineWorker:
             for j in late:
                 self.pending.remove(j)
         for j in late:
+            if j.estimate_s:
+                self.admission.observe_ttft(now - j.arrival, j.estimate_s)
             self._release(j.request_id)
             j.sink("deadline", None)
             if self.metrics:
@@ -245,9 +247,14 @@ class EngineWorker:
                 self.metrics.ttft.observe(now - job.arrival)
                 if job.estimate_s:
                     self.metrics.ttft_vs_estimate.observe((now - job.arrival) / job.estimate_s)
+            if job.estimate_s:
+                self.admission.observe_ttft(now - job.arrival, job.estimate_s)
                 per_graft = self.metrics.grafts.get(job.graft)
                 if per_graft is not None:
                     per_graft.ttft.observe(now - job.arrival)
+        if out.finished and job.first_token_at is None and job.estimate_s:
+            # stopped without a first token (deadline): its elapsed time is a lower bound
+            self.admission.observe_ttft(now - job.arrival, job.estimate_s)
         job.n_output = len(out.token_ids)
         if out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
             job.sink("error", APIError(out.error or "the engine rejected this prompt",

@@ -94,6 +94,20 @@ def test_admission_refuses_with_retry_after_and_respects_edf():
     assert ctl.admit(mine, budget_s=None, queue=earlier, decode_seqs=0) > 1.0
 
 
+def test_measured_overruns_make_admission_stricter():
+    cost = StepCostModel()
+    for p in (0, 100, 200, 300):
+        cost.observe_step(p, 0, 0.001 + 0.001 * p)  # 1 ms per prompt token
+    ctl = AdmissionController(cost, token_budget=512)
+    item = QueueItem(deadline=1.0, prefill_tokens=300, encode_tokens=0)
+    raw = ctl.admit(item, budget_s=0.5, queue=[], decode_seqs=0)  # ~0.3 s: fits
+    for _ in range(10):  # the machine turned out 3x slower than the model said
+        ctl.observe_ttft(3 * raw, raw)
+    assert ctl.correction == pytest.approx(3.0)
+    with pytest.raises(APIError):
+        ctl.admit(item, budget_s=0.5, queue=[], decode_seqs=0)
+
+
 def test_prometheus_text():
     h = Histogram("x_seconds", "help", buckets=(0.1, 1.0))
     for v in (0.05, 0.5, 5.0):
