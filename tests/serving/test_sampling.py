@@ -125,3 +125,17 @@ def test_incremental_outputs_add_up(engine):
 def test_bad_sampling_params(field, kwargs):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_streamed_text_never_shows_the_stop_string(tiny_llama):
+    engine = Engine.from_pretrained(tiny_llama, EngineConfig())
+    prompt = engine.tokenizer("Describe the picture in one sentence.")["input_ids"]
+    base = _gen(engine, [prompt], SamplingParams(temperature=0.0, max_tokens=24))[0].text
+    stop = base[6:9]
+    engine.add_request("s", prompt, SamplingParams(temperature=0.0, max_tokens=24, stop=[stop]))
+    streamed, final = "", None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            streamed += out.new_text
+            final = out
+    assert final.finish_reason == "stop" and streamed == final.text == base[:base.find(stop)]
