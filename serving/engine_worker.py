@@ -69,7 +69,7 @@ class EngineWorker:
         engine = self.engine
         vocab = engine.runner.vocab_size
         n = max(2, min(engine.config.max_num_batched_tokens, engine.max_model_len // 2, 96))
-        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         for i, length in enumerate((max(2, n // 4), n, max(2, n // 2))):
             ids = [(7 * i + 3 * k + 1) % vocab for k in range(length)]  # no shared prefix
             engine.add_request(f"graft-warmup-{i}", prompt_token_ids=ids, sampling_params=params)
@@ -152,7 +152,10 @@ class EngineWorker:
             start = time.perf_counter()
             outputs = self.engine.step()
             elapsed = time.perf_counter() - start
-            moved = [seq.num_computed_tokens - n for seq, n in before]
+            # a finished sequence's blocks (and count) are already released: it computed up
+            # to its last token, which was sampled, not computed
+            moved = [(len(seq) - 1 if seq.is_finished else seq.num_computed_tokens) - n
+                     for seq, n in before]
             decodes = sum(1 for d in moved if d == 1)
             prefill = sum(d for d in moved if d > 1)
             if prefill or decodes:
