@@ -59,16 +59,35 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
-    """One query token per sequence over its context_lens[i] cached tokens (zeros when 0)."""
+    """One query token per sequence over its context_lens[i] cached tokens (zeros when 0).
+
+    Batched over sequences (one gather, two batched products, a length mask): on CPU the
+    engine's decode step is dominated by per-sequence Python overhead otherwise.
+    """
     check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, "context_lens")
-    out = torch.zeros_like(q)  # [S, Hq, D]
-    for i, n in enumerate(context_lens.tolist()):
-        if n == 0:
-            continue
-        k = _gather_tokens(k_cache, block_tables[i], n)
-        v = _gather_tokens(v_cache, block_tables[i], n)
-        out[i] = _attend(q[i:i + 1], k, v, scale)[0]
-    return out
+    num_seqs, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    lens = context_lens.long()
+    max_len = int(lens.max()) if num_seqs else 0
+    if max_len == 0:
+        return torch.zeros_like(q)
+    n_blocks = -(-max_len // block_size)
+    blocks = block_tables[:, :n_blocks].long()  # [S, nb]
+    used = torch.arange(n_blocks, device=q.device)[None, :] * block_size < lens[:, None]
+    if bool(((blocks < 0) | (blocks >= k_cache.shape[0]))[used].any()):
+        raise ValueError(f"paged attention: block_tables hold block ids outside [0, {k_cache.shape[0]}) "
+                         "within context_lens; fix the block table")
+    blocks = blocks.masked_fill(~used, 0)  # padding rows read block 0 and are masked below
+    group = num_q_heads // num_kv_heads
+    k = k_cache[blocks].view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
+    v = v_cache[blocks].view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
+    qf = q.float().view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.einsum("shgd,skhd->shgk", qf, k.float()) * scale  # [S, Hkv, G, K]
+    pad = torch.arange(n_blocks * block_size, device=q.device)[None, :] >= lens[:, None]  # [S, K]
+    scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # empty sequences -> all-zero rows
+    out = torch.einsum("shgk,skhd->shgd", probs, v.float())  # [S, Hkv, G, D]
+    return out.reshape(num_seqs, num_q_heads, head_dim).to(q.dtype)
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
