@@ -139,7 +139,9 @@ def check_same_llm(runs: list[GraftRun], llm: str | Path | None = None) -> tuple
                 f"{run.llm_sha256} ({run.llm_path}); grafts share one frozen LLM, so serve "
                 "these from separate servers or retrain one on the other's LLM")
     path = Path(llm).resolve() if llm is not None else ref.llm_path
-    actual = weights_sha256(path)
+    # a digest read_runs already computed from this very dir need not be hashed again
+    actual = next((r.llm_sha256 for r in runs if not r.recorded and r.llm_path == path),
+                  None) or weights_sha256(path)
     for run in runs:
         if run.llm_sha256 != actual:
             how = "recorded at training" if run.recorded else "computed from its llm.path"

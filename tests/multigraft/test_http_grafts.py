@@ -7,7 +7,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from graft.errors import GraftConfigError
+from graft.errors import GraftConfigError, GraftError
 from graft.serving import serve_cli
 from graft.serving.media import to_data_url
 from tests.server.conftest import LiveServer
@@ -103,3 +103,5 @@ def test_bad_graft_arguments(graft_runs, tiny_llama):
         serve_cli.build(_args([]))
     with pytest.raises(GraftConfigError, match="not a run dir"):
         serve_cli.build(_args(["--graft", f"a={tiny_llama}"]))
+    with pytest.raises(GraftError, match="names both the bare LLM and a graft"):
+        serve_cli.build(_args(["--graft", f"sig={graft_runs['sig']}", "--served-model-name", "sig"]))
