@@ -205,6 +205,23 @@ class MultimodalFront:
         return prepared.prompt_token_ids, self.mm_inputs(prepared, embeds)
 
 
+def generate_chats(engine, chats: dict[str, tuple[list[dict], list]], sampling_params
+                   ) -> dict:
+    """Offline multimodal generate: {request id: (messages with `<image>` markers, PIL
+    images)} -> {request id: final RequestOutput}, all in one continuous batch."""
+    for rid, (messages, images) in chats.items():
+        ids, mm = engine.mm.prepare_chat(messages, images, owner=rid)
+        engine.add_request(rid, prompt_token_ids=ids, sampling_params=sampling_params,
+                           mm_inputs=mm)
+    done = {}
+    while len(done) < len(chats) and engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished and out.request_id in chats:
+                done[out.request_id] = out
+                engine.mm.cache.release(out.request_id)
+    return done
+
+
 def load_engine(path: str | Path, config=None, cache_bytes: int = DEFAULT_CACHE_BYTES, **kwargs):
     """Engine for a run dir: the LLM from spec.llm.path, with `engine.mm` = this front.
     `Engine.from_pretrained` delegates here when the dir holds graft.yaml."""

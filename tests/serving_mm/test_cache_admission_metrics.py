@@ -75,11 +75,15 @@ def test_cost_model_learns_step_costs():
     assert cost.encode_s_per_token == pytest.approx(0.005)
 
 
-def test_admission_refuses_with_retry_after_and_respects_edf():
+def _controller(seconds_per_token: float) -> AdmissionController:
     cost = StepCostModel()
     for p in (0, 100, 200, 300):
-        cost.observe_step(p, 0, 0.001 + 0.01 * p)  # 10 ms per prompt token
-    ctl = AdmissionController(cost, token_budget=512)
+        cost.observe_step(p, 0, 0.001 + seconds_per_token * p)
+    return AdmissionController(cost, token_budget=512)
+
+
+def test_admission_refuses_with_retry_after_and_respects_edf():
+    ctl = _controller(0.01)  # 10 ms per prompt token
     mine = QueueItem(deadline=10.0, prefill_tokens=10, encode_tokens=0)
     assert ctl.admit(mine, budget_s=1.0, queue=[], decode_seqs=0) < 1.0
     later = [QueueItem(deadline=99.0, prefill_tokens=1000, encode_tokens=0)]
@@ -95,10 +99,7 @@ def test_admission_refuses_with_retry_after_and_respects_edf():
 
 
 def test_measured_overruns_make_admission_stricter():
-    cost = StepCostModel()
-    for p in (0, 100, 200, 300):
-        cost.observe_step(p, 0, 0.001 + 0.001 * p)  # 1 ms per prompt token
-    ctl = AdmissionController(cost, token_budget=512)
+    ctl = _controller(0.001)  # 1 ms per prompt token
     item = QueueItem(deadline=1.0, prefill_tokens=300, encode_tokens=0)
     raw = ctl.admit(item, budget_s=0.5, queue=[], decode_seqs=0)  # ~0.3 s: fits
     for _ in range(10):  # the machine turned out 3x slower than the model said

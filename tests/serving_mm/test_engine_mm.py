@@ -8,6 +8,7 @@ from PIL import Image
 from graft.errors import GraftDataError
 from graft.inject import IMAGE_PLACEHOLDER
 from graft.serving import Engine, EngineConfig, ImageRange, MultiModalInputs, SamplingParams
+from graft.serving.multimodal import generate_chats
 
 RED = Image.new("RGB", (32, 32), (220, 20, 20))
 BLUE = Image.new("RGB", (32, 32), (20, 20, 220))
@@ -22,17 +23,7 @@ def _engine(run_dir, **cfg):
 
 
 def _run(engine, requests):
-    """requests: {rid: (messages, images)} -> {rid: RequestOutput}, all in one batch."""
-    for rid, (messages, images) in requests.items():
-        ids, mm = engine.mm.prepare_chat(messages, images, owner=rid)
-        engine.add_request(rid, prompt_token_ids=ids, sampling_params=GREEDY, mm_inputs=mm)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-                engine.mm.cache.release(out.request_id)
-    return done
+    return generate_chats(engine, requests, GREEDY)
 
 
 @pytest.fixture(scope="module")
