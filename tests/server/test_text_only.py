@@ -30,7 +30,7 @@ def text_server(tiny_llama):
 
 def test_text_chat_matches_engine_and_images_are_refused(text_server):
     url = text_server.url + "/v1/chat/completions"
-    body = {"model": "plain", "messages": HELLO,
+    body = {"model": "plain", "messages": [dict(m) for m in HELLO],
             "max_tokens": 4, "temperature": 0, "ignore_eos": True}
     resp = httpx.post(url, json=body, timeout=60)
     assert resp.status_code == 200
