@@ -96,7 +96,8 @@ class EngineWorker:
 
     def submit(self, job: Job, budget_s: float | None) -> float:
         """Admission control, then queue; returns the TTFT estimate or raises APIError(429)."""
-        if not self._thread.is_alive() or self._stop:
+        died = self._thread.ident is not None and not self._thread.is_alive()
+        if died or self._stop:  # (never started: driven by hand with _run_once, as in tests)
             raise APIError("the engine thread is not running; see the server log",
                            status=503, type="server_error", code="engine_down")
         with self._cond:
@@ -250,11 +251,11 @@ class EngineWorker:
                 self.metrics.ttft.observe(now - job.arrival)
                 if job.estimate_s:
                     self.metrics.ttft_vs_estimate.observe((now - job.arrival) / job.estimate_s)
-            if job.estimate_s:
-                self.admission.observe_ttft(now - job.arrival, job.estimate_s)
                 per_graft = self.metrics.grafts.get(job.graft)
                 if per_graft is not None:
                     per_graft.ttft.observe(now - job.arrival)
+            if job.estimate_s:
+                self.admission.observe_ttft(now - job.arrival, job.estimate_s)
         if out.finished and job.first_token_at is None and job.estimate_s:
             # stopped without a first token (deadline): its elapsed time is a lower bound
             self.admission.observe_ttft(now - job.arrival, job.estimate_s)
