@@ -27,6 +27,7 @@ TEXT_PROMPTS = (  # plain prompts: the grafted model must answer them exactly as
     "Write one sentence about the sea.",
 )
 DIGIT_QUESTION = "Which digit is shown?"
+FORMAT = 2  # bump when the generator changes, so data written by an older one is redone
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
@@ -219,16 +220,18 @@ def write_quickstart_data(out: str | Path, params: DataParams | None = None) -> 
         atomic_write_text(out / "eval" / f"{task}.jsonl", _jsonl(rows))
     atomic_write_text(out / "eval" / "text_only.jsonl",
                       _jsonl([{"id": f"text_{k}", "question": q} for k, q in enumerate(TEXT_PROMPTS)]))
-    meta = {"params": asdict(params), "train_samples": len(train), "val_samples": len(val),
+    meta = {"format": FORMAT, "params": asdict(params), "train_samples": len(train),
+            "val_samples": len(val),
             "eval": {task: len(rows) for task, rows in evals.items()}}
     atomic_write_json(out / "meta.json", meta)
     return meta
 
 
 def data_is_current(out: str | Path, params: DataParams) -> bool:
-    """True when `out` holds a finished write with these exact parameters."""
+    """True when `out` holds a finished write by this generator with these parameters."""
     path = Path(out) / "meta.json"
     try:
-        return json.loads(path.read_text()).get("params") == asdict(params)
+        meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
+    return meta.get("format") == FORMAT and meta.get("params") == asdict(params)
