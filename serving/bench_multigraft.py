@@ -37,14 +37,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Poisson arrivals per second (default: every request at t=0)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--num-kv-blocks", type=int, default=256, help="KV pool of every engine")
+    p.add_argument("--shared-kv-blocks", type=int, default=None,
+                   help="KV pool of the one shared engine (default --num-kv-blocks; pass N times "
+                        "it to compare at the same total KV memory)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads of the shared engine; each of N separate gets 1/N "
-                        "(default: CPU count)")
+    p.add_argument("--cores", type=int, default=None,
+                   help="pin every process to the first CORES cores this process may use; the "
+                        "shared engine runs CORES torch threads, each separate one CORES/N "
+                        "(at least 1), so both setups get the same CPU (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="where synthetic run dirs go (default: temp)")
     p.add_argument("--out", default=None, help="write the JSON result here")
@@ -152,6 +156,11 @@ def run(args) -> int:
 
     if args.num_requests <= 0 or not 0.0 <= args.image_ratio <= 1.0:
         raise GraftConfigError("--num-requests must be > 0 and --image-ratio in [0, 1]")
+    allowed = sorted(os.sched_getaffinity(0))
+    if args.cores is not None and not 1 <= args.cores <= len(allowed):
+        raise GraftConfigError(f"--cores {args.cores}: this process may use {len(allowed)} cores")
+    cpus = allowed[:args.cores or len(allowed)]
+    threads = len(cpus)
     tmp = None
     if args.graft:
         grafts = dict(parse_graft_arg(g) for g in args.graft)
@@ -167,15 +176,16 @@ def run(args) -> int:
         grafts = make_synthetic_grafts(llm, args.synthetic, Path(tmp.name), args.shared_encoder,
                                        args.image_size)
     names = list(grafts)
-    threads = args.threads or os.cpu_count() or 1
     reqs = workload(names, args.num_requests, args.image_ratio, args.rate, args.seed)
     engine = {"block_size": args.block_size, "num_kv_blocks": args.num_kv_blocks,
               "max_num_seqs": args.max_num_seqs, "dtype": args.dtype, "device": args.device,
               "max_num_batched_tokens": args.max_num_batched_tokens}
     base = {"llm": str(llm) if llm else None, "engine": engine, "image_size": args.image_size,
-            "max_tokens": args.max_tokens}
+            "max_tokens": args.max_tokens, "cpus": cpus}
     try:
-        one = run_setup([{**base, "grafts": grafts, "requests": reqs, "threads": threads}])
+        shared_engine = {**engine, "num_kv_blocks": args.shared_kv_blocks or args.num_kv_blocks}
+        one = run_setup([{**base, "engine": shared_engine, "grafts": grafts, "requests": reqs,
+                          "threads": threads}])
         per = max(1, threads // len(names))
         separate = run_setup([{**base, "grafts": {n: grafts[n]}, "threads": per,
                                "requests": [r for r in reqs if r["graft"] == n]} for n in names])
@@ -185,7 +195,8 @@ def run(args) -> int:
     result = {"grafts": names, "synthetic": not args.graft, "llm": base["llm"],
               "num_requests": args.num_requests, "image_ratio": args.image_ratio,
               "max_tokens": args.max_tokens, "rate": args.rate, "seed": args.seed,
-              "engine": engine, "threads": {"shared": threads, "separate_each": per},
+              "engine": engine, "shared_kv_blocks": shared_engine["num_kv_blocks"],
+              "cpus": cpus, "threads": {"shared": threads, "separate_each": per},
               "shared": summarize(one), "separate": summarize(separate)}
     s, p = result["shared"], result["separate"]
     result["ratios"] = {  # shared / separate: < 1 is better for bytes and TTFT

@@ -8,6 +8,7 @@ the result. Run as `python -m graft.serving.bench_multigraft_worker`.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -96,6 +97,7 @@ def main() -> int:
     from graft.serving import Engine, EngineConfig
 
     job = json.loads(sys.stdin.readline())
+    os.sched_setaffinity(0, job["cpus"])  # both setups share the same cores
     torch.set_num_threads(job["threads"])
     engine = Engine.from_grafts(job["grafts"], EngineConfig(**job["engine"]), llm=job["llm"])
     # warm-up outside the measurement: one text and one image request per graft

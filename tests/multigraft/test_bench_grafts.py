@@ -39,7 +39,7 @@ def test_bench_grafts_command(tiny_llama, tmp_path):
     out = tmp_path / "bench.json"
     assert main(["bench", "grafts", "--llm", str(tiny_llama), "--synthetic", "2",
                  "--num-requests", "4", "--max-tokens", "2", "--image-size", "32",
-                 "--num-kv-blocks", "32", "--threads", "1", "--out", str(out)]) == 0
+                 "--num-kv-blocks", "32", "--cores", "1", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["shared"]["processes"] == 1 and r["separate"]["processes"] == 2
     for setup in ("shared", "separate"):
@@ -48,17 +48,20 @@ def test_bench_grafts_command(tiny_llama, tmp_path):
     # two LLM copies and two KV pools against one
     assert r["separate"]["bytes"]["llm_params"] == 2 * r["shared"]["bytes"]["llm_params"]
     assert r["separate"]["bytes"]["kv_cache"] == 2 * r["shared"]["bytes"]["kv_cache"]
+    assert r["shared_kv_blocks"] == 32 and len(r["cpus"]) == 1
     assert set(r["ratios"]) == {"bytes_resident", "rss_loaded", "tokens_per_s", "ttft_p50",
                                 "ttft_p99"}
 
 
-def test_bench_grafts_bad_input(tmp_path):
+def test_bench_grafts_bad_input(tmp_path, tiny_llama):
     from graft.serving import bench_multigraft
 
     with pytest.raises(GraftConfigError, match="config.json"):
         bench_multigraft.run(_args(["--llm", str(tmp_path)]))
     with pytest.raises(GraftConfigError, match="image-ratio"):
         bench_multigraft.run(_args(["--image-ratio", "2"]))
+    with pytest.raises(GraftConfigError, match="--cores 999"):
+        bench_multigraft.run(_args(["--llm", str(tiny_llama), "--cores", "999"]))
 
 
 def _args(argv):
