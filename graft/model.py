@@ -21,12 +21,27 @@ log = logging.getLogger("graft")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_llm(path: str, dtype: str = "float32"):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _llm_dir(path: str) -> str:
     path = GraftSpec.expand(path)
     if not Path(path, "config.json").is_file():
         raise GraftConfigError(f"llm.path {path}: no config.json; point it at a local HF model dir")
+    return path
+
+
+def build_spec_encoder(spec: GraftSpec):
+    """The spec's frozen encoder, with ~ and ${ENV} in its path expanded."""
+    from graft.encoders import EncoderConfig, build_encoder
+
+    cfg = EncoderConfig.from_dict(dict(spec.encoder))
+    if cfg.path:
+        cfg.path = GraftSpec.expand(cfg.path)
+    return build_encoder(cfg)
+
+
+def load_llm(path: str, dtype: str = "float32"):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = _llm_dir(path)
     if dtype not in DTYPES:
         raise GraftConfigError(f"llm.dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -43,22 +58,31 @@ class GraftedModel(nn.Module):
         self.llm = llm
         self.tokenizer = tokenizer
         for module in (self.encoder, self.llm):
+            if module is None:  # image path only: a serving engine holds the LLM
+                continue
             module.eval()
             for p in module.parameters():
                 p.requires_grad_(False)
 
     # ---- construction --------------------------------------------------------------
     @classmethod
-    def from_spec(cls, spec: GraftSpec, adapter_dir: str | Path | None = None) -> "GraftedModel":
+    def from_spec(cls, spec: GraftSpec, adapter_dir: str | Path | None = None, with_llm: bool = True,
+                  encoder=None, tokenizer=None) -> "GraftedModel":
+        """Build from a spec. with_llm=False loads only the image path (encoder, projector,
+        tokenizer), for a serving engine that runs the LLM itself; `encoder`/`tokenizer`
+        may be passed in when several grafts share them."""
         from graft.adapters import AdapterConfig, build_adapter, load_adapter
-        from graft.encoders import EncoderConfig, build_encoder
 
-        enc_cfg = EncoderConfig.from_dict(dict(spec.encoder))
-        if enc_cfg.path:
-            enc_cfg.path = GraftSpec.expand(enc_cfg.path)
-        encoder = build_encoder(enc_cfg)
-        llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype)
-        d_model = llm.get_input_embeddings().embedding_dim
+        encoder = encoder if encoder is not None else build_spec_encoder(spec)
+        if with_llm:
+            llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype)
+            d_model = llm.get_input_embeddings().embedding_dim
+        else:
+            from transformers import AutoConfig, AutoTokenizer
+
+            path = _llm_dir(spec.llm.path)
+            llm, d_model = None, AutoConfig.from_pretrained(path).hidden_size
+            tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
         adapter_dir = adapter_dir or GraftSpec.expand(spec.adapter_init)
         if adapter_dir is not None:
             projector = load_adapter(adapter_dir)
@@ -73,14 +97,14 @@ class GraftedModel(nn.Module):
         return cls(spec, encoder, projector, llm, tokenizer)
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: str = "cpu") -> "GraftedModel":
+    def from_run(cls, run_dir: str | Path, device: str = "cpu", with_llm: bool = True) -> "GraftedModel":
         """Load a training run dir (graft.yaml + adapter.safetensors [+ lora/])."""
         run_dir = Path(run_dir)
         if not (run_dir / "graft.yaml").is_file():
             raise GraftConfigError(f"{run_dir} is not a run dir: graft.yaml is missing")
         spec = GraftSpec.load(run_dir / "graft.yaml")
-        model = cls.from_spec(spec, adapter_dir=run_dir)
-        if (run_dir / "lora").is_dir():
+        model = cls.from_spec(spec, adapter_dir=run_dir, with_llm=with_llm)
+        if with_llm and (run_dir / "lora").is_dir():
             from peft import PeftModel
 
             model.llm = PeftModel.from_pretrained(model.llm, str(run_dir / "lora"))

@@ -87,8 +87,8 @@ class MultimodalFront:
             raise GraftConfigError(
                 f"{run_dir}/lora: the serving engine runs the base LLM weights only; merge the "
                 "LoRA into a copy of the LLM and point llm.path at it to serve this run")
-        model = GraftedModel.from_run(run_dir, device=device)
-        model.llm = None  # the engine loads its own copy of the LLM from spec.llm.path
+        # image path only: the engine loads its own copy of the LLM from spec.llm.path
+        model = GraftedModel.from_run(run_dir, device=device, with_llm=False)
         return cls(model, run_dir, cache_bytes)
 
     @property
