@@ -33,20 +33,6 @@ class GraftRun:
     recorded: bool  # whether llm_sha256 came from graft.yaml
 
 
-class VisionGraft(GraftedModel):
-    """A GraftedModel's image path only (encoder + projector + tokenizer): the LLM is the
-    engine's one shared copy, so it is never loaded here."""
-
-    def __init__(self, spec, encoder, projector, tokenizer):
-        # nn.Module.__init__ alone: GraftedModel.__init__ would freeze an LLM there is none of
-        super(GraftedModel, self).__init__()
-        self.spec, self.encoder, self.projector = spec, encoder, projector.eval()
-        self.llm, self.tokenizer = None, tokenizer
-        self.encoder.eval()
-        for p in self.encoder.parameters():
-            p.requires_grad_(False)
-
-
 class GraftSet:
     """The grafts one engine serves: name -> MultimodalFront, plus the bare LLM's name."""
 
@@ -171,16 +157,14 @@ def load_grafts(grafts: dict[str, str | Path], llm: str | Path | None = None,
                 cache_bytes: int = DEFAULT_CACHE_BYTES, device: str = "cpu") -> GraftSet:
     """Encoders, projectors and the LLM tokenizer of every graft (never the LLM weights).
     An encoder two grafts share (same config, or same identity()) is built once."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from graft.adapters import load_adapter
     from graft.encoders import EncoderConfig, build_encoder
     from graft.spec import GraftSpec
 
     runs = read_runs(grafts)
     llm_path, sha = check_same_llm(runs, llm)
     tokenizer = AutoTokenizer.from_pretrained(str(llm_path))
-    d_model = AutoConfig.from_pretrained(str(llm_path)).hidden_size
     cache = EncoderCache(cache_bytes)
     by_config: dict[str, object] = {}
     by_identity: dict[str, object] = {}
@@ -193,10 +177,9 @@ def load_grafts(grafts: dict[str, str | Path], llm: str | Path | None = None,
         if key not in by_config:
             encoder = build_encoder(cfg).to(device)
             by_config[key] = by_identity.setdefault(encoder.identity(), encoder)
-        encoder = by_config[key]
-        projector = load_adapter(run.run_dir, d_vision=encoder.hidden_size, d_model=d_model)
-        run.spec.adapter = projector.config.to_dict()  # the saved adapter is the truth
-        model = VisionGraft(run.spec, encoder, projector.to(device), tokenizer)
+        # image path only (the engine holds the one LLM), sharing encoder and tokenizer
+        model = GraftedModel.from_spec(run.spec, adapter_dir=run.run_dir, with_llm=False,
+                                       encoder=by_config[key], tokenizer=tokenizer).to(device)
         fronts[run.name] = MultimodalFront(model, run.run_dir, cache=cache)
     return GraftSet(fronts, {r.name: r for r in runs}, llm_path, sha, tokenizer, cache)
 
