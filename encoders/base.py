@@ -88,6 +88,7 @@ class VisionEncoder(nn.Module):
             "drop_prefix": cfg.drop_prefix,
             "image_size": cfg.image_size,
             "max_image_tokens": cfg.max_image_tokens,
+            "cnn_stage": cfg.cnn_stage,
             "timm_kwargs": cfg.timm_kwargs,
             "dtype": str(self.dtype).removeprefix("torch."),
             "preprocess": json.loads(self.preprocess_identity()),

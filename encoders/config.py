@@ -21,6 +21,7 @@ class EncoderConfig:
     image_size: int | None = None  # override the square input resolution where the model allows (ViT pos-embed resampled)
     timm_kwargs: dict = field(default_factory=dict)  # extra kwargs for timm.create_model (tests build tiny ViTs; bn_eps, ...)
     max_image_tokens: int | None = None  # native-resolution encoders only (moonvit); others ignore it
+    cnn_stage: int | None = None  # timm CNNs: feature stage to use (feature_info index, negative from the end); None = last map after the head conv
     seed: int = 0  # init seed when path is None (random timm weights), so the same config gives the same encoder
 
     @classmethod
@@ -51,6 +52,7 @@ class EncoderConfig:
         _check(self.timm_kwargs, dict, "encoder.timm_kwargs", "a mapping of timm.create_model kwargs")
         _check_opt(self.max_image_tokens, int, "encoder.max_image_tokens", "a positive integer or null")
         _check(self.seed, int, "encoder.seed", "an integer")
+        _check_opt(self.cnn_stage, int, "encoder.cnn_stage", "a stage index such as 3 or -2, or null")
         for name in ("image_size", "max_image_tokens"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -76,6 +76,7 @@ class TimmEncoder(VisionEncoder):
             _load_weights(model, config.path)
         self.is_vit = all(hasattr(model, a) for a in ("blocks", "num_prefix_tokens", "forward_intermediates"))
         data_cfg = resolve_data_config({}, model=model)
+        self.stage_index = None
         if self.is_vit:
             if config.image_size and tuple(model.patch_embed.img_size) != (config.image_size,) * 2:
                 if not hasattr(model, "set_input_size"):
@@ -92,6 +93,10 @@ class TimmEncoder(VisionEncoder):
             self.kept_prefix_tokens = 0 if config.drop_prefix else model.num_prefix_tokens
         else:
             size = (config.image_size,) * 2 if config.image_size else tuple(data_cfg["input_size"][1:])
+            self.stage_index = self._stage_index(model)
+            if self.stage_index is not None and hasattr(model, "prune_intermediate_layers"):
+                # stages after the chosen one never run
+                model.prune_intermediate_layers([self.stage_index], prune_head=True)
         self.model = model
         self.input_size = size  # (H, W)
         self.mean = tuple(float(m) for m in data_cfg["mean"])
@@ -115,6 +120,25 @@ class TimmEncoder(VisionEncoder):
             )
         return fl - 1 if fl > 0 else n_blocks + fl
 
+    def _stage_index(self, model) -> int | None:
+        """feature_info index for encoder.cnn_stage (None: the final feature map).
+
+        Early stages keep what the last, classification-tuned map discards (colour, stroke
+        shape), at a finer grid: pair them with a pixel_shuffle projector to cut tokens."""
+        stage = self.config.cnn_stage
+        if stage is None:
+            return None
+        info = getattr(model, "feature_info", None)
+        if not info or not hasattr(model, "forward_intermediates"):
+            raise GraftConfigError(
+                f"encoder.cnn_stage: timm {self.config.model_name} exposes no feature stages; remove cnn_stage")
+        n = len(info)
+        if not -n <= stage < n:
+            chans = ", ".join(f"{i}: {f['num_chs']}ch/{f['reduction']}x" for i, f in enumerate(info))
+            raise GraftConfigError(f"encoder.cnn_stage={stage} is out of range; stages of "
+                                   f"{self.config.model_name}: {chans}")
+        return stage % n
+
     def _features(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, 3, H, W] -> ([B, n_tokens, hidden], (h, w) spatial grid)."""
         if self.is_vit:
@@ -127,7 +151,11 @@ class TimmEncoder(VisionEncoder):
                 return out, grid  # [B, h*w, D]
             spatial, prefix = out
             return torch.cat([prefix, spatial], dim=1), grid  # [B, prefix + h*w, D]
-        fmap = self.model.forward_features(pixel_values)
+        if self.stage_index is not None:
+            fmap = self.model.forward_intermediates(
+                pixel_values, indices=[self.stage_index], intermediates_only=True)[0]
+        else:
+            fmap = self.model.forward_features(pixel_values)
         if fmap.ndim == 3:  # some backbones already return tokens [B, L, C]
             return fmap, (1, int(fmap.shape[1]))
         if getattr(self.model, "output_fmt", "NCHW") == "NHWC":

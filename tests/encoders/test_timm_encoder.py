@@ -81,6 +81,23 @@ def test_cnn_last_feature_map_as_tokens(tiny_encoder_config, tiny_timm_cnn_file)
     assert not enc.training and torch.equal(enc.encode(inputs)[0], feats[0])
 
 
+def test_cnn_stage_picks_an_earlier_feature_map(tiny_encoder_config, tiny_timm_cnn_file):
+    cfg = tiny_encoder_config("timm_cnn")
+    cfg.cnn_stage = 3  # efficientnet_lite0 stage 3: 112 channels at stride 16
+    enc = build_encoder(cfg)
+    ref = timm.create_model("efficientnet_lite0", pretrained=False).eval()
+    ref.load_state_dict(load_file(tiny_timm_cnn_file))
+    inputs = enc.preprocess([_img(64, 64, seed=3)])
+    with torch.no_grad():
+        fmap = ref.forward_intermediates(inputs.pixel_values, indices=[3], intermediates_only=True)[0]
+    assert enc.hidden_size == 112 and enc.token_grid(64, 64) == (4, 4) and enc.num_tokens(64, 64) == 16
+    assert torch.equal(enc.encode(inputs)[0], fmap[0].flatten(1).T)
+    assert json.loads(enc.identity())["cnn_stage"] == 3
+    cfg.cnn_stage = 7
+    with pytest.raises(GraftConfigError, match=r"cnn_stage=7 is out of range.*3: 112ch/16x"):
+        build_encoder(cfg)
+
+
 def test_random_init_is_seeded_and_identity(tiny_encoder_config):
     cfg = dict(kind="timm", model_name="vit_tiny_patch16_224", timm_kwargs=dict(TINY_VIT_KWARGS))
     a, b = build_encoder(EncoderConfig(**cfg)), build_encoder(EncoderConfig(**cfg))
