@@ -205,12 +205,14 @@ class MultimodalFront:
         return prepared.prompt_token_ids, self.mm_inputs(prepared, embeds)
 
 
-def generate_chats(engine, chats: dict[str, tuple[list[dict], list]], sampling_params
-                   ) -> dict:
+def generate_chats(engine, chats: dict[str, tuple], sampling_params) -> dict:
     """Offline multimodal generate: {request id: (messages with `<image>` markers, PIL
-    images)} -> {request id: final RequestOutput}, all in one continuous batch."""
-    for rid, (messages, images) in chats.items():
-        ids, mm = engine.mm.prepare_chat(messages, images, owner=rid)
+    images[, graft name])} -> {request id: final RequestOutput}, all in one continuous
+    batch. The graft name picks `engine.grafts[name]` (several grafts); else `engine.mm`."""
+    fronts = {}
+    for rid, (messages, images, *graft) in chats.items():
+        fronts[rid] = engine.grafts[graft[0]] if graft else engine.mm
+        ids, mm = fronts[rid].prepare_chat(messages, images, owner=rid)
         engine.add_request(rid, prompt_token_ids=ids, sampling_params=sampling_params,
                            mm_inputs=mm)
     done = {}
@@ -218,7 +220,7 @@ def generate_chats(engine, chats: dict[str, tuple[list[dict], list]], sampling_p
         for out in engine.step():
             if out.finished and out.request_id in chats:
                 done[out.request_id] = out
-                engine.mm.cache.release(out.request_id)
+                fronts[out.request_id].cache.release(out.request_id)
     return done
 
 

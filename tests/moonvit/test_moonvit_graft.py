@@ -8,6 +8,7 @@ from PIL import Image
 
 from graft.io import weights_sha256
 from graft.serving import Engine, EngineConfig, SamplingParams
+from graft.serving.multimodal import generate_chats
 from graft.spec import GraftSpec
 from graft.train import train
 from tests.core.conftest import make_dataset
@@ -60,13 +61,6 @@ def test_glm4_with_moonvit_trains_and_serves(tiny_llm_factory, k25_dir, tmp_path
     small, wide = Image.new("RGB", (32, 32), (220, 30, 30)), Image.new("RGB", (90, 40), (30, 40, 220))
     model = GraftedModel.from_run(run)
     assert model.image_token_count(*small.size) != model.image_token_count(*wide.size)
-    for rid, image in (("small", small), ("wide", wide)):
-        ids, mm = engine.mm.prepare_chat(ASK, [image], owner=rid)
-        engine.add_request(rid, prompt_token_ids=ids, sampling_params=GREEDY, mm_inputs=mm)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
+    done = generate_chats(engine, {"small": (ASK, [small]), "wide": (ASK, [wide])}, GREEDY)
     assert done["small"].token_ids == _hf_tokens(model, small)
     assert done["wide"].token_ids == _hf_tokens(model, wide)

@@ -6,6 +6,7 @@ from PIL import Image
 
 from graft.inject import IMAGE_PLACEHOLDER
 from graft.serving import Engine, EngineConfig, SamplingParams
+from graft.serving.multimodal import generate_chats
 
 RED = Image.new("RGB", (32, 32), (220, 20, 20))
 BLUE = Image.new("RGB", (32, 32), (20, 20, 220))
@@ -16,7 +17,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 CFG = dict(block_size=4, num_kv_blocks=128, max_num_batched_tokens=256)
 
 
-def _run(engine, front_of, requests):
+def _run(engine, requests):
     """requests: {rid: (graft, messages, images)}, all queued at once -> ({rid: output},
     [set of grafts per step])."""
     steps = []
@@ -27,15 +28,9 @@ def _run(engine, front_of, requests):
         return execute(batch)
 
     engine.runner.execute = recording
-    for rid, (graft, messages, images) in requests.items():
-        ids, mm = front_of(graft).prepare_chat(messages, images, owner=rid)
-        engine.add_request(rid, prompt_token_ids=ids, sampling_params=GREEDY, mm_inputs=mm)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-                front_of(requests[out.request_id][0]).cache.release(out.request_id)
+    several = getattr(engine, "grafts", None) is not None  # else one graft: engine.mm
+    done = generate_chats(engine, {rid: (messages, images, graft) if several else (messages, images)
+                                   for rid, (graft, messages, images) in requests.items()}, GREEDY)
     engine.runner.execute = execute
     return done, steps
 
@@ -50,12 +45,12 @@ def test_each_graft_answers_as_alone_in_mixed_batches(graft_runs, multi):
                 "sig2-blue": ("sig2", ASK, [BLUE]), "clip-text": ("clip", TEXT, []),
                 "sig-blue": ("sig", ASK, [BLUE])}
     free0 = multi.stats().free_kv_blocks
-    together, steps = _run(multi, lambda g: multi.grafts[g], requests)
+    together, steps = _run(multi, requests)
     assert any(len(graft_set) == 3 for graft_set in steps)  # one batch, three grafts
     for name, run_dir in graft_runs.items():
         alone = Engine.from_pretrained(run_dir, EngineConfig(**CFG))
         mine = {rid: r for rid, r in requests.items() if r[0] == name}
-        outs, _ = _run(alone, lambda g: alone.mm, mine)
+        outs, _ = _run(alone, mine)
         for rid in mine:
             assert together[rid].token_ids == outs[rid].token_ids, rid
     # the graft really matters: the same image answers differently through another projector
@@ -74,8 +69,8 @@ def test_one_llm_and_a_shared_encoder_loaded_once(multi):
 
 
 def test_text_prefix_is_shared_across_grafts(multi):
-    first, _ = _run(multi, lambda g: multi.grafts[g], {"t1": ("sig", TEXT, [])})
-    second, _ = _run(multi, lambda g: multi.grafts[g], {"t2": ("clip", TEXT, [])})
+    first, _ = _run(multi, {"t1": ("sig", TEXT, [])})
+    second, _ = _run(multi, {"t2": ("clip", TEXT, [])})
     n_prompt = len(second["t2"].prompt_token_ids)
     assert first["t1"].token_ids == second["t2"].token_ids
     # every full block but the one holding the last prompt token comes from graft sig's KV
@@ -85,7 +80,7 @@ def test_text_prefix_is_shared_across_grafts(multi):
 def test_same_image_never_reuses_another_grafts_kv(multi):
     ask = [{"role": "user", "content": "<image>\nWhat color is it? Describe the picture."}]
     green = Image.new("RGB", (32, 32), (20, 200, 20))
-    run = lambda rid, g: _run(multi, lambda x: multi.grafts[x], {rid: (g, ask, [green])})[0][rid]
+    run = lambda rid, g: _run(multi, {rid: (g, ask, [green])})[0][rid]
     ids = run("g-sig", "sig").prompt_token_ids
     image_at = ids.index(IMAGE_PLACEHOLDER)
     misses = {n: multi.grafts[n].misses for n in multi.grafts}
