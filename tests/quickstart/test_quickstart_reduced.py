@@ -23,7 +23,10 @@ def test_reduced_quickstart(quickstart_models, tmp_path):
         data=DataParams(seed=0, train_scenes=STEPS * 8, val_scenes=20, digits_test=10,
                         digits_train=10),
         overrides=[f"output_dir={tmp_path / 'run'}", f"train.feature_cache={tmp_path / 'fc'}",
-                   f"train.max_steps={STEPS}", "train.batch_size=8", "train.lr=3.0e-3"],
+                   f"train.max_steps={STEPS}", "train.batch_size=8", "train.lr=3.0e-3",
+                   # Measured at this short budget: kind 0.65 without the input LayerNorm,
+                   # 0.15 with it (the full demo, 100 steps at lr 2e-3, is better with it).
+                   "adapter.layer_norm=false"],
         eval_limit=20)
     summary = run_quickstart(opts, log=lines.append)
 
