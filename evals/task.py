@@ -7,9 +7,8 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from graft.errors import GraftConfigError
+from graft.io import read_yaml
 from graft.evals.metrics import METRICS
 
 TASKS_DIR = Path(__file__).parent / "tasks"
@@ -100,14 +99,7 @@ def parse_task(raw: dict, source: str) -> TaskSpec:
 
 
 def load_task_file(path: str | Path) -> TaskSpec:
-    path = Path(path)
-    if not path.is_file():
-        raise GraftConfigError(f"task file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise GraftConfigError(f"{path}: not valid YAML: {err}") from None
-    return parse_task(raw, str(path))
+    return parse_task(read_yaml(path, "task file"), str(path))
 
 
 def list_tasks(tasks_dir: str | Path = TASKS_DIR) -> dict[str, TaskSpec]:

@@ -64,3 +64,18 @@ def weights_sha256(model_dir: str | Path) -> str:
         h.update(p.name.encode())
         h.update(sha256_file(p).encode())
     return h.hexdigest()
+
+
+def read_yaml(path: str | Path, what: str = "config file"):
+    """Parse a YAML file, or raise GraftConfigError naming the file and what is wrong."""
+    import yaml
+
+    from graft.errors import GraftConfigError
+
+    path = Path(path)
+    if not path.is_file():
+        raise GraftConfigError(f"{what} {path} does not exist")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise GraftConfigError(f"{path}: not valid YAML: {err}") from None

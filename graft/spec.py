@@ -85,13 +85,9 @@ class GraftSpec:
 
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | None = None) -> "GraftSpec":
-        path = Path(path)
-        if not path.is_file():
-            raise GraftConfigError(f"config file {path} does not exist")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise GraftConfigError(f"{path}: not valid YAML: {err}") from None
+        from graft.io import read_yaml
+
+        raw = read_yaml(path) or {}
         for item in overrides or []:
             apply_override(raw, item)
         return cls.from_dict(raw, source=str(path))
