@@ -146,7 +146,8 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
         raise RuntimeError(f"the LLM weight files in {llm_path} changed during training")
     if accel.is_main_process:
         save_trainable(core, run_dir)
-        save_checkpoint(run_dir, step, core, optimizer, scheduler, {"epoch": epoch, "micro": micro})
+        if not (spec.train.save_every and step % spec.train.save_every == 0):  # else saved above
+            save_checkpoint(run_dir, step, core, optimizer, scheduler, {"epoch": epoch, "micro": micro})
         summary = {"steps": step, "llm_sha256": sha, "skipped_samples": len(batcher.skipped),
                    "train_samples": batcher.num_samples,
                    "feature_cache": {"hits": batcher.cache_hits, "misses": batcher.cache_misses}}
