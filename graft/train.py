@@ -7,6 +7,7 @@ position, so --resume continues exactly where an interrupted run stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -101,7 +102,7 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
             batch = batcher.collate(batches[micro], accel.device)
             micro += 1
             last_micro = micro % spec.train.grad_accum == 0 or micro == len(batches)
-            ctx = accel.no_sync(model) if not last_micro else _null()
+            ctx = accel.no_sync(model) if not last_micro else contextlib.nullcontext()
             with ctx, accel.autocast():
                 loss = model(**batch).loss
                 accel.backward(loss / spec.train.grad_accum)
@@ -157,14 +158,6 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
         _plot_losses(run_dir)
     accel.wait_for_everyone()
     return run_dir
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _trim_metrics(path: Path, step: int) -> None:
