@@ -1,8 +1,10 @@
-"""Pick the implementation of each op: Triton on CUDA tensors, the PyTorch reference elsewhere
-(and wherever autograd needs a backward).
+"""Pick the implementation of each op: Triton on CUDA tensors; on CPU the C kernels of
+graft.kernels.cpu_ops where one exists (paged decode attention) and the PyTorch reference for
+the rest; the reference wherever autograd needs a backward.
 
 GRAFT_KERNELS=auto (default) | reference (always the reference) | triton (always Triton,
-e.g. on CPU tensors under TRITON_INTERPRET=1). Read at every call so tests can switch it.
+e.g. on CPU tensors under TRITON_INTERPRET=1) | cpu (the C kernels wherever they apply, an
+error if they cannot be built). Read at every call so tests can switch it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from types import ModuleType
 import torch
 
 from graft.errors import GraftConfigError
-from graft.kernels import reference
+from graft.kernels import cpu_ops, reference
 
-_MODES = ("auto", "reference", "triton")
+_MODES = ("auto", "reference", "triton", "cpu")
 
 
 @functools.cache
@@ -32,12 +34,17 @@ def _triton_ops() -> ModuleType:
     return importlib.import_module("graft.kernels.triton_ops")
 
 
-def implementation(t: torch.Tensor) -> ModuleType:
-    """The module (reference or triton_ops) that runs an op whose main input is t."""
+def _mode() -> str:
     mode = os.environ.get("GRAFT_KERNELS", "auto").strip().lower() or "auto"
     if mode not in _MODES:
         raise GraftConfigError(f"GRAFT_KERNELS={mode!r} is not one of {', '.join(_MODES)}")
-    if mode == "reference":
+    return mode
+
+
+def implementation(t: torch.Tensor) -> ModuleType:
+    """The module (reference or triton_ops) that runs an op whose main input is t."""
+    mode = _mode()
+    if mode in ("reference", "cpu"):
         return reference
     if mode == "triton":
         if not triton_available():
@@ -51,9 +58,29 @@ def implementation(t: torch.Tensor) -> ModuleType:
     return reference
 
 
+def _decode_implementation(q: torch.Tensor, k_cache: torch.Tensor) -> ModuleType:
+    """Like implementation(), plus the C kernel for CPU tensors in auto and cpu modes."""
+    mode = _mode()
+    if mode == "cpu":
+        if not cpu_ops.available():
+            raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")
+        if not cpu_ops.supports_decode(q, k_cache):
+            raise GraftConfigError(f"GRAFT_KERNELS=cpu: the C paged decode takes contiguous CPU "
+                                   f"tensors of one float dtype, got q {q.dtype} on {q.device}, "
+                                   f"cache {k_cache.dtype} on {k_cache.device}")
+        return cpu_ops
+    impl = implementation(q)
+    if (mode == "auto" and impl is reference and not (q.requires_grad and torch.is_grad_enabled())
+            and cpu_ops.supports_decode(q, k_cache)):
+        return cpu_ops
+    return impl
+
+
 def backend_name(t: torch.Tensor) -> str:
-    """'triton' or 'reference': what an op on t would run (for logs and benchmarks)."""
-    return "reference" if implementation(t) is reference else "triton"
+    """'triton', 'cpu' (C decode attention + reference) or 'reference': what the engine's
+    decode on tensors like t would run (for logs and benchmarks)."""
+    impl = _decode_implementation(t, t.new_empty((1, 1, 1, 1)))
+    return {reference: "reference", cpu_ops: "cpu"}.get(impl, "triton")
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
@@ -61,7 +88,7 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
-    return implementation(q).paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return _decode_implementation(q, k_cache).paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):

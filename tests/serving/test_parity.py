@@ -18,7 +18,9 @@ def _check(engine, model_dir, prompts, params=GREEDY):
     return outs
 
 
-def test_parity_every_family_mixed_batch(tiny_llm_any):
+@pytest.mark.parametrize("kernels", ["auto", "reference"])  # auto: the C decode on CPU
+def test_parity_every_family_mixed_batch(tiny_llm_any, kernels, monkeypatch):
+    monkeypatch.setenv("GRAFT_KERNELS", kernels)
     engine = Engine.from_pretrained(tiny_llm_any, EngineConfig(num_kv_blocks=64))
     free0 = engine.block_manager.num_free_blocks
     _check(engine, tiny_llm_any, make_prompts(MIXED))
