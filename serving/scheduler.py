@@ -113,12 +113,14 @@ class Scheduler:
                 finished.append(seq)
                 continue
             hits = self.bm.lookup(seq)
-            n = min(len(seq) - len(hits) * self.bm.block_size, budget)
-            need = self.bm.blocks_for(len(hits) * self.bm.block_size + n) - len(hits)
-            if need > self.bm.num_free_blocks - self.bm.num_reclaimed(hits):
+            tail = self.bm.lookup_tail(seq, hits)
+            cached = len(hits) * self.bm.block_size + (tail[1] if tail else 0)
+            n = min(len(seq) - cached, budget)
+            need = self.bm.blocks_for(cached + n) - len(hits) - (tail is not None)
+            if need > self.bm.num_free_blocks - self.bm.num_reclaimed(hits, tail):
                 break  # wait for running requests to release blocks
             self.waiting.pop(0)
-            self.bm.acquire_prefix(seq, hits)
+            self.bm.acquire_prefix(seq, hits, tail)
             self.bm.append_slots(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

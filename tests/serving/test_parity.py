@@ -42,6 +42,19 @@ def test_prefix_caching_on_and_off(tiny_llama, caching):
     assert (again[0].num_cached_tokens > 0) == caching
 
 
+def test_repeat_reuses_the_partial_last_block(tiny_llama):
+    engine = Engine.from_pretrained(tiny_llama, EngineConfig())
+    free0 = engine.block_manager.num_free_blocks
+    prompt = make_prompts([37], seed=4)[0]  # 2 full blocks + 5 tokens in a third
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    _check(engine, tiny_llama, [prompt], one)
+    again = _check(engine, tiny_llama, [prompt], one)[0]
+    assert again.num_cached_tokens == 36  # only the last prompt token is recomputed
+    longer = _check(engine, tiny_llama, [prompt + [7, 8]])[0]  # continues the same tail
+    assert longer.num_cached_tokens == 37
+    assert engine.block_manager.num_free_blocks == free0
+
+
 def test_chunked_prefill_tiny_budget(tiny_llm_factory):
     model_dir = tiny_llm_factory("qwen3")
     engine = Engine.from_pretrained(model_dir, EngineConfig(max_num_batched_tokens=7))
