@@ -66,12 +66,28 @@ static inline void store_row(void *base, int64_t row, int64_t d, int dtype, cons
     for (int64_t i = 0; i < d; ++i) dst[i] = dtype == BF16 ? float_to_bf16(src[i]) : float_to_f16(src[i]);
 }
 
+/* a . b with 16 independent lanes and a short tree at the end: a plain reduction loop makes
+ * gcc spill the vector and add its lanes one by one, which cost a quarter of the kernel. */
 static inline __attribute__((always_inline)) float dot(const float *restrict a,
                                                       const float *restrict b, int64_t d) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = 0; i < d; ++i) acc += a[i] * b[i];
-    return acc;
+    float part[16] = {0.0f}, acc = 0.0f;
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16)
+        for (int l = 0; l < 16; ++l) part[l] += a[i + l] * b[i + l];
+    for (; i < d; ++i) acc += a[i] * b[i];
+    for (int l = 0; l < 8; ++l) part[l] += part[l + 8];
+    for (int l = 0; l < 4; ++l) part[l] += part[l + 4];
+    return acc + ((part[0] + part[2]) + (part[1] + part[3]));
+}
+
+/* Cache slot of token t; block sizes are powers of two in practice, so the division is a
+ * shift (the general case still works). */
+static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_size) {
+    if ((block_size & (block_size - 1)) == 0) {
+        const int shift = __builtin_ctzll((unsigned long long)block_size);
+        return ((int64_t)table[t >> shift] << shift) + (t & (block_size - 1));
+    }
+    return (int64_t)table[t / block_size] * block_size + t % block_size;
 }
 
 /* Returns 0, or 1 + the index of the first sequence whose block table points outside
@@ -110,10 +126,11 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                     memcpy(qf + hq * d, row_f32(q, s * num_q_heads + hq, d, dtype, buf),
                            sizeof(float) * (size_t)d);
                 for (int64_t t = 0; t < n; ++t) {
-                    const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
+                    const int64_t slot = slot_of(table, t, block_size);
                     const float *k = row_f32(k_cache, slot, kv_width, dtype, buf); /* [Hkv, D] */
-                    for (int64_t hq = 0; hq < num_q_heads; ++hq)
-                        scores[hq * n + t] = dot(qf + hq * d, k + (hq / group) * d, d) * scale;
+                    for (int64_t h = 0, hq = 0; h < num_kv_heads; ++h)
+                        for (int64_t g = 0; g < group; ++g, ++hq)
+                            scores[hq * n + t] = dot(qf + hq * d, k + h * d, d) * scale;
                 }
                 for (int64_t hq = 0; hq < num_q_heads; ++hq) {
                     float *sc = scores + hq * n, mx = -INFINITY, sum = 0.0f;
@@ -125,14 +142,15 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                     for (int64_t t = 0; t < n; ++t) sc[t] /= sum;
                 }
                 for (int64_t t = 0; t < n; ++t) {
-                    const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
+                    const int64_t slot = slot_of(table, t, block_size);
                     const float *v = row_f32(v_cache, slot, kv_width, dtype, buf);
-                    for (int64_t hq = 0; hq < num_q_heads; ++hq) {
-                        const float p = scores[hq * n + t], *vh = v + (hq / group) * d;
-                        float *a = acc + hq * d;
+                    for (int64_t h = 0, hq = 0; h < num_kv_heads; ++h)
+                        for (int64_t g = 0; g < group; ++g, ++hq) {
+                            const float p = scores[hq * n + t], *vh = v + h * d;
+                            float *a = acc + hq * d;
 #pragma omp simd
-                        for (int64_t i = 0; i < d; ++i) a[i] += p * vh[i];
-                    }
+                            for (int64_t i = 0; i < d; ++i) a[i] += p * vh[i];
+                        }
                 }
             }
             for (int64_t hq = 0; hq < num_q_heads; ++hq)
