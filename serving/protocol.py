@@ -98,6 +98,8 @@ class ChatCompletionRequest(_Strict):
     seed: int | None = None
     stop: Union[str, list[str], None] = None
     n: int = Field(default=1, ge=1, le=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # graft extension (pass with the openai client's extra_body): time to first token budget
@@ -112,6 +114,17 @@ class ChatCompletionRequest(_Strict):
         if isinstance(value, list) and len(value) > 4:
             raise ValueError("at most 4 stop sequences are allowed")
         return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: Any, info) -> Any:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
+    def num_logprobs(self) -> int | None:
+        """SamplingParams.logprobs for this request: None (off) or the top-k count."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -201,20 +214,36 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def logprobs_body(token_ids: list[int], entries: list[dict[int, float]], top: int,
+                  decode) -> dict[str, Any]:
+    """OpenAI `choices[].logprobs`: per output token its text, logprob, UTF-8 bytes and the
+    `top` most likely alternatives. entries[i] holds the sampled token and the top-k."""
+    def item(tid: int, lp: float) -> dict[str, Any]:
+        text = decode(tid)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    content = []
+    for tid, entry in zip(token_ids, entries):
+        best = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
+        content.append({**item(tid, entry[tid]), "top_logprobs": [item(t, lp) for t, lp in best]})
+    return {"content": content, "refusal": None}
+
+
 def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
-                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+                    prompt_tokens: int, completion_tokens: int,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": finish_reason}],
+                     "logprobs": logprobs, "finish_reason": finish_reason}],
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
 def chunk_body(cid: str, model: str, delta: dict[str, Any], finish_reason: str | None,
-               created: int) -> dict[str, Any]:
+               created: int, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                          "finish_reason": finish_reason}]}
 
 

@@ -129,6 +129,14 @@ class _Ctx:
         prepared = front.prompt(messages, images)
         return prepared.prompt_token_ids, prepared
 
+    def logprobs(self, out, start: int, top: int) -> dict | None:
+        """OpenAI logprobs of out's output tokens from index `start` on (None when off)."""
+        if out.logprobs is None:
+            return None
+        ids = out.token_ids[start:len(out.logprobs)]
+        return P.logprobs_body(ids, out.logprobs[start:start + len(ids)], top,
+                               lambda t: self.tokenizer.decode([t]))
+
     def sampling_params(self, req: P.ChatCompletionRequest, n_prompt: int):
         from graft.serving import SamplingParams
 
@@ -145,7 +153,7 @@ class _Ctx:
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
                 top_k=req.top_k or 0, max_tokens=limit or room, seed=req.seed,
-                stop=req.stop_list(), ignore_eos=req.ignore_eos)
+                stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs())
         except GraftError as err:
             raise P.APIError(str(err), code="invalid_value") from None
 
@@ -266,16 +274,17 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
                 ids, prepared = smaller
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(_stream(ctx, job, queue, req.model, include_usage),
+            return StreamingResponse(_stream(ctx, job, queue, req.model, include_usage,
+                                             req.top_logprobs or 0),
                                      media_type="text/event-stream")
-        return await _complete(ctx, job, queue, req.model, request)
+        return await _complete(ctx, job, queue, req.model, request, req.top_logprobs or 0)
 
     return app
 
 
 async def _complete(ctx: _Ctx, job: Job, queue: asyncio.Queue, model: str,
-                    request: Request) -> Response:
-    text, n_out, reason = "", 0, None
+                    request: Request, top_logprobs: int) -> Response:
+    text, n_out, reason, last = "", 0, None, None
     try:
         while True:
             try:
@@ -290,20 +299,23 @@ async def _complete(ctx: _Ctx, job: Job, queue: asyncio.Queue, model: str,
             if kind == "deadline":
                 reason = "deadline"
                 break
-            text, n_out = out.text, len(out.token_ids)
+            text, n_out, last = out.text, len(out.token_ids), out
             if out.finished:
                 reason = out.finish_reason
                 break
     except asyncio.CancelledError:
         ctx.worker.abort(job.request_id)
         raise
+    logprobs = ctx.logprobs(last, 0, top_logprobs) if last is not None else None
     return JSONResponse(P.completion_body(job.request_id, model, text, reason,
-                                          len(job.prompt_token_ids), n_out))
+                                          len(job.prompt_token_ids), n_out, logprobs))
 
 
-async def _stream(ctx: _Ctx, job: Job, queue: asyncio.Queue, model: str, include_usage: bool):
+async def _stream(ctx: _Ctx, job: Job, queue: asyncio.Queue, model: str, include_usage: bool,
+                  top_logprobs: int):
     created = int(time.time())
     sent, n_out, done = 0, 0, False
+    sent_lp = 0  # output tokens whose logprobs went out already
     try:
         yield P.sse(P.chunk_body(job.request_id, model, {"role": "assistant", "content": ""},
                                  None, created))
@@ -320,8 +332,13 @@ async def _stream(ctx: _Ctx, job: Job, queue: asyncio.Queue, model: str, include
             n_out = len(out.token_ids)
             delta = out.text[sent:]
             sent = len(out.text)
-            if delta:
-                yield P.sse(P.chunk_body(job.request_id, model, {"content": delta}, None, created))
+            # logprobs ride with the text they belong to (stop-string hold-back delays both)
+            logprobs = ctx.logprobs(out, sent_lp, top_logprobs) if delta or out.finished else None
+            if logprobs is not None:
+                sent_lp += len(logprobs["content"])
+            if delta or (logprobs and logprobs["content"]):
+                yield P.sse(P.chunk_body(job.request_id, model, {"content": delta}, None, created,
+                                         logprobs))
             if out.finished:
                 done = True
                 yield P.sse(P.chunk_body(job.request_id, model, {}, out.finish_reason, created))

@@ -65,6 +65,29 @@ def test_openai_client_chat_and_stream(live_server):
     assert plain.usage.prompt_tokens < out.usage.prompt_tokens
 
 
+def test_logprobs_like_openai(live_server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    kw = dict(model="tiny", messages=_msgs(), max_tokens=6, temperature=0, logprobs=True,
+              top_logprobs=3, extra_body={"ignore_eos": True})
+    out = client.chat.completions.create(**kw)
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens == 6
+    for tok in content:
+        alts = [a.logprob for a in tok.top_logprobs]
+        assert len(alts) == 3 and alts == sorted(alts, reverse=True) and alts[0] <= 0.0
+        assert tok.logprob == alts[0]  # greedy picks the most likely token
+        assert tok.token == tok.top_logprobs[0].token and tok.bytes == list(tok.token.encode())
+    assert "".join(t.token for t in content) == out.choices[0].message.content
+    streamed = [t for c in client.chat.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 5)) for t in streamed] == \
+        [(t.token, round(t.logprob, 5)) for t in content]
+    plain = client.chat.completions.create(model="tiny", messages=_msgs(), max_tokens=2)
+    assert plain.choices[0].logprobs is None  # off unless asked for
+
+
 def test_local_media_path(live_server):
     RED.save(live_server.media_dir / "red.png")
     msgs = _msgs(image=None)
@@ -107,6 +130,10 @@ BAD = {
                                 400, "messages"),
     "unknown_model": ({"model": "gpt-9", "messages": _msgs(None)}, 404, "model"),
     "n_2": ({"model": "tiny", "messages": _msgs(None), "n": 2}, 400, "n"),
+    "top_logprobs_21": ({"model": "tiny", "messages": _msgs(None), "logprobs": True,
+                         "top_logprobs": 21}, 400, "top_logprobs"),
+    "top_logprobs_without_logprobs": ({"model": "tiny", "messages": _msgs(None),
+                                       "top_logprobs": 2}, 400, "top_logprobs"),
 }
 
 
