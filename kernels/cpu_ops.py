@@ -130,6 +130,9 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), num_seqs, num_q_heads, num_kv_heads, head_dim, block_size,
         tables.shape[1], num_blocks, float(scale), _DTYPES[q.dtype], torch.get_num_threads())
+    if bad < 0:
+        raise MemoryError(f"paged_attention_decode (C): no memory for the scratch buffers "
+                          f"({num_q_heads} heads x {int(lens.max())} tokens per thread)")
     if bad:
         raise ValueError(f"paged attention: block_tables row {bad - 1} holds block ids outside "
                          f"[0, {num_blocks}) (or too few columns) within context_lens[{bad - 1}]="

@@ -90,8 +90,9 @@ static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_siz
     return (int64_t)table[t / block_size] * block_size + t % block_size;
 }
 
-/* Returns 0, or 1 + the index of the first sequence whose block table points outside
- * [0, num_blocks) within its context (nothing is computed then). */
+/* Returns 0; 1 + the index of the first sequence whose block table points outside
+ * [0, num_blocks) within its context (nothing is computed then); or -1 when the per-thread
+ * scratch buffers could not be allocated (out is incomplete then). */
 int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cache,
                            const int32_t *block_tables, const int32_t *context_lens, void *out,
                            int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
@@ -110,14 +111,20 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
     }
     /* One work item per sequence, all heads at once: each token's K (then V) row of all kv
      * heads is one contiguous read, so a block streams through memory in order. */
+    int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = malloc(sizeof(float) * (size_t)(num_q_heads * (max_len > 0 ? max_len : 1)));
         float *qf = malloc(sizeof(float) * (size_t)(num_q_heads * d));
         float *acc = malloc(sizeof(float) * (size_t)(num_q_heads * d));
         float *buf = malloc(sizeof(float) * (size_t)(num_kv_heads * d));
+        if (!scores || !qf || !acc || !buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < num_seqs; ++s) {
+            if (!scores || !qf || !acc || !buf) continue; /* reported through `failed` */
             const int64_t n = context_lens[s], kv_width = num_kv_heads * d;
             const int32_t *table = block_tables + s * max_blocks;
             memset(acc, 0, sizeof(float) * (size_t)(num_q_heads * d));
@@ -161,5 +168,5 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
         free(acc);
         free(buf);
     }
-    return 0;
+    return failed ? -1 : 0;
 }
