@@ -38,12 +38,14 @@ class GraftedBackend:
 
     def __init__(self, model_or_run_dir, device: str = "cpu"):
         from graft.model import GraftedModel
+        from graft.spec import GraftSpec
 
         if isinstance(model_or_run_dir, (str, Path)):
             model_or_run_dir = GraftedModel.from_run(model_or_run_dir, device=device)
         self.model = model_or_run_dir
         self.identity = grafted_identity(self.model)
-        self.base_llm = self.model.spec.llm.path  # the frozen LLM, for text-only references
+        # the frozen LLM, for text-only references (a config may say ~/... or $VAR/...)
+        self.base_llm = GraftSpec.expand(self.model.spec.llm.path)
 
     def generate(self, requests: list[Request]) -> list[Result]:
         return [

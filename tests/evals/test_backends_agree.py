@@ -2,6 +2,7 @@
 the HF path (GraftedModel), the in-process engine, and `graft serve` over HTTP."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +42,16 @@ def test_endpoint_matches_hf(live_server, hf_out, tmp_path):  # noqa: F811
     assert results["tasks"]["example_pope"]["ttft_s"] is not None
     for task in TASKS:
         assert _predictions(tmp_path, task) == _predictions(hf_out, task)
+
+
+def test_hf_backend_expands_the_base_llm_path(tiny_run_dir, monkeypatch):  # noqa: F811
+    # a config written as "~/..." or "$VAR/..." must still find the frozen LLM for text_only
+    from graft.evals.backends.hf import GraftedBackend
+    from graft.model import GraftedModel
+    from graft.spec import GraftSpec
+
+    model = GraftedModel.from_run(tiny_run_dir)
+    llm = GraftSpec.expand(model.spec.llm.path)
+    monkeypatch.setenv("GRAFT_TEST_LLM_ROOT", str(Path(llm).parent))
+    model.spec.llm.path = f"$GRAFT_TEST_LLM_ROOT/{Path(llm).name}"
+    assert GraftedBackend(model).base_llm == llm
