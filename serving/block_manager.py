@@ -43,7 +43,7 @@ class BlockManager:
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced, LRU first
         self.cache: dict[bytes, int] = {}  # chain hash -> block id
         # tails: parent chain hash (None: first block) -> block ids, oldest first; and per
-        # tail block (parent, first position, token ids, images touching its tokens)
+        # tail block (parent, token ids, images touching its tokens)
         self.tails: dict[bytes | None, list[int]] = {}
         self.tail_content: dict[int, tuple] = {}
         self.hit_tokens = 0  # prefix-cache statistics
@@ -95,7 +95,7 @@ class BlockManager:
         want = seq.token_ids[start:len(seq) - 1]
         best = None
         for bid in self.tails.get(parent, ()):
-            _, _, tokens, images = self.tail_content[bid]
+            _, tokens, images = self.tail_content[bid]
             k = 0
             for a, b in zip(tokens, want):
                 if a != b:
@@ -212,8 +212,7 @@ class BlockManager:
         full = seq.num_computed_tokens // self.block_size
         parent = seq.block_hashes[-1] if full else None
         start, end = full * self.block_size, seq.num_computed_tokens
-        self.tail_content[bid] = (parent, start, tuple(seq.token_ids[start:end]),
-                                  _images(seq, start, end))
+        self.tail_content[bid] = (parent, tuple(seq.token_ids[start:end]), _images(seq, start, end))
         siblings = self.tails.setdefault(parent, [])
         siblings.append(bid)
         if len(siblings) > MAX_TAILS_PER_PARENT:
