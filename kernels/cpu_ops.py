@@ -39,13 +39,18 @@ def _compiler() -> str | None:
 
 
 def _cpu_model() -> str:
+    """The first core's model name and feature flags: -march=native code is only valid on a
+    CPU with the same flags (VMs of one model can expose different ones)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
+    found = {}
+    for line in lines:
+        key = line.split(":", 1)[0].strip()
+        if key in ("model name", "flags") and key not in found:
+            found[key] = line
+    return "\n".join(found.values()) or platform.processor()
 
 
 def _build(cc: str) -> Path:

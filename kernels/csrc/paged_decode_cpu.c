@@ -3,7 +3,7 @@
  * Why C and not torch ops: the torch reference has to gather every sequence's blocks into a
  * padded copy and permute it for bmm, which moves the whole KV cache through memory three
  * times per layer; at batch 32 that was ~60% of a SmolLM2-135M decode step. Here each
- * (sequence, kv head) walks its blocks in place, reading K and V once.
+ * sequence walks its blocks in place for all heads at once, reading K and V once.
  *
  * Layouts (all contiguous): q/out [S, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D];
  * block_tables [S, max_blocks] int32; context_lens [S] int32. dtype: 0 fp32, 1 bf16, 2 fp16;
