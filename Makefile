@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install clean-venv
+.PHONY: test demo install clean-venv gpu-check
 
 $(STAMP): requirements.txt requirements-lock.txt pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -25,3 +25,8 @@ demo: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# make gpu-check: on a CUDA machine, Triton kernels + engine parity on the GPU, then the kernel
+# and engine benchmarks (JSON in out/gpu). Uses $(PY) as is: no venv, no installs.
+gpu-check:
+	PY=$(PY) bash tests/gpu/run_checks.sh

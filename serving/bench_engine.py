@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for both engine and HF (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
@@ -52,7 +54,8 @@ def run(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     config = EngineConfig(max_num_seqs=args.concurrency, dtype=args.dtype, device=args.device,
-                          max_num_batched_tokens=args.max_num_batched_tokens)
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          enforce_eager=args.enforce_eager)
     engine = Engine.from_pretrained(args.model_dir, config)
     reqs = workload(args.num_requests, args.input_len, args.output_len, engine.runner.vocab_size,
                     args.seed)
@@ -62,7 +65,8 @@ def run(args) -> int:
               "output_len": list(args.output_len), "seed": args.seed, "dtype": args.dtype,
               "device": args.device, "torch_threads": torch.get_num_threads(),
               "num_kv_blocks": engine.block_manager.num_blocks,
-              "kernels_backend": _backend(engine)}
+              "kernels_backend": _backend(engine),
+              "cuda_graphs": engine.runner.decode_graphs is not None}
     # warm-up outside the timed region (first-call allocations)
     engine.generate(prompt_token_ids=[reqs[0][0][:32]],
                     sampling_params=SamplingParams(temperature=0.0, max_tokens=4))
@@ -113,6 +117,8 @@ def _step_flops(shapes: dict, chunks: list[tuple[int, int]], num_logits: int) ->
 
 
 def _run_engine(engine, reqs, shapes) -> dict:
+    import torch
+
     from graft.serving import SamplingParams
 
     steps = []
@@ -124,6 +130,8 @@ def _run_engine(engine, reqs, shapes) -> dict:
                           if s.num_computed_tokens + n == len(s))
         t0 = time.perf_counter()
         out = execute(batch)
+        if out[0].is_cuda:  # graph replays and launches are asynchronous
+            torch.cuda.synchronize(out[0].device)
         steps.append((time.perf_counter() - t0, _step_flops(shapes, chunks, logits_rows),
                       batch.num_decodes == len(batch.seqs), len(batch.seqs)))
         return out

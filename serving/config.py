@@ -22,6 +22,7 @@ class EngineConfig:
     max_model_len: int | None = None  # context limit; default max_position_embeddings
     kv_cache_fraction: float = 0.9  # default pool: at most this share of free memory ...
     cpu_kv_cache_cap: int = 2 << 30  # ... and on CPU never above this many bytes
+    enforce_eager: bool = False  # CUDA: no graphs; decode steps launch kernel by kernel
     seed: int = 0  # generator for sampled requests that give no seed of their own
 
     def __post_init__(self) -> None:

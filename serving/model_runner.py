@@ -52,6 +52,11 @@ class ModelRunner:
         self.block_size = config.block_size
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
+        self.decode_graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            from graft.serving.cuda_graphs import DecodeGraphs, capture_sizes
+
+            self.decode_graphs = DecodeGraphs(self, capture_sizes(config.max_num_seqs))
 
     # --- KV cache -------------------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -123,10 +128,13 @@ class ModelRunner:
                 rows = seq.mm_inputs.rows_for(start, end)
                 if rows is not None:
                     mm_rows.append(rows)
+        nd = batch.num_decodes
+        graphs = self.decode_graphs
+        if graphs is not None and nd == len(tables) and not mm_rows and graphs.fits(nd):
+            return graphs.run(ids, positions, slots, tables, ctx_lens), sampling
         dev = self.device
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        nd = batch.num_decodes
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             num_decodes=nd,

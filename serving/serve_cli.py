@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     p.add_argument("--log-level", default="warning")
 
 
@@ -59,7 +61,7 @@ def build(args: argparse.Namespace):
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
-                          dtype=args.dtype, device=args.device)
+                          dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager)
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
     path = Path(args.path) if args.path else None
     if args.graft:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU checks (`make gpu-check`): Triton kernels vs references and the engine vs HF on CUDA,
+# then the kernel and engine benchmarks. Results land in $GPU_OUT (default out/gpu).
+# Run on a CUDA machine; graft must be importable (pip install --no-deps -e .).
+set -uo pipefail
+PY=${PY:-python3}
+OUT=${GPU_OUT:-out/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+status=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+"$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+
+echo "== tests on CUDA"
+TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton_cases.py \
+    tests/serving/test_cuda_engine.py tests/serving/test_decode_graphs.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+
+if [ "${GPU_KERNEL_BENCH:-1}" = 1 ]; then
+    echo "== kernel benchmark"
+    "$PY" -m graft.cli bench kernels --out "$OUT/kernels.json" 2>&1 | tail -8 || status=1
+fi
+
+echo "== engine benchmark (random weights, SmolLM2-135M shapes)"
+"$PY" -m tests.gpu.random_llm /tmp/smollm2-shaped || status=1
+for dtype in float32 bfloat16; do
+    "$PY" -m graft.cli bench engine /tmp/smollm2-shaped --device cuda --dtype "$dtype" \
+        --out "$OUT/engine_smollm2_$dtype.json" 2>&1 | grep -v Warning | tail -4 || status=1
+done
+if [ "${GPU_BIG:-1}" = 1 ]; then
+    echo "== engine benchmark (random weights, Llama-3.2-1B shapes, bf16)"
+    "$PY" -m tests.gpu.random_llm /tmp/llama1b-shaped --shape llama-1b --dtype bfloat16 || status=1
+    "$PY" -m graft.cli bench engine /tmp/llama1b-shaped --device cuda --dtype bfloat16 \
+        --out "$OUT/engine_llama1b_bf16.json" 2>&1 | grep -v Warning | tail -4 || status=1
+fi
+exit $status
