@@ -93,6 +93,8 @@ class VisionEncoder(nn.Module):
             "dtype": str(self.dtype).removeprefix("torch."),
             "preprocess": json.loads(self.preprocess_identity()),
         }
+        if isinstance(cfg.cnn_stage, list):  # only then does it change the features (and the
+            ident["cnn_downsample"] = cfg.cnn_downsample  # keys of single-stage caches stay as they were)
         return json.dumps(ident, sort_keys=True, default=str)
 
     @staticmethod

@@ -21,7 +21,8 @@ class EncoderConfig:
     image_size: int | None = None  # override the square input resolution where the model allows (ViT pos-embed resampled)
     timm_kwargs: dict = field(default_factory=dict)  # extra kwargs for timm.create_model (tests build tiny ViTs; bn_eps, ...)
     max_image_tokens: int | None = None  # native-resolution encoders only (moonvit); others ignore it
-    cnn_stage: int | None = None  # timm CNNs: feature stage to use (feature_info index, negative from the end); None = last map after the head conv
+    cnn_stage: int | list[int] | None = None  # timm CNNs: feature stage to use (feature_info index, negative from the end), or a list of stages merged on the coarsest grid; None = last map after the head conv
+    cnn_downsample: str = "avg"  # several cnn_stage: how finer maps reach the coarsest grid: avg (pool, channels kept) | unshuffle (space-to-depth, channels x k*k)
     seed: int = 0  # init seed when path is None (random timm weights), so the same config gives the same encoder
 
     @classmethod
@@ -52,11 +53,31 @@ class EncoderConfig:
         _check(self.timm_kwargs, dict, "encoder.timm_kwargs", "a mapping of timm.create_model kwargs")
         _check_opt(self.max_image_tokens, int, "encoder.max_image_tokens", "a positive integer or null")
         _check(self.seed, int, "encoder.seed", "an integer")
-        _check_opt(self.cnn_stage, int, "encoder.cnn_stage", "a stage index such as 3 or -2, or null")
+        self._check_cnn_stage()
+        if self.cnn_downsample not in CNN_DOWNSAMPLE:
+            raise GraftConfigError(f"encoder.cnn_downsample must be one of {', '.join(CNN_DOWNSAMPLE)}, "
+                                   f"got {self.cnn_downsample!r}")
         for name in ("image_size", "max_image_tokens"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise GraftConfigError(f"encoder.{name} must be positive, got {value}")
+
+
+    def _check_cnn_stage(self) -> None:
+        stage = self.cnn_stage
+        hint = "a stage index such as 3 or -2, a list of distinct stage indices such as [2, 3], or null"
+        if isinstance(stage, (list, tuple)):
+            if not stage:
+                raise GraftConfigError(f"encoder.cnn_stage must be {hint}, got an empty list; "
+                                       "use null for the last feature map")
+            for s in stage:
+                _check(s, int, "encoder.cnn_stage", hint)
+            self.cnn_stage = list(stage)
+        else:
+            _check_opt(stage, int, "encoder.cnn_stage", hint)
+
+
+CNN_DOWNSAMPLE = ("avg", "unshuffle")
 
 
 def _check(value: Any, typ: type, name: str, hint: str) -> None:

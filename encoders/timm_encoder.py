@@ -76,7 +76,8 @@ class TimmEncoder(VisionEncoder):
             _load_weights(model, config.path)
         self.is_vit = all(hasattr(model, a) for a in ("blocks", "num_prefix_tokens", "forward_intermediates"))
         data_cfg = resolve_data_config({}, model=model)
-        self.stage_index = None
+        self.stage_index = None  # one stage (feature_info index)
+        self.stage_indices: list[int] | None = None  # several stages, merged on the coarsest grid
         if self.is_vit:
             if config.image_size and tuple(model.patch_embed.img_size) != (config.image_size,) * 2:
                 if not hasattr(model, "set_input_size"):
@@ -93,10 +94,14 @@ class TimmEncoder(VisionEncoder):
             self.kept_prefix_tokens = 0 if config.drop_prefix else model.num_prefix_tokens
         else:
             size = (config.image_size,) * 2 if config.image_size else tuple(data_cfg["input_size"][1:])
-            self.stage_index = self._stage_index(model)
-            if self.stage_index is not None and hasattr(model, "prune_intermediate_layers"):
-                # stages after the chosen one never run
-                model.prune_intermediate_layers([self.stage_index], prune_head=True)
+            stages = self._stage_indices(model)
+            if stages is not None and len(stages) == 1 and not isinstance(config.cnn_stage, list):
+                self.stage_index = stages[0]
+            else:
+                self.stage_indices = stages
+            if stages is not None and hasattr(model, "prune_intermediate_layers"):
+                # stages after the deepest chosen one never run
+                model.prune_intermediate_layers([max(stages)], prune_head=True)
         self.model = model
         self.input_size = size  # (H, W)
         self.mean = tuple(float(m) for m in data_cfg["mean"])
@@ -120,11 +125,13 @@ class TimmEncoder(VisionEncoder):
             )
         return fl - 1 if fl > 0 else n_blocks + fl
 
-    def _stage_index(self, model) -> int | None:
-        """feature_info index for encoder.cnn_stage (None: the final feature map).
+    def _stage_indices(self, model) -> list[int] | None:
+        """feature_info indices for encoder.cnn_stage (None: the final feature map).
 
         Early stages keep what the last, classification-tuned map discards (colour, stroke
-        shape), at a finer grid: pair them with a pixel_shuffle projector to cut tokens."""
+        shape), at a finer grid: pair them with a pixel_shuffle projector to cut tokens.
+        Several stages (a list) are brought to the coarsest one's grid and concatenated
+        along channels (see _merge_stages)."""
         stage = self.config.cnn_stage
         if stage is None:
             return None
@@ -133,11 +140,44 @@ class TimmEncoder(VisionEncoder):
             raise GraftConfigError(
                 f"encoder.cnn_stage: timm {self.config.model_name} exposes no feature stages; remove cnn_stage")
         n = len(info)
-        if not -n <= stage < n:
-            chans = ", ".join(f"{i}: {f['num_chs']}ch/{f['reduction']}x" for i, f in enumerate(info))
-            raise GraftConfigError(f"encoder.cnn_stage={stage} is out of range; stages of "
-                                   f"{self.config.model_name}: {chans}")
-        return stage % n
+        stages = stage if isinstance(stage, list) else [stage]
+        chans = ", ".join(f"{i}: {f['num_chs']}ch/{f['reduction']}x" for i, f in enumerate(info))
+        for s in stages:
+            if not -n <= s < n:
+                raise GraftConfigError(f"encoder.cnn_stage={stage} is out of range; stages of "
+                                       f"{self.config.model_name}: {chans}")
+        indices = [s % n for s in stages]
+        if len(set(indices)) != len(indices):
+            raise GraftConfigError(f"encoder.cnn_stage={stage} names a stage twice (negative indices count "
+                                   f"from the end); list distinct stages of {self.config.model_name}: {chans}")
+        return indices
+
+    def _merge_stages(self, fmaps: list[torch.Tensor]) -> torch.Tensor:
+        """[B, C_i, H_i, W_i] per stage -> [B, sum C_i', h, w] on the coarsest grid (h, w).
+
+        avg: each finer map is average-pooled to (h, w), channels kept (adaptive pooling,
+        so grids that are not an exact multiple still fit). unshuffle: space-to-depth by
+        k = H_i / h, so C_i' = C_i * k * k and no spatial detail is averaged away; needs
+        an exact multiple."""
+        import torch.nn.functional as F
+
+        h = min(int(f.shape[2]) for f in fmaps)
+        w = min(int(f.shape[3]) for f in fmaps)
+        out = []
+        for stage, fmap in zip(self.stage_indices, fmaps):
+            fh, fw = int(fmap.shape[2]), int(fmap.shape[3])
+            if (fh, fw) == (h, w):
+                out.append(fmap)
+            elif self.config.cnn_downsample == "avg":
+                out.append(F.adaptive_avg_pool2d(fmap, (h, w)))
+            else:
+                if fh % h or fw % w or fh // h != fw // w:
+                    raise GraftConfigError(
+                        f"encoder.cnn_downsample=unshuffle: stage {stage}'s {fh}x{fw} grid is not a whole "
+                        f"multiple of the coarsest {h}x{w} at image_size {self.config.image_size}; "
+                        "use cnn_downsample: avg, or an image_size that divides evenly")
+                out.append(F.pixel_unshuffle(fmap, fh // h))
+        return torch.cat(out, dim=1)
 
     def _features(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """[B, 3, H, W] -> ([B, n_tokens, hidden], (h, w) spatial grid)."""
@@ -151,6 +191,15 @@ class TimmEncoder(VisionEncoder):
                 return out, grid  # [B, h*w, D]
             spatial, prefix = out
             return torch.cat([prefix, spatial], dim=1), grid  # [B, prefix + h*w, D]
+        if self.stage_indices is not None:
+            fmaps = self.model.forward_intermediates(
+                pixel_values, indices=sorted(self.stage_indices), intermediates_only=True)
+            by_stage = dict(zip(sorted(self.stage_indices), fmaps))
+            fmaps = [by_stage[i] for i in self.stage_indices]  # channel order = the config's order
+            if getattr(self.model, "output_fmt", "NCHW") == "NHWC":
+                fmaps = [f.permute(0, 3, 1, 2) for f in fmaps]
+            fmap = self._merge_stages(fmaps)
+            return fmap.flatten(2).transpose(1, 2), (int(fmap.shape[2]), int(fmap.shape[3]))
         if self.stage_index is not None:
             fmap = self.model.forward_intermediates(
                 pixel_values, indices=[self.stage_index], intermediates_only=True)[0]

@@ -98,6 +98,57 @@ def test_cnn_stage_picks_an_earlier_feature_map(tiny_encoder_config, tiny_timm_c
         build_encoder(cfg)
 
 
+def test_cnn_stages_merged_on_the_coarsest_grid(tiny_encoder_config, tiny_timm_cnn_file):
+    import torch.nn.functional as F
+
+    ref = timm.create_model("efficientnet_lite0", pretrained=False).eval()
+    ref.load_state_dict(load_file(tiny_timm_cnn_file))
+    single = build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=3))
+    avg = build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[2, 3]))
+    unshuffle = build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[2, -2], cnn_downsample="unshuffle"))
+    inputs = avg.preprocess([_img(64, 64, seed=4), _img(30, 50, seed=5)])
+    with torch.no_grad():  # 64 px: stage 2 is 40ch at 8x8, stage 3 112ch at 4x4
+        s2, s3 = ref.forward_intermediates(inputs.pixel_values, indices=[2, 3], intermediates_only=True)
+    assert s2.shape[1:] == (40, 8, 8) and s3.shape[1:] == (112, 4, 4)
+    want_avg = torch.cat([F.avg_pool2d(s2, 2), s3], 1)  # an exact 2x2 mean, channels [stage 2 | stage 3]
+    want_unshuffle = torch.cat([F.pixel_unshuffle(s2, 2), s3], 1)  # 160 + 112 channels
+    for enc, want in ((avg, want_avg), (unshuffle, want_unshuffle)):
+        assert enc.hidden_size == want.shape[1] and enc.token_grid(30, 50) == (4, 4) and enc.num_tokens(1, 1) == 16
+        for i, f in enumerate(enc.encode(inputs)):
+            torch.testing.assert_close(f, want[i].flatten(1).T, rtol=0, atol=1e-5)
+    # The stage-3 channels are the single-stage features, untouched.
+    torch.testing.assert_close(avg.encode(inputs)[0][:, 40:], single.encode(inputs)[0], rtol=0, atol=0)
+    # Listed order is channel order.
+    rev = build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[3, 2]))
+    torch.testing.assert_close(rev.encode(inputs)[1], torch.cat([s3, F.avg_pool2d(s2, 2)], 1)[1].flatten(1).T,
+                               rtol=0, atol=1e-5)
+    # Stages and merge are part of the identity (feature cache keys); single-stage keys are unchanged.
+    idents = {json.dumps(json.loads(e.identity()), sort_keys=True) for e in (single, avg, unshuffle, rev)}
+    assert len(idents) == 4
+    assert json.loads(avg.identity())["cnn_stage"] == [2, 3] and json.loads(avg.identity())["cnn_downsample"] == "avg"
+    assert "cnn_downsample" not in json.loads(single.identity())
+
+
+def test_cnn_stage_list_errors(tiny_encoder_config):
+    with pytest.raises(GraftConfigError, match=r"cnn_stage=\[2, 7\] is out of range.*3: 112ch/16x"):
+        build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[2, 7]))
+    with pytest.raises(GraftConfigError, match=r"cnn_stage=\[3, -2\] names a stage twice"):
+        build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[3, -2]))
+    with pytest.raises(GraftConfigError, match=r"encoder.cnn_stage must be .*got an empty list; use null"):
+        EncoderConfig.from_dict({"cnn_stage": []})
+    with pytest.raises(GraftConfigError, match=r"encoder.cnn_stage must be .*list of distinct stage indices.*got '3'"):
+        EncoderConfig.from_dict({"cnn_stage": [2, "3"]})
+    with pytest.raises(GraftConfigError, match=r"encoder.cnn_stage must be .*got True"):
+        EncoderConfig.from_dict({"cnn_stage": True})
+    with pytest.raises(GraftConfigError, match=r"encoder.cnn_downsample must be one of avg, unshuffle, got 'max'"):
+        EncoderConfig.from_dict({"cnn_stage": [2, 3], "cnn_downsample": "max"})
+    # 72 px: stage 2 is 9x9, stage 3 5x5 -- no whole factor, so unshuffle names the way out; avg still fits.
+    with pytest.raises(GraftConfigError, match=r"cnn_downsample=unshuffle: stage 2's 9x9 grid .*use cnn_downsample: avg"):
+        build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[2, 3], cnn_downsample="unshuffle", image_size=72))
+    enc = build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[2, 3], image_size=72))
+    assert enc.token_grid(1, 1) == (5, 5) and enc.hidden_size == 152
+
+
 def test_random_init_is_seeded_and_identity(tiny_encoder_config):
     cfg = dict(kind="timm", model_name="vit_tiny_patch16_224", timm_kwargs=dict(TINY_VIT_KWARGS))
     a, b = build_encoder(EncoderConfig(**cfg)), build_encoder(EncoderConfig(**cfg))
