@@ -1,8 +1,8 @@
 """`graft bench engine MODEL_DIR`: graft engine vs HF `generate` on one seeded workload.
 
 Reports output tokens/s of both (same checkpoint, same process), the ratio, and the
-engine's achieved FLOP/s as a fraction of an fp32 matmul roofline measured here on the
-model's own weight shapes. Writes JSON.
+engine's achieved FLOP/s as a fraction of a matmul roofline measured here on the model's
+own weight shapes (the faster of torch's F.linear and oneDNN-prepacked weights). Writes JSON.
 """
 
 from __future__ import annotations
@@ -185,22 +185,29 @@ def _run_hf(model_dir, reqs, batch_size: int, dtype: str, device: str) -> dict:
 
 
 def _matmul_flops_per_s(shapes: dict, m: int, dtype, device, repeats: int = 3) -> float:
-    """Best FLOP/s of x[m, in] @ W[out, in]^T over the model's layer and head shapes."""
+    """Best FLOP/s of x[m, in] @ W[out, in]^T over the model's layer and head shapes, with the
+    faster of torch's F.linear and (on CPU) oneDNN-prepacked weights, the engine's CPU path."""
     import torch
+
+    from graft.kernels import cpu_linear
 
     mats = [torch.randn(o, i, dtype=dtype, device=device) for o, i in shapes["layer"]]
     mats.append(torch.randn(*shapes["lm_head"], dtype=dtype, device=device))
     xs = [torch.randn(m, w.shape[1], dtype=dtype, device=device) for w in mats]
     flops = 2.0 * m * sum(w.numel() for w in mats)
+    impls = [[(torch.nn.functional.linear, w) for w in mats]]
+    if device.type == "cpu" and cpu_linear.unavailable_reason(dtype) is None:
+        impls.append([(cpu_linear.packed_linear, cpu_linear.pack_weight(w)) for w in mats])
     best = float("inf")
     with torch.inference_mode():
-        for _ in range(repeats + 1):  # the first pass warms up
-            t0 = time.perf_counter()
-            for x, w in zip(xs, mats):
-                torch.nn.functional.linear(x, w)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            best = min(best, time.perf_counter() - t0)
+        for calls in impls:
+            for _ in range(repeats + 1):  # the first pass warms up
+                t0 = time.perf_counter()
+                for x, (fn, w) in zip(xs, calls):
+                    fn(x, w)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                best = min(best, time.perf_counter() - t0)
     return flops / best
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from graft.errors import GraftConfigError
-from graft.kernels import rope_cos_sin
+from graft.kernels import cpu_linear, rope_cos_sin
 from graft.serving.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
@@ -41,6 +41,8 @@ class ModelRunner:
         inv_freq, rope_scaling, _ = rope_inv_freq(self.hf_config, model.head_dim)
         model = model.to_empty(device=self.device).to(self.dtype)
         load_weights(model, model_dir)
+        if self.device.type == "cpu" and cpu_linear.enabled(self.dtype):
+            model.prepack_linears()
         self.model = model.eval()
         self.vocab_size = self.hf_config.vocab_size
         self.hidden_size = self.hf_config.hidden_size

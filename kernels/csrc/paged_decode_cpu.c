@@ -80,6 +80,27 @@ static inline __attribute__((always_inline)) float dot(const float *restrict a,
     return acc + ((part[0] + part[2]) + (part[1] + part[3]));
 }
 
+/* exp(x) for softmax arguments (x <= 0): Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2,
+ * then Cephes' degree-6 polynomial, relative error < 2e-7 like expf. Inline arithmetic only,
+ * so gcc vectorizes the softmax loop; a libm call per score was ~60% of the kernel. */
+static inline __attribute__((always_inline)) float exp_neg(float x) {
+    const float fn = x * 1.44269504088896341f;
+    const int32_t n = (int32_t)(fn - 0.5f); /* truncation of a negative value: ceil(fn - 0.5) */
+    const float nf = (float)n;
+    const float r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = p * r * r + r + 1.0f;
+    int32_t bits = (n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return x < -87.0f ? 0.0f : y * scale; /* below 2^-126: flush to zero */
+}
+
 /* Cache slot of token t; block sizes are powers of two in practice, so the division is a
  * shift (the general case still works). */
 static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_size) {
@@ -142,10 +163,12 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                 for (int64_t hq = 0; hq < num_q_heads; ++hq) {
                     float *sc = scores + hq * n, mx = -INFINITY, sum = 0.0f;
                     for (int64_t t = 0; t < n; ++t) mx = sc[t] > mx ? sc[t] : mx;
+#pragma omp simd reduction(+ : sum)
                     for (int64_t t = 0; t < n; ++t) {
-                        sc[t] = expf(sc[t] - mx);
+                        sc[t] = exp_neg(sc[t] - mx);
                         sum += sc[t];
                     }
+#pragma omp simd
                     for (int64_t t = 0; t < n; ++t) sc[t] /= sum;
                 }
                 for (int64_t t = 0; t < n; ++t) {

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from graft.kernels import (apply_rotary, paged_attention_decode, paged_attention_prefill,
                            rms_norm, store_kv)
+from graft.kernels.cpu_linear import pack_weight, packed_linear
 
 
 @dataclass
@@ -38,7 +39,23 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual)
 
 
-class PackedLinear(nn.Linear):
+class Linear(nn.Linear):
+    """nn.Linear that, after prepack(), runs on a oneDNN-prepacked copy of its weight (CPU
+    inference, graft.kernels.cpu_linear); the plain weight then keeps only its shape (meta)."""
+
+    prepacked: torch.Tensor | None = None
+
+    def prepack(self) -> None:
+        self.prepacked = pack_weight(self.weight)
+        self.weight = nn.Parameter(self.weight.detach().to("meta"), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prepacked is not None:
+            return packed_linear(x, self.prepacked, self.bias)
+        return super().forward(x)
+
+
+class PackedLinear(Linear):
     """One matmul for several HF projections stacked on the output dim (q|k|v, gate|up)."""
 
     def __init__(self, in_features: int, shard_sizes: list[int], bias: bool):
@@ -56,7 +73,7 @@ class GatedMLP(nn.Module):
         from transformers.activations import ACT2FN
 
         self.gate_up_proj = PackedLinear(hidden, [intermediate, intermediate], bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.act = ACT2FN[act]
         self.intermediate = intermediate
 
@@ -93,7 +110,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.qkv_proj = PackedLinear(hidden, [self.q_size, self.kv_size, self.kv_size], qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden, bias=o_bias)
+        self.o_proj = Linear(self.q_size, hidden, bias=o_bias)
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from graft.serving.models.layers import (Attention, AttentionMetadata, GatedMLP, RMSNorm,
+from graft.kernels.cpu_linear import pack_weight, packed_linear
+from graft.serving.models.layers import (Attention, AttentionMetadata, GatedMLP, Linear, RMSNorm,
                                          embed_tokens)
 
 
@@ -57,8 +58,17 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(self.layer_cls(cfg, flags) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else nn.Linear(
+        self.lm_head = None if self.tie_word_embeddings else Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.head_prepacked = None  # tied head's oneDNN copy (the embedding stays plain)
+
+    def prepack_linears(self) -> None:
+        """Put every projection and the output head on oneDNN-prepacked weights (CPU)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.prepack()
+        if self.lm_head is None:
+            self.head_prepacked = pack_weight(self.embed_tokens.weight)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -74,7 +84,11 @@ class CausalLM(nn.Module):
             h, residual = layer(h, residual, cos, sin, meta)
         # the final norm is per token: only the positions that need logits
         h, _ = self.norm(h[logits_indices], residual[logits_indices])
-        return F.linear(h, self.output_weight).float()  # [B, vocab]
+        if self.lm_head is not None:
+            return self.lm_head(h).float()  # [B, vocab]
+        if self.head_prepacked is not None:
+            return packed_linear(h, self.head_prepacked).float()
+        return F.linear(h, self.embed_tokens.weight).float()
 
     # HF checkpoint name -> (our packed parameter, shard index)
     packed_names = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1),
