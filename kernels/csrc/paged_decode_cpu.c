@@ -111,6 +111,107 @@ static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_siz
     return (int64_t)table[t / block_size] * block_size + t % block_size;
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+#define GRAFT_FAST_F32 1
+/* fp32 fast path for head_dim 64 and 128 (GCC vector extensions). The plain path spends most
+ * of its time folding each 16-lane dot product into one score and keeping accumulators on
+ * the stack; here the partial sums of 16 tokens are folded together in four shuffle-add
+ * rounds, and each head's query and output row stay in registers while K and V stream past
+ * (a sequence's K and V fit in L2, so the per-head passes after the first hit cache). */
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+static inline v16f load16(const float *p) {
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* r[j] = sum of the 16 lanes of x[j], for j < 16 (x is clobbered). */
+static inline v16f fold16(v16f *x) {
+    const v16i lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const v16i hi8 = lo8 + 8;
+    const v16i lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const v16i hi4 = lo4 + 4;
+    const v16i lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const v16i hi2 = lo2 + 2;
+    const v16i ev = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const v16i od = ev + 1;
+    for (int j = 0; j < 8; ++j) /* token pairs: 8 partial sums each */
+        x[j] = __builtin_shuffle(x[2 * j], x[2 * j + 1], lo8) + __builtin_shuffle(x[2 * j], x[2 * j + 1], hi8);
+    for (int j = 0; j < 4; ++j) /* 4 tokens x 4 */
+        x[j] = __builtin_shuffle(x[2 * j], x[2 * j + 1], lo4) + __builtin_shuffle(x[2 * j], x[2 * j + 1], hi4);
+    for (int j = 0; j < 2; ++j) /* 8 tokens x 2 */
+        x[j] = __builtin_shuffle(x[2 * j], x[2 * j + 1], lo2) + __builtin_shuffle(x[2 * j], x[2 * j + 1], hi2);
+    return __builtin_shuffle(x[0], x[1], ev) + __builtin_shuffle(x[0], x[1], od); /* token order */
+}
+
+/* One sequence: out rows [Hq, D] from q rows [Hq, D] (fp32) over n cached tokens. `chunks`
+ * (head_dim / 16) is a compile-time constant at each call below, so qv, part and acc are
+ * indexed by constants and live in registers; a run-time index puts them on the stack. */
+static inline __attribute__((always_inline)) void seq_decode_f32(
+        const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
+        int64_t n, int64_t num_kv_heads, int64_t group, const int64_t chunks, int64_t block_size,
+        float scale, float *scores, float *out) {
+    const int64_t d = 16 * chunks, kv_width = num_kv_heads * d, num_q_heads = num_kv_heads * group;
+    for (int64_t hq = 0; hq < num_q_heads; ++hq) {
+        const int64_t koff = (hq / group) * d;
+        v16f qv[chunks];
+        for (int64_t c = 0; c < chunks; ++c) qv[c] = load16(q + hq * d + 16 * c) * scale;
+        float *sc = scores + hq * n;
+        int64_t t = 0;
+        for (; t + 16 <= n; t += 16) {
+            v16f part[16];
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; ++j) {
+                const float *k = k_cache + slot_of(table, t + j, block_size) * kv_width + koff;
+                v16f a = qv[0] * load16(k);
+                for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load16(k + 16 * c);
+                part[j] = a;
+            }
+            const v16f r = fold16(part);
+            memcpy(sc + t, &r, sizeof r);
+        }
+        for (; t < n; ++t) { /* the tail, one token at a time */
+            const float *k = k_cache + slot_of(table, t, block_size) * kv_width + koff;
+            v16f a = qv[0] * load16(k);
+            for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load16(k + 16 * c);
+            float sum = 0.0f;
+            for (int l = 0; l < 16; ++l) sum += a[l];
+            sc[t] = sum;
+        }
+        float mx = -INFINITY, total = 0.0f;
+        for (int64_t i = 0; i < n; ++i) mx = sc[i] > mx ? sc[i] : mx;
+#pragma omp simd reduction(+ : total)
+        for (int64_t i = 0; i < n; ++i) {
+            sc[i] = exp_neg(sc[i] - mx);
+            total += sc[i];
+        }
+        const float inv = 1.0f / total;
+        v16f acc[chunks];
+        for (int64_t c = 0; c < chunks; ++c) acc[c] = (v16f){0};
+        for (int64_t i = 0; i < n; ++i) {
+            const float *v = v_cache + slot_of(table, i, block_size) * kv_width + koff;
+            const float p = sc[i] * inv;
+            for (int64_t c = 0; c < chunks; ++c) acc[c] += p * load16(v + 16 * c);
+        }
+        memcpy(out + hq * d, acc, sizeof acc);
+    }
+}
+
+static void seq_decode_f32_64(const float *q, const float *k, const float *v, const int32_t *table,
+                              int64_t n, int64_t hkv, int64_t group, int64_t bs, float scale,
+                              float *scores, float *out) {
+    seq_decode_f32(q, k, v, table, n, hkv, group, 4, bs, scale, scores, out);
+}
+
+static void seq_decode_f32_128(const float *q, const float *k, const float *v, const int32_t *table,
+                               int64_t n, int64_t hkv, int64_t group, int64_t bs, float scale,
+                               float *scores, float *out) {
+    seq_decode_f32(q, k, v, table, n, hkv, group, 8, bs, scale, scores, out);
+}
+#endif
+
 /* Returns 0; 1 + the index of the first sequence whose block table points outside
  * [0, num_blocks) within its context (nothing is computed then); or -1 when the per-thread
  * scratch buffers could not be allocated (out is incomplete then). */
@@ -149,6 +250,15 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
             const int64_t n = context_lens[s], kv_width = num_kv_heads * d;
             const int32_t *table = block_tables + s * max_blocks;
             memset(acc, 0, sizeof(float) * (size_t)(num_q_heads * d));
+#ifdef GRAFT_FAST_F32
+            if (n > 0 && dtype == F32 && (d == 64 || d == 128)) {
+                (d == 64 ? seq_decode_f32_64 : seq_decode_f32_128)(
+                    (const float *)q + s * num_q_heads * d, (const float *)k_cache,
+                    (const float *)v_cache, table, n, num_kv_heads, group, block_size, scale, scores,
+                    (float *)out + s * num_q_heads * d);
+                continue;
+            }
+#endif
             if (n > 0) {
                 for (int64_t hq = 0; hq < num_q_heads; ++hq)
                     memcpy(qf + hq * d, row_f32(q, s * num_q_heads + hq, d, dtype, buf),
