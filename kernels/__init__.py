@@ -1,7 +1,9 @@
 """Triton kernels, each with a pure-PyTorch reference of the same signature.
 
 The engine calls these ops only through this module; graft.kernels.dispatch picks Triton on
-CUDA and the reference elsewhere (GRAFT_KERNELS=reference forces the reference).
+CUDA, and on CPU the C decode attention of cpu_ops where it applies and the reference for the
+rest (GRAFT_KERNELS=reference forces the reference). cpu_linear holds the oneDNN-prepacked
+linears the engine's CPU model runs its projections on.
 """
 
 from graft.kernels.dispatch import (apply_rotary, backend_name, paged_attention_decode,

@@ -155,6 +155,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         sin_full = torch.cat((sin, sin), dim=-1)[:, None, :]
         rotated = torch.cat((-xr[..., rot // 2:], xr[..., : rot // 2]), dim=-1)
     out = (xr * cos_full.to(compute)) + (rotated * sin_full.to(compute))
+    if not x_pass.shape[-1]:  # full rotary: no pass-through dims to append (saves a copy)
+        return out.to(x.dtype)
     return torch.cat((out.to(x.dtype), x_pass), dim=-1)
 
 
