@@ -129,8 +129,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     hidden = x.to(torch.float32)
     variance = hidden.pow(2).mean(-1, keepdim=True)
     hidden = hidden * torch.rsqrt(variance + eps)
-    y = weight * hidden.to(input_dtype)  # HF order: cast back first, then scale
-    y = y.to(input_dtype)
+    if input_dtype == torch.float32 and weight.dtype == torch.float32:
+        y = hidden.mul_(weight)  # same products as weight * hidden, without another temporary
+    else:
+        y = (weight * hidden.to(input_dtype)).to(input_dtype)  # HF order: cast back, then scale
     return y if residual is None else (y, x)
 
 
