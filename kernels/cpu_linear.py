@@ -13,7 +13,6 @@ GRAFT_KERNELS=reference or GRAFT_CPU_KERNELS=0 turns it off (plain F.linear).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +57,9 @@ def unavailable_reason(dtype: torch.dtype) -> str | None:
 
 def enabled(dtype: torch.dtype) -> bool:
     """Whether the engine should prepack its CPU linears of this dtype."""
-    mode = os.environ.get("GRAFT_KERNELS", "auto").strip().lower()
-    if mode == "reference" or os.environ.get("GRAFT_CPU_KERNELS", "1").strip() == "0":
+    from graft.kernels.cpu_ops import disabled_by_env
+    from graft.kernels.dispatch import kernels_mode
+
+    if kernels_mode() == "reference" or disabled_by_env():
         return False
     return unavailable_reason(dtype) is None

@@ -78,9 +78,14 @@ def _build(cc: str) -> Path:
     return target
 
 
+def disabled_by_env() -> bool:
+    """GRAFT_CPU_KERNELS=0: no C kernels and no oneDNN-prepacked linears."""
+    return os.environ.get("GRAFT_CPU_KERNELS", "1").strip() == "0"
+
+
 @functools.cache
 def _load() -> tuple[ctypes.CDLL | None, str | None]:
-    if os.environ.get("GRAFT_CPU_KERNELS", "1").strip() == "0":
+    if disabled_by_env():
         return None, "disabled by GRAFT_CPU_KERNELS=0"
     cc = _compiler()
     if cc is None:

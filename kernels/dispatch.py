@@ -34,7 +34,8 @@ def _triton_ops() -> ModuleType:
     return importlib.import_module("graft.kernels.triton_ops")
 
 
-def _mode() -> str:
+def kernels_mode() -> str:
+    """GRAFT_KERNELS, validated."""
     mode = os.environ.get("GRAFT_KERNELS", "auto").strip().lower() or "auto"
     if mode not in _MODES:
         raise GraftConfigError(f"GRAFT_KERNELS={mode!r} is not one of {', '.join(_MODES)}")
@@ -43,7 +44,7 @@ def _mode() -> str:
 
 def implementation(t: torch.Tensor) -> ModuleType:
     """The module (reference or triton_ops) that runs an op whose main input is t."""
-    mode = _mode()
+    mode = kernels_mode()
     if mode in ("reference", "cpu"):
         return reference
     if mode == "triton":
@@ -60,7 +61,7 @@ def implementation(t: torch.Tensor) -> ModuleType:
 
 def _decode_implementation(q: torch.Tensor, k_cache: torch.Tensor) -> ModuleType:
     """Like implementation(), plus the C kernel for CPU tensors in auto and cpu modes."""
-    mode = _mode()
+    mode = kernels_mode()
     if mode == "cpu":
         if not cpu_ops.available():
             raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")

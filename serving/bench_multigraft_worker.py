@@ -28,21 +28,11 @@ def _tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _llm_tensors(model) -> list:
-    """Tensors with storage: on CPU the linears hold oneDNN-prepacked copies, and their plain
-    weights are shape-only (meta)."""
-    tensors = [t for t in [*model.parameters(), *model.buffers()] if not t.is_meta]
-    tensors += [m.prepacked for m in model.modules() if getattr(m, "prepacked", None) is not None]
-    if getattr(model, "head_prepacked", None) is not None:
-        tensors.append(model.head_prepacked)
-    return tensors
-
-
 def resident_bytes(engine) -> dict[str, int]:
     """Parameter and KV bytes this engine holds: the LLM once, each distinct encoder once,
     each projector, and the KV pool."""
     runner, grafts = engine.runner, engine.grafts
-    llm = _tensor_bytes(_llm_tensors(runner.model))
+    llm = _tensor_bytes(runner.model.resident_tensors())
     enc = sum(_tensor_bytes(list(e.parameters()) + list(e.buffers())) for e in grafts.encoders())
     proj = sum(_tensor_bytes(grafts[n].model.projector.parameters()) for n in grafts)
     kv = _tensor_bytes([runner.kv_cache])

@@ -70,6 +70,13 @@ class CausalLM(nn.Module):
         if self.lm_head is None:
             self.head_prepacked = pack_weight(self.embed_tokens.weight)
 
+    def resident_tensors(self) -> list[torch.Tensor]:
+        """Every tensor that holds memory: after prepack_linears() the oneDNN copies, not the
+        shape-only (meta) plain weights."""
+        tensors = [t for t in [*self.parameters(), *self.buffers()] if not t.is_meta]
+        tensors += [m.prepacked for m in self.modules() if isinstance(m, Linear) and m.prepacked is not None]
+        return tensors + ([self.head_prepacked] if self.head_prepacked is not None else [])
+
     @property
     def output_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
