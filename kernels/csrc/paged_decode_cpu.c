@@ -101,6 +101,19 @@ static inline __attribute__((always_inline)) float exp_neg(float x) {
     return x < -87.0f ? 0.0f : y * scale; /* below 2^-126: flush to zero */
 }
 
+/* sc[i] <- exp(sc[i] - max(sc)) for i < n, in place; returns their sum (the softmax
+ * denominator). */
+static inline __attribute__((always_inline)) float exp_shifted(float *sc, int64_t n) {
+    float mx = -INFINITY, total = 0.0f;
+    for (int64_t i = 0; i < n; ++i) mx = sc[i] > mx ? sc[i] : mx;
+#pragma omp simd reduction(+ : total)
+    for (int64_t i = 0; i < n; ++i) {
+        sc[i] = exp_neg(sc[i] - mx);
+        total += sc[i];
+    }
+    return total;
+}
+
 /* Cache slot of token t; block sizes are powers of two in practice, so the division is a
  * shift (the general case still works). */
 static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_size) {
@@ -146,6 +159,14 @@ static inline v16f fold16(v16f *x) {
     return __builtin_shuffle(x[0], x[1], ev) + __builtin_shuffle(x[0], x[1], od); /* token order */
 }
 
+/* The 16 lane-wise partial sums of q . k over `chunks` 16-float chunks. */
+static inline __attribute__((always_inline)) v16f dot_lanes(const v16f *qv, const float *k,
+                                                           const int64_t chunks) {
+    v16f a = qv[0] * load16(k);
+    for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load16(k + 16 * c);
+    return a;
+}
+
 /* One sequence: out rows [Hq, D] from q rows [Hq, D] (fp32) over n cached tokens. `chunks`
  * (head_dim / 16) is a compile-time constant at each call below, so qv, part and acc are
  * indexed by constants and live in registers; a run-time index puts them on the stack. */
@@ -164,30 +185,18 @@ static inline __attribute__((always_inline)) void seq_decode_f32(
             v16f part[16];
 #pragma GCC unroll 16
             for (int j = 0; j < 16; ++j) {
-                const float *k = k_cache + slot_of(table, t + j, block_size) * kv_width + koff;
-                v16f a = qv[0] * load16(k);
-                for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load16(k + 16 * c);
-                part[j] = a;
+                part[j] = dot_lanes(qv, k_cache + slot_of(table, t + j, block_size) * kv_width + koff, chunks);
             }
             const v16f r = fold16(part);
             memcpy(sc + t, &r, sizeof r);
         }
         for (; t < n; ++t) { /* the tail, one token at a time */
-            const float *k = k_cache + slot_of(table, t, block_size) * kv_width + koff;
-            v16f a = qv[0] * load16(k);
-            for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load16(k + 16 * c);
+            const v16f a = dot_lanes(qv, k_cache + slot_of(table, t, block_size) * kv_width + koff, chunks);
             float sum = 0.0f;
             for (int l = 0; l < 16; ++l) sum += a[l];
             sc[t] = sum;
         }
-        float mx = -INFINITY, total = 0.0f;
-        for (int64_t i = 0; i < n; ++i) mx = sc[i] > mx ? sc[i] : mx;
-#pragma omp simd reduction(+ : total)
-        for (int64_t i = 0; i < n; ++i) {
-            sc[i] = exp_neg(sc[i] - mx);
-            total += sc[i];
-        }
-        const float inv = 1.0f / total;
+        const float inv = 1.0f / exp_shifted(sc, n);
         v16f acc[chunks];
         for (int64_t c = 0; c < chunks; ++c) acc[c] = (v16f){0};
         for (int64_t i = 0; i < n; ++i) {
@@ -271,13 +280,8 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                             scores[hq * n + t] = dot(qf + hq * d, k + h * d, d) * scale;
                 }
                 for (int64_t hq = 0; hq < num_q_heads; ++hq) {
-                    float *sc = scores + hq * n, mx = -INFINITY, sum = 0.0f;
-                    for (int64_t t = 0; t < n; ++t) mx = sc[t] > mx ? sc[t] : mx;
-#pragma omp simd reduction(+ : sum)
-                    for (int64_t t = 0; t < n; ++t) {
-                        sc[t] = exp_neg(sc[t] - mx);
-                        sum += sc[t];
-                    }
+                    float *sc = scores + hq * n;
+                    const float sum = exp_shifted(sc, n);
 #pragma omp simd
                     for (int64_t t = 0; t < n; ++t) sc[t] /= sum;
                 }
