@@ -12,21 +12,28 @@ def make_prompts(lengths, seed=0, vocab=384):
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def hf_greedy(model_dir, prompt, max_new_tokens):
-    """HF transformers `generate` greedy continuation (eos from generation_config), cached."""
+def hf_greedy(model_dir, prompt, max_new_tokens, device="cpu"):
+    """HF transformers `generate` greedy continuation (eos from generation_config), fp32 on
+    `device`, cached."""
     from transformers import AutoModelForCausalLM
 
-    key = (str(model_dir), tuple(prompt), max_new_tokens)
+    key = (str(model_dir), tuple(prompt), max_new_tokens, device)
     if key not in _HF_CACHE:
-        if str(model_dir) not in _HF_MODELS:
-            _HF_MODELS[str(model_dir)] = AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=torch.float32).eval()
-        model = _HF_MODELS[str(model_dir)]
+        if (str(model_dir), device) not in _HF_MODELS:
+            _HF_MODELS[str(model_dir), device] = AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=torch.float32).to(device).eval()
+        model = _HF_MODELS[str(model_dir), device]
+        ids = torch.tensor([prompt], device=device)
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                 dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=max_new_tokens, do_sample=False)
         _HF_CACHE[key] = out[0, len(prompt):].tolist()
     return _HF_CACHE[key]
+
+
+def written_slots(engine) -> torch.Tensor:
+    """[layer, k/v, block, slot] bool: which KV cache slots hold anything."""
+    return (engine.runner.kv_cache != 0).flatten(4).any(-1)
 
 
 @pytest.fixture(scope="session")

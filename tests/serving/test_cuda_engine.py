@@ -9,27 +9,12 @@ import torch
 from graft.inject import IMAGE_PLACEHOLDER
 from graft.kernels import backend_name
 from graft.serving import Engine, EngineConfig, ImageRange, MultiModalInputs, SamplingParams
-from tests.serving.conftest import make_prompts
+from tests.serving.conftest import hf_greedy, make_prompts, written_slots
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 MIXED = (5, 17, 40, 33, 1, 16)
-_HF: dict = {}
-
-
-def _hf_cuda(model_dir, prompt, max_new_tokens):
-    from transformers import AutoModelForCausalLM
-
-    if model_dir not in _HF:
-        _HF[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
-    ids = torch.tensor([prompt], device="cuda")
-    with torch.no_grad():
-        out = _HF[model_dir].generate(ids, attention_mask=torch.ones_like(ids),
-                                      max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
-
-
 def _engine(model_dir, **kw):
     return Engine.from_pretrained(model_dir, EngineConfig(device="cuda", **kw))
 
@@ -37,7 +22,7 @@ def _engine(model_dir, **kw):
 def _check(engine, model_dir, prompts, params=GREEDY):
     outs = engine.generate(prompt_token_ids=prompts, sampling_params=params)
     for i, (p, o) in enumerate(zip(prompts, outs)):
-        assert o.token_ids == _hf_cuda(str(model_dir), p, params.max_tokens), f"prompt {i} (len {len(p)})"
+        assert o.token_ids == hf_greedy(model_dir, p, params.max_tokens, "cuda"), f"prompt {i} (len {len(p)})"
     return outs
 
 
@@ -69,9 +54,7 @@ def test_graphs_equal_eager_at_padded_sizes(tiny_llama, n):
     want = [o.token_ids for o in eager.generate(prompt_token_ids=prompts, sampling_params=params)]
     assert got == want and graphs.runner.decode_graphs.replays >= 23
     # padding rows (slot -1) wrote nothing: the same KV slots were written as eagerly
-    def written(e):
-        return (e.runner.kv_cache != 0).flatten(4).any(-1)  # [layer, k/v, block, slot]
-    assert torch.equal(written(graphs), written(eager))
+    assert torch.equal(written_slots(graphs), written_slots(eager))
     assert graphs.block_manager.num_free_blocks == graphs.block_manager.num_blocks
 
 
@@ -99,7 +82,7 @@ def test_spliced_image_rows_across_chunks(tiny_llama):
     while engine.has_unfinished_requests():
         for out in engine.step():
             final = out if out.finished else final
-    assert final.token_ids == _hf_cuda(str(tiny_llama), text, GREEDY.max_tokens)
+    assert final.token_ids == hf_greedy(tiny_llama, text, GREEDY.max_tokens, "cuda")
 
 
 def test_seeded_sampling_is_reproducible_and_bf16_runs(tiny_llama):
