@@ -1,6 +1,9 @@
-"""CPU kernels written in C (kernels/csrc), for ops where composing torch ops costs several
-extra passes over the KV cache. Built once per machine with the system C compiler (gcc or
-cc, about a second), cached, and called through ctypes (which releases the GIL).
+"""CPU kernels written in C (kernels/csrc): paged decode attention, where composing torch ops
+costs several extra passes over the KV cache, and the small per-token ops of a layer (fp32
+RMSNorm with the residual add, rotary, KV store), where a chain of torch ops costs more in
+dispatch than in arithmetic at decode batch sizes. Built once per machine with the system C
+compiler (gcc or cc, about a second), cached, and called through ctypes (which releases the
+GIL).
 
 If no compiler is found or the build fails, `available()` is False with the reason in
 `unavailable_reason()`, and graft.kernels.dispatch keeps using the torch reference.
@@ -20,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from graft.kernels.checks import check_paged_attention_args
+from graft.kernels.checks import check_paged_attention_args, check_rotary_args, check_store_kv_args
 
-SOURCES = (Path(__file__).resolve().parent / "csrc" / "paged_decode_cpu.c",)
+SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
+                for name in ("paged_decode_cpu.c", "norm_rope_cpu.c"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU)
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -98,6 +102,15 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     fn.restype = ctypes.c_int64
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int,
                                                                      ctypes.c_int]
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.graft_rms_norm_f32.restype = None
+    lib.graft_rms_norm_f32.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, ctypes.c_float,
+                                       ctypes.c_int]
+    lib.graft_rotary_f32.restype = None
+    lib.graft_rotary_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int,
+                                     ctypes.c_int]
+    lib.graft_store_kv_f32.restype = i64
+    lib.graft_store_kv_f32.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
     return lib, None
 
 
@@ -148,3 +161,90 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                          f"[0, {num_blocks}) (or too few columns) within context_lens[{bad - 1}]="
                          f"{int(lens[bad - 1])}; fix the block table")
     return out
+
+
+# ---- per-token ops (fp32) -------------------------------------------------------------------
+def _rows_ok(t: torch.Tensor) -> bool:
+    """A 2-D or 3-D fp32 CPU tensor whose rows (dim 0) may be strided but are contiguous inside."""
+    if t.device.type != "cpu" or t.dtype != torch.float32 or t.dim() not in (2, 3) or t.requires_grad:
+        return False
+    inner = 1
+    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+        if size != 1 and stride != inner:
+            return False
+        inner *= size
+    return True
+
+
+def supports_rows(*tensors: torch.Tensor | None) -> bool:
+    """Whether rms_norm / apply_rotary / store_kv below take these tensors (fp32 CPU rows, no
+    autograd) and the library is built; else graft.kernels.dispatch uses the reference."""
+    return all(t is None or _rows_ok(t) for t in tensors) and available()
+
+
+def _lib():
+    lib, reason = _load()
+    if lib is None:
+        raise RuntimeError(f"the C CPU kernels are unavailable: {reason}")
+    return lib
+
+
+def _row_stride(t: torch.Tensor) -> int:
+    return t.stride(0) if t.shape[0] > 1 else t[0].numel()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """Same contract as graft.kernels.reference.rms_norm, for fp32 [T, D] CPU rows."""
+    from graft.kernels import reference
+
+    if (x.dim() != 2 or weight.shape != x.shape[-1:] or (residual is not None and residual.shape != x.shape)
+            or not supports_rows(x, residual) or weight.dtype != torch.float32):
+        return reference.rms_norm(x, weight, eps, residual)  # the reference names the bad shape
+    rows, d = x.shape
+    out = torch.empty((rows, d), dtype=torch.float32)
+    total = torch.empty((rows, d), dtype=torch.float32) if residual is not None else None
+    if rows:
+        _lib().graft_rms_norm_f32(
+            x.data_ptr(), _row_stride(x), None if residual is None else residual.data_ptr(),
+            0 if residual is None else _row_stride(residual), weight.contiguous().data_ptr(),
+            out.data_ptr(), None if total is None else total.data_ptr(), rows, d, float(eps),
+            torch.get_num_threads())
+    return out if residual is None else (out, total)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 interleaved: bool = False) -> torch.Tensor:
+    """Same contract as graft.kernels.reference.apply_rotary, for fp32 x [T, H, D] and fp32 cos/sin."""
+    from graft.kernels import reference
+
+    rot = check_rotary_args(x, cos, sin)
+    if not (supports_rows(x) and cos.dtype == sin.dtype == torch.float32 and rot % 2 == 0
+            and cos.device.type == "cpu"):
+        return reference.apply_rotary(x, cos, sin, interleaved)
+    tokens, heads, d = x.shape
+    out = torch.empty((tokens, heads, d), dtype=torch.float32)
+    if tokens:
+        _lib().graft_rotary_f32(x.data_ptr(), _row_stride(x), cos.contiguous().data_ptr(),
+                                sin.contiguous().data_ptr(), out.data_ptr(), tokens, heads, d, rot,
+                                int(bool(interleaved)), torch.get_num_threads())
+    return out
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Same contract as graft.kernels.reference.store_kv, for fp32 rows and caches."""
+    from graft.kernels import reference
+
+    check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
+    if not (supports_rows(k, v) and k_cache.dtype == v_cache.dtype == torch.float32
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.device.type == "cpu"):
+        return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
+    slots = slot_mapping.to(torch.int64).contiguous()
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    width = k_cache.shape[2] * k_cache.shape[3]
+    bad = _lib().graft_store_kv_f32(k.data_ptr(), _row_stride(k), v.data_ptr(), _row_stride(v),
+                                    k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                                    k.shape[0], width, num_slots)
+    if bad:
+        raise ValueError(f"store_kv: slot_mapping holds slot {int(slots[bad - 1])} but the cache has "
+                         f"only {num_slots} slots (num_blocks * block_size); fix the slot mapping")

@@ -1,6 +1,7 @@
 """Pick the implementation of each op: Triton on CUDA tensors; on CPU the C kernels of
-graft.kernels.cpu_ops where one exists (paged decode attention) and the PyTorch reference for
-the rest; the reference wherever autograd needs a backward.
+graft.kernels.cpu_ops where one exists (paged decode attention; fp32 RMSNorm, rotary and KV
+store) and the PyTorch reference for the rest; the reference wherever autograd needs a
+backward.
 
 GRAFT_KERNELS=auto (default) | reference (always the reference) | triton (always Triton,
 e.g. on CPU tensors under TRITON_INTERPRET=1) | cpu (the C kernels wherever they apply, an
@@ -84,8 +85,20 @@ def backend_name(t: torch.Tensor) -> str:
     return {reference: "reference", cpu_ops: "cpu"}.get(impl, "triton")
 
 
+def _rows_implementation(x: torch.Tensor, *others: torch.Tensor | None) -> ModuleType:
+    """Like implementation(), plus the C per-token ops for fp32 CPU rows in auto and cpu modes
+    (other dtypes keep the reference, also in cpu mode: "wherever they apply")."""
+    mode = kernels_mode()
+    if mode == "cpu" and not cpu_ops.available():
+        raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")
+    if mode in ("auto", "cpu") and not (x.requires_grad and torch.is_grad_enabled()) \
+            and cpu_ops.supports_rows(x, *others):
+        return cpu_ops
+    return implementation(x)
+
+
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    implementation(k).store_kv(k, v, k_cache, v_cache, slot_mapping)
+    _rows_implementation(k, v).store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
@@ -98,11 +111,11 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
 
 
 def rms_norm(x, weight, eps, residual=None):
-    return implementation(x).rms_norm(x, weight, eps, residual)
+    return _rows_implementation(x, residual).rms_norm(x, weight, eps, residual)
 
 
 def apply_rotary(x, cos, sin, interleaved=False):
-    return implementation(x).apply_rotary(x, cos, sin, interleaved)
+    return _rows_implementation(x).apply_rotary(x, cos, sin, interleaved)
 
 
 def rope_cos_sin(positions, inv_freq):

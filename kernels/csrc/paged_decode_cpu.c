@@ -11,6 +11,7 @@
  * reference. Built and loaded by graft/kernels/cpu_ops.py (gcc -O3 -march=native -fopenmp).
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +160,53 @@ static inline v16f fold16(v16f *x) {
     return __builtin_shuffle(x[0], x[1], ev) + __builtin_shuffle(x[0], x[1], od); /* token order */
 }
 
+/* exp_neg on 16 lanes: the same steps as the scalar version. Written out because gcc left
+ * exp_shifted's loop scalar once inlined here (a cvttss2si per score, 9 heads x hundreds of
+ * scores per sequence). */
+static inline v16f exp_neg16(v16f x) {
+    const v16f fn = x * 1.44269504088896341f;
+    const v16i n = __builtin_convertvector(fn - 0.5f, v16i); /* truncation, as in exp_neg */
+    const v16f nf = __builtin_convertvector(n, v16f);
+    const v16f r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
+    v16f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const v16f y = p * r * r + r + 1.0f;
+    const v16f scale = (v16f)((n + 127) << 23);
+    return (v16f)((v16i)(y * scale) & ~(x < -87.0f)); /* below 2^-126: flush to zero */
+}
+
+/* exp_shifted for the fast path: sc[i] <- exp(sc[i] - max), returns the sum; 16 lanes at a
+ * time, the tail with the scalar exp_neg. */
+static inline float exp_shifted16(float *sc, int64_t n) {
+    float mx = -INFINITY;
+    int64_t i = 0;
+    if (n >= 16) {
+        v16f mv = load16(sc);
+        for (i = 16; i + 16 <= n; i += 16) {
+            const v16f x = load16(sc + i);
+            mv = (v16f)(((v16i)x & (x > mv)) | ((v16i)mv & ~(x > mv)));
+        }
+        for (int l = 0; l < 16; ++l) mx = mv[l] > mx ? mv[l] : mx;
+    }
+    for (; i < n; ++i) mx = sc[i] > mx ? sc[i] : mx;
+    v16f tv = (v16f){0};
+    float total = 0.0f;
+    for (i = 0; i + 16 <= n; i += 16) {
+        const v16f e = exp_neg16(load16(sc + i) - mx);
+        memcpy(sc + i, &e, sizeof e);
+        tv += e;
+    }
+    for (; i < n; ++i) {
+        sc[i] = exp_neg(sc[i] - mx);
+        total += sc[i];
+    }
+    for (int l = 0; l < 16; ++l) total += tv[l];
+    return total;
+}
+
 /* The 16 lane-wise partial sums of q . k over `chunks` 16-float chunks. */
 static inline __attribute__((always_inline)) v16f dot_lanes(const v16f *qv, const float *k,
                                                            const int64_t chunks) {
@@ -167,14 +215,35 @@ static inline __attribute__((always_inline)) v16f dot_lanes(const v16f *qv, cons
     return a;
 }
 
+/* Ask for the K and V rows of tokens [lo, hi) of a sequence to be brought into L2. */
+static inline void prefetch_rows(const float *k_cache, const float *v_cache, const int32_t *table,
+                                 int64_t lo, int64_t hi, int64_t block_size, int64_t kv_width) {
+    for (int64_t t = lo; t < hi; ++t) {
+        const int64_t slot = slot_of(table, t, block_size);
+        for (int64_t o = 0; o < kv_width; o += 16) {
+            __builtin_prefetch(k_cache + slot * kv_width + o, 0, 2);
+            __builtin_prefetch(v_cache + slot * kv_width + o, 0, 2);
+        }
+    }
+}
+
 /* One sequence: out rows [Hq, D] from q rows [Hq, D] (fp32) over n cached tokens. `chunks`
  * (head_dim / 16) is a compile-time constant at each call below, so qv, part and acc are
- * indexed by constants and live in registers; a run-time index puts them on the stack. */
+ * indexed by constants and live in registers; a run-time index puts them on the stack.
+ *
+ * Memory: the sequence's K and V are read from DRAM once (the later heads find them in L2).
+ * Demand misses alone left the core waiting on memory for about a third of the time, so
+ * the rows of the sequence this thread takes next (pf_table, pf_n) are prefetched a few at
+ * a time during this one's score tiles, and a thread's first sequence all at once. */
 static inline __attribute__((always_inline)) void seq_decode_f32(
         const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
         int64_t n, int64_t num_kv_heads, int64_t group, const int64_t chunks, int64_t block_size,
-        float scale, float *scores, float *out) {
+        float scale, float *scores, float *out, const int32_t *pf_table, int64_t pf_n, int first) {
     const int64_t d = 16 * chunks, kv_width = num_kv_heads * d, num_q_heads = num_kv_heads * group;
+    if (first) prefetch_rows(k_cache, v_cache, table, 0, n, block_size, kv_width);
+    /* rows of the next sequence per 16-token tile, spread over this one's tiles */
+    const int64_t tiles = num_q_heads * (n / 16), per_tile = tiles ? (pf_n + tiles - 1) / tiles : 0;
+    int64_t pf_next = tiles ? 0 : pf_n;
     for (int64_t hq = 0; hq < num_q_heads; ++hq) {
         const int64_t koff = (hq / group) * d;
         v16f qv[chunks];
@@ -189,6 +258,11 @@ static inline __attribute__((always_inline)) void seq_decode_f32(
             }
             const v16f r = fold16(part);
             memcpy(sc + t, &r, sizeof r);
+            if (pf_next < pf_n) {
+                const int64_t hi = pf_next + per_tile < pf_n ? pf_next + per_tile : pf_n;
+                prefetch_rows(k_cache, v_cache, pf_table, pf_next, hi, block_size, kv_width);
+                pf_next = hi;
+            }
         }
         for (; t < n; ++t) { /* the tail, one token at a time */
             const v16f a = dot_lanes(qv, k_cache + slot_of(table, t, block_size) * kv_width + koff, chunks);
@@ -196,28 +270,43 @@ static inline __attribute__((always_inline)) void seq_decode_f32(
             for (int l = 0; l < 16; ++l) sum += a[l];
             sc[t] = sum;
         }
-        const float inv = 1.0f / exp_shifted(sc, n);
-        v16f acc[chunks];
-        for (int64_t c = 0; c < chunks; ++c) acc[c] = (v16f){0};
-        for (int64_t i = 0; i < n; ++i) {
+        const float inv = 1.0f / exp_shifted16(sc, n);
+        /* two accumulator sets (even and odd tokens): one set is a chain of dependent adds
+         * that waits on the add latency every token */
+        v16f acc[chunks], acc2[chunks];
+        for (int64_t c = 0; c < chunks; ++c) acc[c] = acc2[c] = (v16f){0};
+        int64_t i = 0;
+        for (; i + 2 <= n; i += 2) {
+            const float *v = v_cache + slot_of(table, i, block_size) * kv_width + koff;
+            const float *v2 = v_cache + slot_of(table, i + 1, block_size) * kv_width + koff;
+            const float p = sc[i] * inv, p2 = sc[i + 1] * inv;
+            for (int64_t c = 0; c < chunks; ++c) {
+                acc[c] += p * load16(v + 16 * c);
+                acc2[c] += p2 * load16(v2 + 16 * c);
+            }
+        }
+        if (i < n) {
             const float *v = v_cache + slot_of(table, i, block_size) * kv_width + koff;
             const float p = sc[i] * inv;
             for (int64_t c = 0; c < chunks; ++c) acc[c] += p * load16(v + 16 * c);
         }
+        for (int64_t c = 0; c < chunks; ++c) acc[c] += acc2[c];
         memcpy(out + hq * d, acc, sizeof acc);
     }
 }
 
 static void seq_decode_f32_64(const float *q, const float *k, const float *v, const int32_t *table,
                               int64_t n, int64_t hkv, int64_t group, int64_t bs, float scale,
-                              float *scores, float *out) {
-    seq_decode_f32(q, k, v, table, n, hkv, group, 4, bs, scale, scores, out);
+                              float *scores, float *out, const int32_t *pf_table, int64_t pf_n,
+                              int first) {
+    seq_decode_f32(q, k, v, table, n, hkv, group, 4, bs, scale, scores, out, pf_table, pf_n, first);
 }
 
 static void seq_decode_f32_128(const float *q, const float *k, const float *v, const int32_t *table,
                                int64_t n, int64_t hkv, int64_t group, int64_t bs, float scale,
-                               float *scores, float *out) {
-    seq_decode_f32(q, k, v, table, n, hkv, group, 8, bs, scale, scores, out);
+                               float *scores, float *out, const int32_t *pf_table, int64_t pf_n,
+                               int first) {
+    seq_decode_f32(q, k, v, table, n, hkv, group, 8, bs, scale, scores, out, pf_table, pf_n, first);
 }
 #endif
 
@@ -253,7 +342,11 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 1)
+        /* round-robin (static, 1), so each thread knows the sequence it takes next and can
+         * prefetch it (the fast path); threads get about equal work at batch sizes >> threads */
+        const int64_t stride = omp_get_num_threads();
+        int first = 1;
+#pragma omp for schedule(static, 1)
         for (int64_t s = 0; s < num_seqs; ++s) {
             if (!scores || !qf || !acc || !buf) continue; /* reported through `failed` */
             const int64_t n = context_lens[s], kv_width = num_kv_heads * d;
@@ -264,7 +357,10 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                 (d == 64 ? seq_decode_f32_64 : seq_decode_f32_128)(
                     (const float *)q + s * num_q_heads * d, (const float *)k_cache,
                     (const float *)v_cache, table, n, num_kv_heads, group, block_size, scale, scores,
-                    (float *)out + s * num_q_heads * d);
+                    (float *)out + s * num_q_heads * d,
+                    s + stride < num_seqs ? block_tables + (s + stride) * max_blocks : table,
+                    s + stride < num_seqs ? context_lens[s + stride] : 0, first);
+                first = 0;
                 continue;
             }
 #endif
