@@ -1,13 +1,15 @@
 """Triton kernels, each with a pure-PyTorch reference of the same signature.
 
 The engine calls these ops only through this module; graft.kernels.dispatch picks Triton on
-CUDA, and on CPU the C decode attention of cpu_ops where it applies and the reference for the
-rest (GRAFT_KERNELS=reference forces the reference). cpu_linear holds the oneDNN-prepacked
+CUDA, and on CPU the C kernels of cpu_ops where they apply (decode attention; fp32 norm,
+rotary, KV store, silu * up) and the reference for the rest (GRAFT_KERNELS=reference forces
+the reference). cpu_linear holds the oneDNN-prepacked
 linears the engine's CPU model runs its projections on.
 """
 
 from graft.kernels.dispatch import (apply_rotary, backend_name, paged_attention_decode,
-                                    paged_attention_prefill, rms_norm, rope_cos_sin, store_kv)
+                                    paged_attention_prefill, rms_norm, rope_cos_sin, silu_mul,
+                                    store_kv)
 
 __all__ = ["apply_rotary", "backend_name", "paged_attention_decode", "paged_attention_prefill",
-           "rms_norm", "rope_cos_sin", "store_kv"]
+           "rms_norm", "rope_cos_sin", "silu_mul", "store_kv"]

@@ -1,6 +1,6 @@
 """CPU kernels written in C (kernels/csrc): paged decode attention, where composing torch ops
 costs several extra passes over the KV cache, and the small per-token ops of a layer (fp32
-RMSNorm with the residual add, rotary, KV store), where a chain of torch ops costs more in
+RMSNorm with the residual add, rotary, KV store, silu(gate) * up), where a chain of torch ops costs more in
 dispatch than in arithmetic at decode batch sizes. Built once per machine with the system C
 compiler (gcc or cc, about a second), cached, and called through ctypes (which releases the
 GIL).
@@ -27,6 +27,7 @@ from graft.kernels.checks import check_paged_attention_args, check_rotary_args, 
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "norm_rope_cpu.c"))
+HEADERS = (Path(__file__).resolve().parent / "csrc" / "fast_exp.h",)  # part of the build key
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU)
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -61,7 +62,7 @@ def _build(cc: str) -> Path:
     """Compile SOURCES into the cache (once per source, flags, compiler and CPU); return the .so."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
-    for part in [*(p.read_bytes() for p in SOURCES), " ".join(CFLAGS).encode(), version.encode(),
+    for part in [*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(CFLAGS).encode(), version.encode(),
                  _cpu_model().encode(), platform.machine().encode()]:
         key.update(part)
     target = cache_dir() / f"graft_cpu_kernels-{key.hexdigest()[:16]}.so"
@@ -109,6 +110,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.graft_rotary_f32.restype = None
     lib.graft_rotary_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int,
                                      ctypes.c_int]
+    lib.graft_silu_mul_f32.restype = None
+    lib.graft_silu_mul_f32.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int]
     lib.graft_store_kv_f32.restype = i64
     lib.graft_store_kv_f32.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
     return lib, None
@@ -166,14 +169,12 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 # ---- per-token ops (fp32) -------------------------------------------------------------------
 def _rows_ok(t: torch.Tensor) -> bool:
     """A 2-D or 3-D fp32 CPU tensor whose rows (dim 0) may be strided but are contiguous inside."""
-    if t.device.type != "cpu" or t.dtype != torch.float32 or t.dim() not in (2, 3) or t.requires_grad:
+    if t.device.type != "cpu" or t.dtype != torch.float32 or t.requires_grad:
         return False
-    inner = 1
-    for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
-        if size != 1 and stride != inner:
-            return False
-        inner *= size
-    return True
+    if t.dim() == 2:
+        return t.stride(1) == 1 or t.shape[1] == 1
+    return t.dim() == 3 and (t.stride(2) == 1 or t.shape[2] == 1) and \
+        (t.stride(1) == t.shape[2] or t.shape[1] == 1)
 
 
 def supports_rows(*tensors: torch.Tensor | None) -> bool:
@@ -248,3 +249,17 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if bad:
         raise ValueError(f"store_kv: slot_mapping holds slot {int(slots[bad - 1])} but the cache has "
                          f"only {num_slots} slots (num_blocks * block_size); fix the slot mapping")
+
+
+def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """Same contract as graft.kernels.reference.silu_mul, for fp32 [T, 2 * intermediate] rows."""
+    from graft.kernels import reference
+
+    if not (supports_rows(gate_up) and gate_up.dim() == 2 and gate_up.shape[1] == 2 * intermediate):
+        return reference.silu_mul(gate_up, intermediate)
+    rows = gate_up.shape[0]
+    out = torch.empty((rows, intermediate), dtype=torch.float32)
+    if rows:
+        _lib().graft_silu_mul_f32(gate_up.data_ptr(), _row_stride(gate_up), out.data_ptr(), rows,
+                                  intermediate, torch.get_num_threads())
+    return out

@@ -1,6 +1,6 @@
 """Pick the implementation of each op: Triton on CUDA tensors; on CPU the C kernels of
-graft.kernels.cpu_ops where one exists (paged decode attention; fp32 RMSNorm, rotary and KV
-store) and the PyTorch reference for the rest; the reference wherever autograd needs a
+graft.kernels.cpu_ops where one exists (paged decode attention; fp32 RMSNorm, rotary, KV
+store, silu * up) and the PyTorch reference for the rest; the reference wherever autograd needs a
 backward.
 
 GRAFT_KERNELS=auto (default) | reference (always the reference) | triton (always Triton,
@@ -112,6 +112,12 @@ def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, con
 
 def rms_norm(x, weight, eps, residual=None):
     return _rows_implementation(x, residual).rms_norm(x, weight, eps, residual)
+
+
+def silu_mul(gate_up, intermediate):
+    # no Triton version: on a GPU the reference's two ops are fine (and CUDA graphs fuse launches)
+    impl = _rows_implementation(gate_up)
+    return (impl if impl is cpu_ops else reference).silu_mul(gate_up, intermediate)
 
 
 def apply_rotary(x, cos, sin, interleaved=False):

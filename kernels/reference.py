@@ -136,6 +136,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return y if residual is None else (y, x)
 
 
+def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """silu(gate) * up for the fused gate|up projection [T, 2 * intermediate] (HF's
+    act_fn(gate_proj(x)) * up_proj(x) for hidden_act "silu")."""
+    if gate_up.shape[-1] != 2 * intermediate:
+        raise ValueError(f"silu_mul: gate_up has {gate_up.shape[-1]} columns, expected 2 * "
+                         f"intermediate = {2 * intermediate}")
+    gate, up = gate_up.split(intermediate, dim=-1)
+    return F.silu(gate).mul_(up)  # silu returns a fresh tensor: multiply into it
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  interleaved: bool = False) -> torch.Tensor:
     """Rotate the first R = 2 * cos.shape[-1] dims of x: [T, H, D]; the rest pass through.

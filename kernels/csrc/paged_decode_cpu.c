@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fast_exp.h"
+
 enum { F32 = 0, BF16 = 1, F16 = 2 };
 
 static inline float bf16_to_float(uint16_t x) {
@@ -81,27 +83,6 @@ static inline __attribute__((always_inline)) float dot(const float *restrict a,
     return acc + ((part[0] + part[2]) + (part[1] + part[3]));
 }
 
-/* exp(x) for softmax arguments (x <= 0): Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2,
- * then Cephes' degree-6 polynomial, relative error < 2e-7 like expf. Inline arithmetic only,
- * so gcc vectorizes the softmax loop; a libm call per score was ~60% of the kernel. */
-static inline __attribute__((always_inline)) float exp_neg(float x) {
-    const float fn = x * 1.44269504088896341f;
-    const int32_t n = (int32_t)(fn - 0.5f); /* truncation of a negative value: ceil(fn - 0.5) */
-    const float nf = (float)n;
-    const float r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    int32_t bits = (n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return x < -87.0f ? 0.0f : y * scale; /* below 2^-126: flush to zero */
-}
-
 /* sc[i] <- exp(sc[i] - max(sc)) for i < n, in place; returns their sum (the softmax
  * denominator). */
 static inline __attribute__((always_inline)) float exp_shifted(float *sc, int64_t n) {
@@ -132,15 +113,6 @@ static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_siz
  * the stack; here the partial sums of 16 tokens are folded together in four shuffle-add
  * rounds, and each head's query and output row stay in registers while K and V stream past
  * (a sequence's K and V fit in L2, so the per-head passes after the first hit cache). */
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-static inline v16f load16(const float *p) {
-    v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* r[j] = sum of the 16 lanes of x[j], for j < 16 (x is clobbered). */
 static inline v16f fold16(v16f *x) {
     const v16i lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
@@ -158,24 +130,6 @@ static inline v16f fold16(v16f *x) {
     for (int j = 0; j < 2; ++j) /* 8 tokens x 2 */
         x[j] = __builtin_shuffle(x[2 * j], x[2 * j + 1], lo2) + __builtin_shuffle(x[2 * j], x[2 * j + 1], hi2);
     return __builtin_shuffle(x[0], x[1], ev) + __builtin_shuffle(x[0], x[1], od); /* token order */
-}
-
-/* exp_neg on 16 lanes: the same steps as the scalar version. Written out because gcc left
- * exp_shifted's loop scalar once inlined here (a cvttss2si per score, 9 heads x hundreds of
- * scores per sequence). */
-static inline v16f exp_neg16(v16f x) {
-    const v16f fn = x * 1.44269504088896341f;
-    const v16i n = __builtin_convertvector(fn - 0.5f, v16i); /* truncation, as in exp_neg */
-    const v16f nf = __builtin_convertvector(n, v16f);
-    const v16f r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
-    v16f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const v16f y = p * r * r + r + 1.0f;
-    const v16f scale = (v16f)((n + 127) << 23);
-    return (v16f)((v16i)(y * scale) & ~(x < -87.0f)); /* below 2^-126: flush to zero */
 }
 
 /* exp_shifted for the fast path: sc[i] <- exp(sc[i] - max), returns the sum; 16 lanes at a

@@ -12,7 +12,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from graft.kernels import (apply_rotary, paged_attention_decode, paged_attention_prefill,
-                           rms_norm, store_kv)
+                           rms_norm, silu_mul, store_kv)
 from graft.kernels.cpu_linear import pack_weight, packed_linear
 
 
@@ -75,10 +75,13 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = PackedLinear(hidden, [intermediate, intermediate], bias)
         self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.act = ACT2FN[act]
+        self.is_silu = act == "silu"  # the families' usual act: one fused op (graft.kernels)
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if self.is_silu:
+            return self.down_proj(silu_mul(gate_up, self.intermediate))
         gate, up = gate_up.split(self.intermediate, dim=-1)
         # act() returns a fresh tensor: multiply into it (one [T, I] temporary less)
         return self.down_proj(self.act(gate).mul_(up))

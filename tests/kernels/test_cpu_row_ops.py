@@ -1,4 +1,5 @@
-"""The C per-token ops of graft.kernels.cpu_ops (fp32 RMSNorm + residual, rotary, KV store):
+"""The C per-token ops of graft.kernels.cpu_ops (fp32 RMSNorm + residual, rotary, KV store,
+silu(gate) * up):
 equal to the reference on the strided views the model passes, chosen by dispatch on CPU."""
 
 import pytest
@@ -70,9 +71,25 @@ def test_store_kv_matches_reference_and_rejects_bad_slots():
 
 
 @needs_c
+@pytest.mark.parametrize("rows", [1, 7, 64])  # 64 x 1536: the multi-threaded branch
+def test_silu_mul_matches_torch(rows):
+    g = torch.Generator().manual_seed(rows)
+    gate_up = torch.randn(rows, 2 * 1536 + 8, generator=g)[:, 8:] * 6  # strided rows
+    gate_up[0, :6] = torch.tensor([-200.0, 200.0, 0.0, -0.0, 1e-30, -88.5])  # extremes and zeros
+    out = cpu_ops.silu_mul(gate_up, 1536)
+    want = torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
+    # another exp than torch's: within a few ulp; below x = -87 it flushes exp(x) to zero, so
+    # silu(-88.5) is -0 instead of about -3e-37
+    torch.testing.assert_close(out, want, atol=1e-35, rtol=5e-7)
+    assert torch.equal(out[0, :4], want[0, :4])
+    with pytest.raises(ValueError, match="expected 2 \\* intermediate = 3000"):
+        K.silu_mul(gate_up, 1500)
+
+
+@needs_c
 def test_dispatch_uses_c_for_fp32_cpu_rows_only(monkeypatch):
     calls = []
-    for name in ("rms_norm", "apply_rotary", "store_kv"):
+    for name in ("rms_norm", "apply_rotary", "store_kv", "silu_mul"):
         fn = getattr(cpu_ops, name)
         monkeypatch.setattr(cpu_ops, name, lambda *a, _fn=fn, _n=name, **kw: calls.append(_n) or _fn(*a, **kw))
     q, k, v = _qkv()
@@ -82,10 +99,14 @@ def test_dispatch_uses_c_for_fp32_cpu_rows_only(monkeypatch):
     K.rms_norm(x, torch.ones(64), 1e-6, x)
     K.apply_rotary(q, cos, sin)
     K.store_kv(k, v, torch.zeros(2, 4, 2, 16), torch.zeros(2, 4, 2, 16), torch.arange(7))
-    assert calls == ["rms_norm", "apply_rotary", "store_kv"]
+    K.silu_mul(torch.randn(7, 32), 16)
+    assert calls == ["rms_norm", "apply_rotary", "store_kv", "silu_mul"]
     calls.clear()
     K.rms_norm(x.double(), torch.ones(64, dtype=torch.float64), 1e-6)  # fp64: reference
     K.rms_norm(x.requires_grad_(), torch.ones(64), 1e-6)  # autograd: reference
+    heads_apart = torch.randn(4, 7, 16).transpose(0, 1)  # [7, 4, 16], heads not adjacent in a row
+    torch.testing.assert_close(K.apply_rotary(heads_apart, cos, sin),
+                               ref.apply_rotary(heads_apart.contiguous(), cos, sin))
     monkeypatch.setenv("GRAFT_KERNELS", "reference")
     K.apply_rotary(q, cos, sin)
     assert calls == []
