@@ -22,6 +22,7 @@ class AdapterConfig:
     num_heads: int = 8  # resampler: cross-attention heads (must divide d_model)
     layer_norm: bool = False  # pre-norm: LayerNorm on the input features before the first Linear (Kimi's pre_norm)
     norm_chunks: int = 1  # linear/mlp: normalize each of this many equal chunks of an input row separately (Kimi on 2x2-merged tokens: 4)
+    standardize: bool = False  # subtract each feature channel's training-set mean, divide by its std (stats fixed before step 1, saved with the adapter)
     seed: int = 0  # init seed: the same seed gives the same initial weights
 
     @classmethod
@@ -46,8 +47,9 @@ class AdapterConfig:
             _check_int(getattr(self, name), f"adapter.{name}", minimum=0 if name == "seed" else 1)
         if self.hidden_size is not None:
             _check_int(self.hidden_size, "adapter.hidden_size", minimum=1)
-        if not isinstance(self.layer_norm, bool):
-            raise GraftConfigError(f"adapter.layer_norm must be true or false, got {self.layer_norm!r}")
+        for name in ("layer_norm", "standardize"):
+            if not isinstance(getattr(self, name), bool):
+                raise GraftConfigError(f"adapter.{name} must be true or false, got {getattr(self, name)!r}")
 
 
 def _check_int(value: Any, name: str, minimum: int) -> None:

@@ -22,7 +22,7 @@ class EncoderConfig:
     timm_kwargs: dict = field(default_factory=dict)  # extra kwargs for timm.create_model (tests build tiny ViTs; bn_eps, ...)
     max_image_tokens: int | None = None  # native-resolution encoders only (moonvit); others ignore it
     cnn_stage: int | list[int] | None = None  # timm CNNs: feature stage to use (feature_info index, negative from the end), or a list of stages merged on the coarsest grid; None = last map after the head conv
-    cnn_downsample: str = "avg"  # several cnn_stage: how finer maps reach the coarsest grid: avg (pool, channels kept) | unshuffle (space-to-depth, channels x k*k)
+    cnn_downsample: str = "avg"  # several cnn_stage: how finer maps reach the coarsest grid: avg (pool, channels kept) | unshuffle (space-to-depth, channels x k*k) | global_max (each channel's max over the whole image, the same in every token)
     seed: int = 0  # init seed when path is None (random timm weights), so the same config gives the same encoder
 
     @classmethod
@@ -77,7 +77,7 @@ class EncoderConfig:
             _check_opt(stage, int, "encoder.cnn_stage", hint)
 
 
-CNN_DOWNSAMPLE = ("avg", "unshuffle")
+CNN_DOWNSAMPLE = ("avg", "unshuffle", "global_max")
 
 
 def _check(value: Any, typ: type, name: str, hint: str) -> None:

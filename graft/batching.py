@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from graft.data import image_content_hash, load_image, prepare_samples
+from graft.errors import GraftConfigError
 from graft.feature_cache import FeatureCache
 from graft.spec import GraftSpec
 from graft.template import IGNORE_INDEX
@@ -80,6 +81,28 @@ class Batcher:
                 self.cache.put(keys[i], f)
                 out[i] = f
         return out
+
+    def feature_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and std (unbiased) of the frozen features over every token of
+        every training image (adapter.standardize). Goes through the feature cache, so the
+        first epoch then reads the features instead of encoding them again."""
+        paths = list(dict.fromkeys(p for s in self.samples for p in s.image_paths))
+        if not paths:
+            raise GraftConfigError("adapter.standardize needs training images to measure the features "
+                                   f"on, but {self.spec.data.train} has no sample with an image; "
+                                   "turn adapter.standardize off for text-only data")
+        total = total_sq = None
+        count = 0
+        step = self.spec.train.batch_size
+        for i in range(0, len(paths), step):
+            for f in self.features([load_image(p) for p in paths[i:i + step]]):
+                f = f.double().reshape(-1, f.shape[-1])
+                total = f.sum(0) if total is None else total + f.sum(0)
+                total_sq = (f * f).sum(0) if total_sq is None else total_sq + (f * f).sum(0)
+                count += f.shape[0]
+        mean = total / count
+        var = (total_sq - count * mean * mean) / max(count - 1, 1)
+        return mean.float(), var.clamp(min=0).sqrt().float()
 
     def collate(self, indices: list[int], device, samples=None) -> dict:
         samples = [(samples or self.samples)[i] for i in indices]

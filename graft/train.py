@@ -69,6 +69,10 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
     model = _build_model(spec)
     base_digest = params_digest(model.llm)
     batcher = Batcher(spec, model, accel.process_index, accel.num_processes)
+    # a resumed run, or one started from a trained adapter, keeps the stats it loaded (the
+    # projector's weights were fitted to them)
+    if model.projector.config.standardize and not resume and not spec.adapter_init:
+        model.projector.set_feature_stats(*batcher.feature_stats())
     total_steps = _optimizer_steps(batcher.batches_per_epoch, spec)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=spec.train.lr, weight_decay=spec.train.weight_decay)

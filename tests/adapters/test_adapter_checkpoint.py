@@ -55,3 +55,26 @@ def test_save_overwrites_atomically(tmp_path):
     save_adapter(second, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter.json", "adapter.safetensors"]  # no temp left
     assert torch.equal(load_adapter(tmp_path).mlp.linears[0].weight, second.mlp.linears[0].weight)
+
+
+@pytest.mark.parametrize("kind", sorted(ADAPTERS))
+def test_standardize_divides_out_the_stats_and_saves_them(kind, tmp_path):
+    cfg = AdapterConfig(kind=kind, num_heads=2, num_queries=4, standardize=True)
+    proj = build_adapter(cfg, 12, 16)
+    plain = build_adapter(AdapterConfig(kind=kind, num_heads=2, num_queries=4), 12, 16)
+    plain.load_state_dict({k: v for k, v in proj.state_dict().items() if not k.startswith("feature_")})
+    x = torch.randn(16, 12) * 5 + 3
+    torch.testing.assert_close(proj(x), plain(x), rtol=1e-4, atol=1e-4)  # identity up to the eps until the stats are set
+    mean, std = torch.linspace(-2, 2, 12), torch.linspace(0.5, 4, 12)
+    proj.set_feature_stats(mean, std)
+    torch.testing.assert_close(proj(x), plain((x - mean) / (std + 1e-5)))
+    assert not any(n.startswith("feature_") for n, _ in proj.named_parameters())  # never trained
+    save_adapter(proj, tmp_path)
+    loaded = load_adapter(tmp_path)
+    assert torch.equal(loaded.feature_mean, mean) and torch.equal(loaded(x), proj(x))
+    with pytest.raises(GraftConfigError, match="mean must be 12 finite values"):
+        proj.set_feature_stats(torch.zeros(11), std)
+    with pytest.raises(GraftConfigError, match="built without adapter.standardize"):
+        plain.set_feature_stats(mean, std)
+    with pytest.raises(GraftConfigError, match="adapter.standardize must be true or false"):
+        AdapterConfig.from_dict({"standardize": "yes"})

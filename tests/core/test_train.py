@@ -1,6 +1,7 @@
 """Training: loss goes down, the LLM stays bit-identical, resume and feature cache are exact."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +65,27 @@ def test_feature_cache_hit_equals_miss(make_spec, tmp_path):
     c.output_dir = str(tmp_path / "c")
     assert losses(run_b) == la
     assert losses(train(c)) == pytest.approx(la, rel=1e-6)
+
+
+def test_standardize_measures_training_features_before_step_one(make_spec, tmp_path):
+    import torch
+
+    from graft.adapters import load_adapter
+    from graft.data import load_image
+    from graft.model import GraftedModel
+
+    spec = make_spec(max_steps=2, feature_cache=str(tmp_path / "features"))
+    spec.adapter["standardize"] = True
+    run = train(spec)
+    # the saved stats are the mean/std over every token of every training image
+    images = sorted((Path(spec.data.image_root) / "images").glob("*.png"))
+    feats = torch.cat(GraftedModel.from_spec(spec).encode_images([load_image(p) for p in images]))
+    adapter = load_adapter(run)
+    torch.testing.assert_close(adapter.feature_mean, feats.mean(0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(adapter.feature_std, feats.std(0), rtol=1e-4, atol=1e-5)
+    # measured through the feature cache: training itself then misses nothing
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["feature_cache"]["misses"] == 12  # the 12 training images, once
 
 
 def test_finetune_stage_trains_lora_only(make_spec, tiny_llama):

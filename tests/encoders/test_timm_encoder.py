@@ -129,6 +129,23 @@ def test_cnn_stages_merged_on_the_coarsest_grid(tiny_encoder_config, tiny_timm_c
     assert "cnn_downsample" not in json.loads(single.identity())
 
 
+def test_cnn_global_max_repeats_each_early_channels_image_max(tiny_encoder_config, tiny_timm_cnn_file):
+    ref = timm.create_model("efficientnet_lite0", pretrained=False).eval()
+    ref.load_state_dict(load_file(tiny_timm_cnn_file))
+    enc = build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[3, 0], cnn_downsample="global_max"))
+    inputs = enc.preprocess([_img(64, 64, seed=6), _img(40, 20, seed=7)])
+    with torch.no_grad():  # 64 px: stage 0 is 16ch at 32x32, stage 3 112ch at 4x4
+        s0, s3 = ref.forward_intermediates(inputs.pixel_values, indices=[0, 3], intermediates_only=True)
+    assert enc.hidden_size == 128 and enc.token_grid(1, 1) == (4, 4)
+    for i, f in enumerate(enc.encode(inputs)):
+        torch.testing.assert_close(f[:, :112], s3[i].flatten(1).T, rtol=0, atol=1e-5)
+        # every token carries the same 16 values: stage 0's maximum over all 32x32 positions
+        torch.testing.assert_close(f[:, 112:], s0[i].amax((1, 2)).expand(16, 16), rtol=0, atol=1e-5)
+    # the two images differ there (it is per image, not a constant)
+    assert not torch.allclose(enc.encode(inputs)[0][0, 112:], enc.encode(inputs)[1][0, 112:])
+    assert json.loads(enc.identity())["cnn_downsample"] == "global_max"
+
+
 def test_cnn_stage_list_errors(tiny_encoder_config):
     with pytest.raises(GraftConfigError, match=r"cnn_stage=\[2, 7\] is out of range.*3: 112ch/16x"):
         build_encoder(tiny_encoder_config("timm_cnn", cnn_stage=[2, 7]))
@@ -140,7 +157,7 @@ def test_cnn_stage_list_errors(tiny_encoder_config):
         EncoderConfig.from_dict({"cnn_stage": [2, "3"]})
     with pytest.raises(GraftConfigError, match=r"encoder.cnn_stage must be .*got True"):
         EncoderConfig.from_dict({"cnn_stage": True})
-    with pytest.raises(GraftConfigError, match=r"encoder.cnn_downsample must be one of avg, unshuffle, got 'max'"):
+    with pytest.raises(GraftConfigError, match=r"encoder.cnn_downsample must be one of avg, unshuffle, global_max, got 'max'"):
         EncoderConfig.from_dict({"cnn_stage": [2, 3], "cnn_downsample": "max"})
     # 72 px: stage 2 is 9x9, stage 3 5x5 -- no whole factor, so unshuffle names the way out; avg still fits.
     with pytest.raises(GraftConfigError, match=r"cnn_downsample=unshuffle: stage 2's 9x9 grid .*use cnn_downsample: avg"):
