@@ -38,6 +38,12 @@ def check_store_kv_args(k, v, k_cache, v_cache, slot_mapping) -> None:
                          f"{k.shape[0]} rows; give one slot (or -1) per row")
 
 
+def slot_out_of_range(slot: int, num_slots: int) -> ValueError:
+    """store_kv's error for a slot_mapping entry past the cache's end."""
+    return ValueError(f"store_kv: slot_mapping holds slot {slot} but the cache has only {num_slots} "
+                      "slots (num_blocks * block_size); fix the slot mapping")
+
+
 def check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, lens_name: str,
                                num_seqs: int | None = None, op: str = "paged_attention_decode") -> None:
     _check_cache(op, k_cache, v_cache)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from graft.kernels.checks import check_paged_attention_args, check_rotary_args, check_store_kv_args
+from graft.kernels.checks import (check_paged_attention_args, check_rotary_args, check_store_kv_args,
+                                  slot_out_of_range)
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "norm_rope_cpu.c"))
@@ -125,6 +126,13 @@ def unavailable_reason() -> str | None:
     return _load()[1]
 
 
+def _lib():
+    lib, reason = _load()
+    if lib is None:
+        raise RuntimeError(f"the C CPU kernels are unavailable: {reason}")
+    return lib
+
+
 def supports_decode(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether paged_attention_decode below can take these tensors (else use the reference)."""
     return (q.device.type == "cpu" and k_cache.device.type == "cpu" and q.dtype == k_cache.dtype
@@ -136,9 +144,7 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float) -> torch.Tensor:
     """Same contract as graft.kernels.reference.paged_attention_decode (CPU, contiguous caches)."""
     check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, "context_lens")
-    lib, reason = _load()
-    if lib is None:
-        raise RuntimeError(f"the C paged_attention_decode is unavailable: {reason}")
+    lib = _lib()
     if not (q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in _DTYPES):
         raise ValueError(f"paged_attention_decode (C): q, k_cache and v_cache must share one of "
                          f"float32/bfloat16/float16, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
@@ -183,13 +189,6 @@ def supports_rows(*tensors: torch.Tensor | None) -> bool:
     return all(t is None or _rows_ok(t) for t in tensors) and available()
 
 
-def _lib():
-    lib, reason = _load()
-    if lib is None:
-        raise RuntimeError(f"the C CPU kernels are unavailable: {reason}")
-    return lib
-
-
 def _row_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.shape[0] > 1 else t[0].numel()
 
@@ -219,8 +218,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     from graft.kernels import reference
 
     rot = check_rotary_args(x, cos, sin)
-    if not (supports_rows(x) and cos.dtype == sin.dtype == torch.float32 and rot % 2 == 0
-            and cos.device.type == "cpu"):
+    if not (supports_rows(x) and cos.dtype == sin.dtype == torch.float32 and cos.device.type == "cpu"):
         return reference.apply_rotary(x, cos, sin, interleaved)
     tokens, heads, d = x.shape
     out = torch.empty((tokens, heads, d), dtype=torch.float32)
@@ -247,8 +245,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                                     k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                                     k.shape[0], width, num_slots)
     if bad:
-        raise ValueError(f"store_kv: slot_mapping holds slot {int(slots[bad - 1])} but the cache has "
-                         f"only {num_slots} slots (num_blocks * block_size); fix the slot mapping")
+        raise slot_out_of_range(int(slots[bad - 1]), num_slots)
 
 
 def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:

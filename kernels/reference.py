@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from graft.kernels.checks import (check_paged_attention_args, check_prefill_args, check_rope_args,
-                                  check_rotary_args, check_store_kv_args)
+                                  check_rotary_args, check_store_kv_args, slot_out_of_range)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -20,8 +20,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     keep = slot_mapping >= 0  # [T]
     slots = slot_mapping[keep].long()
     if slots.numel() and int(slots.max()) >= num_slots:
-        raise ValueError(f"store_kv: slot_mapping holds slot {int(slots.max())} but the cache has "
-                         f"only {num_slots} slots (num_blocks * block_size); fix the slot mapping")
+        raise slot_out_of_range(int(slots.max()), num_slots)
     k_flat = k_cache.view(num_slots, *k_cache.shape[2:])  # [num_slots, Hkv, D]
     v_flat = v_cache.view(num_slots, *v_cache.shape[2:])
     k_flat.index_copy_(0, slots, k[keep].to(k_cache.dtype))
