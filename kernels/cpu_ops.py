@@ -184,13 +184,10 @@ def _rows_ok(t: torch.Tensor) -> bool:
 
 
 def supports_rows(*tensors: torch.Tensor | None) -> bool:
-    """Whether rms_norm / apply_rotary / store_kv below take these tensors (fp32 CPU rows, no
-    autograd) and the library is built; else graft.kernels.dispatch uses the reference."""
+    """Whether rms_norm / apply_rotary / store_kv / silu_mul below take these tensors (fp32 CPU
+    rows, no autograd) and the library is built; else graft.kernels.dispatch uses the
+    reference. Row strides go to C as they are (a single row's is never used, so any works)."""
     return all(t is None or _rows_ok(t) for t in tensors) and available()
-
-
-def _row_stride(t: torch.Tensor) -> int:
-    return t.stride(0) if t.shape[0] > 1 else t[0].numel()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
@@ -205,8 +202,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     total = torch.empty((rows, d), dtype=torch.float32) if residual is not None else None
     if rows:
         _lib().graft_rms_norm_f32(
-            x.data_ptr(), _row_stride(x), None if residual is None else residual.data_ptr(),
-            0 if residual is None else _row_stride(residual), weight.contiguous().data_ptr(),
+            x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0), weight.contiguous().data_ptr(),
             out.data_ptr(), None if total is None else total.data_ptr(), rows, d, float(eps),
             torch.get_num_threads())
     return out if residual is None else (out, total)
@@ -223,7 +220,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     tokens, heads, d = x.shape
     out = torch.empty((tokens, heads, d), dtype=torch.float32)
     if tokens:
-        _lib().graft_rotary_f32(x.data_ptr(), _row_stride(x), cos.contiguous().data_ptr(),
+        _lib().graft_rotary_f32(x.data_ptr(), x.stride(0), cos.contiguous().data_ptr(),
                                 sin.contiguous().data_ptr(), out.data_ptr(), tokens, heads, d, rot,
                                 int(bool(interleaved)), torch.get_num_threads())
     return out
@@ -241,7 +238,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     slots = slot_mapping.to(torch.int64).contiguous()
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     width = k_cache.shape[2] * k_cache.shape[3]
-    bad = _lib().graft_store_kv_f32(k.data_ptr(), _row_stride(k), v.data_ptr(), _row_stride(v),
+    bad = _lib().graft_store_kv_f32(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
                                     k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                                     k.shape[0], width, num_slots)
     if bad:
@@ -257,6 +254,6 @@ def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
     rows = gate_up.shape[0]
     out = torch.empty((rows, intermediate), dtype=torch.float32)
     if rows:
-        _lib().graft_silu_mul_f32(gate_up.data_ptr(), _row_stride(gate_up), out.data_ptr(), rows,
+        _lib().graft_silu_mul_f32(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows,
                                   intermediate, torch.get_num_threads())
     return out

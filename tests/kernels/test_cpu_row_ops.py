@@ -65,6 +65,8 @@ def test_store_kv_matches_reference_and_rejects_bad_slots():
     ref.store_kv(k, v, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
     before = caches[0].clone()
+    cpu_ops.store_kv(k[:0], v[:0], caches[0], caches[1], slots[:0])  # an empty batch writes nothing
+    assert torch.equal(caches[0], before)
     with pytest.raises(ValueError, match="slot 12 but the cache has only 12 slots"):
         cpu_ops.store_kv(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 4, 12, 6]))
     assert torch.equal(caches[0], before)  # nothing written on a bad mapping
