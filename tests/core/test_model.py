@@ -109,3 +109,36 @@ def test_adapter_init_seeds_the_projector(make_spec, tmp_path):
     for (name, a), (_, b) in zip(seeded.projector.state_dict().items(),
                                  trained.projector.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "glm4"])
+def test_training_loss_matches_hf(make_spec, tiny_llm_factory, family):
+    """The training forward runs the head only at labelled positions; loss and projector
+    gradients must equal HF's full-sequence loss."""
+    from graft.batching import Batcher
+
+    spec = make_spec("siglip", llm=tiny_llm_factory(family))
+    model = GraftedModel.from_spec(spec)
+    batch = Batcher(spec, model).collate([0, 1, 2, 3], "cpu")
+    # ragged rows, so padding positions are part of what must be ignored
+    batch["labels"][1, -3:] = -100
+    batch["attention_mask"][1, -2:] = 0
+
+    def loss_and_grads(loss_fn):
+        model.projector.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.projector.parameters()]
+
+    ours, ours_g = loss_and_grads(lambda: model(**batch).loss)
+
+    def hf_loss():
+        embeds = model.embed(batch["input_ids"], model.project(batch["vision_feats"], batch["sizes"]))
+        return model.llm(inputs_embeds=embeds, attention_mask=batch["attention_mask"],
+                         labels=batch["labels"], use_cache=False).loss
+
+    ref, ref_g = loss_and_grads(hf_loss)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours_g, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert ours_g[0].abs().sum() > 0
