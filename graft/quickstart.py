@@ -88,7 +88,9 @@ def run_quickstart(opts: QuickstartOptions, log=_say) -> dict:
     log("[4/5] eval: held-out accuracy (normalized exact match) + text-only identity")
     from graft.evals import run_eval
 
-    results = run_eval(str(run_dir), list(EVAL_TASKS), data_root=str(data_dir),
+    # graft's own engine: the same greedy tokens as HF generate (parity-tested), batched,
+    # so the held-out eval takes ~30 s instead of ~90 s and the time goes to training
+    results = run_eval(str(run_dir), list(EVAL_TASKS), data_root=str(data_dir), backend="engine",
                        out_dir=str(run_dir / "eval"), limit=opts.eval_limit, cache=False,
                        base_llm=str(paths["llm"]), log=lambda m: log(f"    {m}"))
     llm_sha_after = weights_sha256(paths["llm"])
