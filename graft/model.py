@@ -12,16 +12,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from graft.answer_loss import answer_loss, answer_loss_applies
 from graft.errors import GraftConfigError
 from graft.inject import embed_with_images
 from graft.spec import GraftSpec
-from graft.template import IGNORE_INDEX
 
 log = logging.getLogger("graft")
-
-# config fields of LLM families whose head output is rescaled or capped before the loss; those
-# keep HF's own forward (full-sequence logits) so the loss stays theirs
-_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -155,19 +151,10 @@ class GraftedModel(nn.Module):
         from transformers.modeling_outputs import CausalLMOutput
 
         embeds = self.embed(input_ids, self.project(vision_feats, sizes))
-        if any(getattr(self.llm.config, k, None) for k in _LOGIT_TRANSFORMS):
+        if not answer_loss_applies(self.llm):
             return self.llm(inputs_embeds=embeds, attention_mask=attention_mask, labels=labels,
                             use_cache=False)
-        # The head runs only where a label is predicted: on chat data that is a few answer
-        # tokens per sample, and the 49k-wide head over every position was ~1/5 of a step.
-        # Same loss as HF's (logits in fp32, mean over labelled tokens).
-        hidden = self.llm.get_decoder()(inputs_embeds=embeds, attention_mask=attention_mask,
-                                        use_cache=False).last_hidden_state
-        targets = labels[:, 1:]
-        keep = targets != IGNORE_INDEX
-        logits = self.llm.get_output_embeddings()(hidden[:, :-1][keep]).float()
-        loss = nn.functional.cross_entropy(logits, targets[keep], reduction="sum") / keep.sum().clamp(min=1)
-        return CausalLMOutput(loss=loss)
+        return CausalLMOutput(loss=answer_loss(self.llm, embeds, input_ids, attention_mask, labels))
 
     @torch.no_grad()
     def generate_ids(self, input_ids: list[int], images=(), max_new_tokens: int = 64,

@@ -112,17 +112,27 @@ def test_adapter_init_seeds_the_projector(make_spec, tmp_path):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "glm4"])
-def test_training_loss_matches_hf(make_spec, tiny_llm_factory, family):
-    """The training forward runs the head only at labelled positions; loss and projector
-    gradients must equal HF's full-sequence loss."""
+@pytest.mark.parametrize("system_prompt", [None, "You are a careful assistant that looks at pictures."])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_training_loss_matches_hf(make_spec, tiny_llm_factory, family, system_prompt, checkpointing):
+    """The training forward runs the head only at labelled positions and, with a system
+    prompt, the shared prefix once without autograd; loss and projector gradients must
+    equal HF's full-sequence loss."""
+    from graft.answer_loss import shared_prefix_length
     from graft.batching import Batcher
 
     spec = make_spec("siglip", llm=tiny_llm_factory(family))
+    spec.data.system_prompt = system_prompt
     model = GraftedModel.from_spec(spec)
+    if checkpointing:  # the prefix must not be shared: recomputation would re-append its cache
+        model.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.llm.train()
     batch = Batcher(spec, model).collate([0, 1, 2, 3], "cpu")
     # ragged rows, so padding positions are part of what must be ignored
     batch["labels"][1, -3:] = -100
     batch["attention_mask"][1, -2:] = 0
+    shared = shared_prefix_length(batch["input_ids"], batch["attention_mask"], batch["labels"])
+    assert (shared > 0) == (system_prompt is not None)
 
     def loss_and_grads(loss_fn):
         model.projector.zero_grad()
@@ -142,3 +152,28 @@ def test_training_loss_matches_hf(make_spec, tiny_llm_factory, family):
     for a, b in zip(ours_g, ref_g):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert ours_g[0].abs().sum() > 0
+
+
+def test_shared_prefix_stops_at_difference_image_label_and_padding():
+    from graft.answer_loss import MIN_SHARED_PREFIX, shared_prefix_length
+
+    n = MIN_SHARED_PREFIX + 4
+    ids = torch.arange(1, 2 * n + 1).repeat(3, 1)
+    mask = torch.ones_like(ids)
+    labels = torch.full_like(ids, -100)
+    assert shared_prefix_length(ids, mask, labels) == 2 * n - 1  # one position left for the rows
+    diff = ids.clone()
+    diff[2, n] = 999
+    assert shared_prefix_length(diff, mask, labels) == n
+    img = ids.clone()
+    img[:, n + 1] = IMAGE_PLACEHOLDER
+    assert shared_prefix_length(img, mask, labels) == n + 1
+    lab = labels.clone()
+    lab[1, n + 2] = 5  # predicted from position n + 1, which must stay with the rows
+    assert shared_prefix_length(ids, mask, lab) == n + 1
+    pad = mask.clone()
+    pad[0, n + 3:] = 0
+    assert shared_prefix_length(ids, pad, labels) == n + 3
+    short = ids.clone()
+    short[1, MIN_SHARED_PREFIX - 1] = 999
+    assert shared_prefix_length(short, mask, labels) == 0
