@@ -37,7 +37,6 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """Tokens at the start that every row has in common, with no image placeholder, no
     padding, and no position whose hidden state predicts a label; 0 when below
     MIN_SHARED_PREFIX."""
-    rows, length = input_ids.shape
     stop = (input_ids != input_ids[:1]).any(0) | (input_ids[0] == IMAGE_PLACEHOLDER)
     stop |= (attention_mask == 0).any(0)
     # the hidden state at t predicts labels[:, t + 1]: keep it out of the prefix
