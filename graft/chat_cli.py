@@ -14,7 +14,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from graft.data import load_image
+    from graft.train.data import load_image
     from graft.model import GraftedModel
     from graft.template import IMAGE_MARKER
 

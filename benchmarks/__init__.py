@@ -1,0 +1,1 @@
+"""`graft bench` implementations (tools, not library code): engine, serve, grafts, kernels, train."""

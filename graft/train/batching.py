@@ -1,0 +1,136 @@
+"""Turn validated samples into training batches: seeded order, frozen features, padding.
+
+Frozen-encoder features come from the feature cache when one is configured; misses in a
+batch are encoded together and stored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graft.train.data import image_content_hash, load_image, prepare_samples
+from graft.errors import GraftConfigError
+from graft.train.feature_cache import FeatureCache
+from graft.spec import GraftSpec
+from graft.template import IGNORE_INDEX
+
+
+class Batcher:
+    def __init__(self, spec: GraftSpec, model, rank: int = 0, world: int = 1):
+        self.spec = spec
+        self.model = model
+        self.rank, self.world = rank, world
+        max_len = spec.data.max_length
+        ctx = getattr(model.llm.config, "max_position_embeddings", None)
+        if ctx:
+            max_len = min(max_len, ctx)
+        root = GraftSpec.expand(spec.data.image_root)
+        self.samples, self.skipped = prepare_samples(
+            GraftSpec.expand(spec.data.train), root, model.tokenizer, model.image_token_count,
+            max_len, spec.data.on_bad_sample, spec.data.system_prompt)
+        self.val_samples = []
+        if spec.data.val:
+            self.val_samples, _ = prepare_samples(
+                GraftSpec.expand(spec.data.val), root, model.tokenizer, model.image_token_count,
+                max_len, spec.data.on_bad_sample, spec.data.system_prompt)
+        self.cache = None
+        if spec.train.feature_cache:
+            self.cache = FeatureCache(GraftSpec.expand(spec.train.feature_cache),
+                                      model.encoder.identity())
+        self.pad_id = model.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = model.tokenizer.eos_token_id or 0
+        self._encoded = 0  # images run through the encoder (cache misses, or no cache)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.samples)
+
+    @property
+    def cache_hits(self) -> int:
+        return self.cache.hits if self.cache else 0
+
+    @property
+    def cache_misses(self) -> int:
+        return self.cache.misses if self.cache else self._encoded
+
+    @property
+    def batches_per_epoch(self) -> int:
+        per_rank = -(-len(self.samples) // self.world)
+        return -(-per_rank // self.spec.train.batch_size)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """Sample indices of this rank's micro-batches; a pure function of (seed, epoch)."""
+        g = torch.Generator().manual_seed(self.spec.train.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.samples), generator=g).tolist()
+        mine = order[self.rank::self.world]
+        bs = self.spec.train.batch_size
+        return [mine[i:i + bs] for i in range(0, len(mine), bs)]
+
+    def features(self, images) -> list[torch.Tensor]:
+        """Frozen-encoder features per image, through the cache when configured."""
+        if self.cache is None:
+            self._encoded += len(images)
+            return self.model.encode_images(images)
+        keys = [image_content_hash(im) for im in images]
+        out = [self.cache.get(k) for k in keys]
+        missing = [i for i, f in enumerate(out) if f is None]
+        if missing:
+            fresh = self.model.encode_images([images[i] for i in missing])
+            for i, f in zip(missing, fresh):
+                self.cache.put(keys[i], f)
+                out[i] = f
+        return out
+
+    def feature_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel mean and std (unbiased) of the frozen features over every token of
+        every training image (adapter.standardize). Goes through the feature cache, so the
+        first epoch then reads the features instead of encoding them again."""
+        paths = list(dict.fromkeys(p for s in self.samples for p in s.image_paths))
+        if not paths:
+            raise GraftConfigError("adapter.standardize needs training images to measure the features "
+                                   f"on, but {self.spec.data.train} has no sample with an image; "
+                                   "turn adapter.standardize off for text-only data")
+        total = total_sq = None
+        count = 0
+        step = self.spec.train.batch_size
+        for i in range(0, len(paths), step):
+            for f in self.features([load_image(p) for p in paths[i:i + step]]):
+                f = f.double().reshape(-1, f.shape[-1])
+                total = f.sum(0) if total is None else total + f.sum(0)
+                total_sq = (f * f).sum(0) if total_sq is None else total_sq + (f * f).sum(0)
+                count += f.shape[0]
+        mean = total / count
+        var = (total_sq - count * mean * mean) / max(count - 1, 1)
+        return mean.float(), var.clamp(min=0).sqrt().float()
+
+    def collate(self, indices: list[int], device, samples=None) -> dict:
+        samples = [(samples or self.samples)[i] for i in indices]
+        images = [load_image(p) for s in samples for p in s.image_paths]
+        feats = self.features(images)
+        longest = max(len(s.chat.input_ids) for s in samples)
+        ids = torch.full((len(samples), longest), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(samples), longest), dtype=torch.long)
+        for row, s in enumerate(samples):  # right padding; image rows keep their order
+            n = len(s.chat.input_ids)
+            ids[row, :n] = torch.tensor(s.chat.input_ids)
+            labels[row, :n] = torch.tensor(s.chat.labels)
+            mask[row, :n] = 1
+        return {"input_ids": ids.to(device), "attention_mask": mask.to(device),
+                "labels": labels.to(device), "vision_feats": feats,
+                "sizes": [im.size for im in images]}
+
+    @torch.no_grad()
+    def val_loss(self, model, accel) -> float:
+        """Mean loss over the validation samples (token-weighted per batch)."""
+        total, n = 0.0, 0
+        bs = self.spec.train.batch_size
+        for i in range(0, len(self.val_samples), bs):
+            idx = list(range(i, min(i + bs, len(self.val_samples))))
+            batch = self.collate(idx, accel.device, samples=self.val_samples)
+            with accel.autocast():
+                loss = model(**batch).loss
+            total += loss.item() * len(idx)
+            n += len(idx)
+        return total / max(n, 1)

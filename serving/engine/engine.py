@@ -1,0 +1,314 @@
+"""The engine: requests in, tokens out. Offline `generate` and the incremental
+add_request / step / abort interface the server streams from.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from graft.serving.engine.block_manager import BlockManager
+from graft.serving.engine.config import EngineConfig
+from graft.serving.engine.mm_inputs import MultiModalInputs
+from graft.serving.engine.outputs import Detokenizer, RequestOutput, find_stop_string, make_output
+from graft.serving.engine.sampling_params import SamplingParams
+from graft.serving.engine.scheduler import Scheduler
+from graft.serving.engine.sequence import Sequence
+
+_EMA = 0.2  # weight of the newest timing sample in the moving averages
+
+
+@dataclass
+class EngineStats:
+    """Queue and timing state an admission controller can read."""
+
+    num_waiting: int
+    num_running: int
+    queued_prefill_tokens: int  # prompt tokens not yet computed (waiting + running chunks)
+    prefill_seconds_per_token: float | None  # moving average of measured prefill cost
+    decode_step_seconds: float | None  # moving average of a decode-only step
+    free_kv_blocks: int
+    total_kv_blocks: int
+    prefix_cache_hit_rate: float  # prompt tokens served from cache / prompt tokens admitted
+    num_preemptions: int
+
+
+class Engine:
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, tokenizer=None):
+        from graft.serving.engine.model_runner import ModelRunner
+        from graft.serving.engine.sampler import Sampler
+
+        self.model_dir = Path(model_dir)
+        self.config = config or EngineConfig()
+        self.runner = ModelRunner(self.model_dir, self.config)
+        self.max_model_len = self.runner.max_model_len
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.sampler = Sampler(self.runner.device, self.config.seed)
+        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(self.model_dir)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.eos_token_ids = _eos_ids(self.model_dir, self.runner.hf_config, self.tokenizer)
+        self.seqs: dict[str, Sequence] = {}  # unfinished requests by id
+        self._pending: list[RequestOutput] = []  # finished at admission (bad input)
+        self._order = itertools.count()
+        self._gen_ids = itertools.count()
+        self._prefill_spt: float | None = None
+        self._decode_step: float | None = None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None, **kwargs):
+        """An LLM dir (text only) or a run dir with graft.yaml (encoder + projector + LLM;
+        the multimodal front is then `engine.mm`)."""
+        if (Path(path) / "graft.yaml").is_file():
+            from graft.serving.multimodal.front import load_engine
+
+            return load_engine(path, config, **kwargs)
+        return cls(path, config, **kwargs)
+
+    @classmethod
+    def from_grafts(cls, grafts: dict[str, str | Path], config: EngineConfig | None = None,
+                    llm: str | Path | None = None, **kwargs):
+        """One engine (one LLM copy, one KV pool) serving several run dirs trained on the same
+        LLM (checked by sha256): `engine.grafts[name]` is each graft's multimodal front."""
+        from graft.serving.multimodal.grafts import load_engine_with_grafts
+
+        return load_engine_with_grafts(grafts, config, llm, **kwargs)
+
+    # --- requests -------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int] | None = None,
+                    sampling_params: SamplingParams | None = None, *,
+                    prompt_token_ids: list[int] | None = None,
+                    mm_inputs: MultiModalInputs | None = None, deadline: float | None = None,
+                    priority: int | None = None) -> None:
+        """Queue a request. Bad sampling settings raise; a prompt the model cannot take
+        finishes this request alone with finish_reason "error" (reported by the next step)."""
+        if request_id in self.seqs:
+            raise ValueError(f"request_id {request_id!r} is already running; use a unique id")
+        if isinstance(prompt, (list, tuple)):
+            prompt, prompt_token_ids = None, list(prompt)
+        if (prompt is None) == (prompt_token_ids is None):
+            raise ValueError("add_request needs exactly one of prompt (str) or prompt_token_ids")
+        params = sampling_params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if prompt is not None:
+            if self.tokenizer is None:
+                raise ValueError(f"{self.model_dir} has no tokenizer: pass prompt_token_ids")
+            prompt_token_ids = self.tokenizer(prompt)["input_ids"]
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_token_ids):
+            raise ValueError(f"request {request_id!r}: prompt_token_ids must be a list of ints")
+        seq = Sequence(request_id, prompt_token_ids, params, next(self._order), mm_inputs,
+                       deadline, priority)
+        problem = self._prompt_problem(seq)
+        if problem is not None:
+            seq.finish_reason, seq.error = "error", problem
+            seq.finish_time = time.monotonic()
+            self._pending.append(make_output(seq, final=True))
+            return
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def _prompt_problem(self, seq: Sequence) -> str | None:
+        from graft.inject import IMAGE_PLACEHOLDER
+
+        ids, rid = seq.token_ids, seq.request_id
+        if not ids:
+            return f"request {rid!r}: the prompt is empty"
+        if len(ids) > self.max_model_len:
+            return (f"request {rid!r}: prompt has {len(ids)} tokens but the model's context "
+                    f"(max_model_len) is {self.max_model_len}; shorten the prompt")
+        vocab = self.runner.vocab_size
+        bad = [t for t in ids if t >= vocab or (t < 0 and t != IMAGE_PLACEHOLDER)]
+        if bad:
+            return f"request {rid!r}: token ids {bad[:4]} are outside the vocabulary [0, {vocab})"
+        covered = set()
+        for r in (seq.mm_inputs.ranges if seq.mm_inputs is not None else []):
+            span = range(r.offset, r.offset + r.length)
+            if r.offset < 0 or span.stop > len(ids) or any(ids[p] != IMAGE_PLACEHOLDER for p in span):
+                return (f"request {rid!r}: image range offset={r.offset} length={r.length} does "
+                        "not cover a run of IMAGE_PLACEHOLDER ids in the prompt")
+            covered.update(span)
+        if sum(1 for t in ids if t == IMAGE_PLACEHOLDER) != len(covered):
+            return (f"request {rid!r}: the prompt holds image placeholder ids without matching "
+                    "mm_inputs ranges; pass mm_inputs for every image")
+        return None
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its blocks; no further output is reported for it."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.seqs or self._pending)
+
+    # --- one step -------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; return an output for every request that moved or finished."""
+        outputs, self._pending = self._pending, []
+        batch, dropped = self.scheduler.schedule()
+        dropped += self._drop_bad_images(batch)
+        for seq in dropped:
+            self.seqs.pop(seq.request_id, None)
+            outputs.append(make_output(seq, final=True))
+        if not batch:
+            return outputs
+        t0 = time.perf_counter()
+        logits, sampling = self.runner.execute(batch)
+        tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
+        self._record_timing(batch, time.perf_counter() - t0)
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.commit(seq)
+        now = time.monotonic()
+        for seq, token, lp in zip(sampling, tokens, logprobs):
+            self._append_token(seq, token, lp, now)
+            outputs.append(make_output(seq, final=seq.is_finished))
+            if seq.is_finished:
+                self.seqs.pop(seq.request_id, None)
+        return outputs
+
+    def _drop_bad_images(self, batch) -> list[Sequence]:
+        """Resolve this step's image rows up front; a request whose rows fail is finished
+        with an error instead of failing the whole batch."""
+        bad = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            if seq.mm_inputs is None:
+                continue
+            try:
+                rows = seq.mm_inputs.rows_for(seq.num_computed_tokens, seq.num_computed_tokens + n)
+                if rows is not None and rows.shape[-1] != self.runner.hidden_size:
+                    raise ValueError(f"image embeddings have width {rows.shape[-1]}, the model's "
+                                     f"hidden size is {self.runner.hidden_size}")
+            except Exception as err:  # the embedding source is opaque (an encoder call)
+                bad.append(seq)
+                self.scheduler.finish(seq, "error", f"request {seq.request_id!r}: {err}")
+        if bad:
+            keep = [(s, n) for s, n in zip(batch.seqs, batch.num_tokens) if not s.is_finished]
+            batch.num_decodes = sum(1 for s, n in keep if n == 1)
+            batch.seqs, batch.num_tokens = [s for s, _ in keep], [n for _, n in keep]
+        return bad
+
+    def _append_token(self, seq: Sequence, token: int, logprob, now: float) -> None:
+        seq.token_ids.append(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        params = seq.params
+        reason = None
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+            reason = "stop"  # the stop token's text is not added
+        else:
+            old_len = len(seq.text)
+            self.detokenizer.append(seq)
+            if params.stop:
+                cut = find_stop_string(seq, old_len)
+                if cut is not None:
+                    seq.text = seq.text[:cut]
+                    reason = "stop"
+        if reason is None and (seq.num_output_tokens >= params.max_tokens
+                               or len(seq) >= self.max_model_len):
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+
+    def _record_timing(self, batch, seconds: float) -> None:
+        prefill_tokens = batch.total_tokens - batch.num_decodes
+        if prefill_tokens == 0:
+            self._decode_step = _ema(self._decode_step, seconds)
+            return
+        decode_part = (self._decode_step or 0.0) if batch.num_decodes else 0.0
+        per_token = max(seconds - decode_part, 0.0) / prefill_tokens
+        self._prefill_spt = _ema(self._prefill_spt, per_token)
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            queued_prefill_tokens=self.scheduler.queued_prefill_tokens(),
+            prefill_seconds_per_token=self._prefill_spt,
+            decode_step_seconds=self._decode_step,
+            free_kv_blocks=bm.num_free_blocks,
+            total_kv_blocks=bm.num_blocks,
+            prefix_cache_hit_rate=bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    # --- offline --------------------------------------------------------------------
+    def generate(self, prompts: list[str] | str | None = None,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
+        """Run prompts (strings or token id lists) to completion; outputs in input order."""
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("generate needs exactly one of prompts or prompt_token_ids")
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        items = list(prompts if prompts is not None else prompt_token_ids)
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(items):
+                raise ValueError(f"sampling_params has {len(sampling_params)} entries for "
+                                 f"{len(items)} prompts; pass one, or one per prompt")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params or SamplingParams()] * len(items)
+        ids = [f"generate-{next(self._gen_ids)}" for _ in items]
+        try:
+            for rid, item, p in zip(ids, items, params):
+                if prompts is not None:
+                    self.add_request(rid, item, p)
+                else:
+                    self.add_request(rid, prompt_token_ids=list(item), sampling_params=p)
+        except Exception:  # leave nothing of this call queued
+            for rid in ids:
+                self.abort(rid)
+            self._pending = [o for o in self._pending if o.request_id not in ids]
+            raise
+        final: dict[str, RequestOutput] = {}
+        wanted = set(ids)
+        while wanted - final.keys():
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    final[out.request_id] = out
+        return [_whole(final[rid]) for rid in ids]
+
+
+def _whole(out: RequestOutput) -> RequestOutput:
+    """An offline result reports everything as new."""
+    out.new_token_ids, out.new_text = list(out.token_ids), out.text
+    return out
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - _EMA) * old + _EMA * new
+
+
+def _load_tokenizer(model_dir: Path):
+    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                    "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _eos_ids(model_dir: Path, hf_config, tokenizer) -> set[int]:
+    """EOS ids as HF generate uses them: generation_config.json first, then config, tokenizer."""
+    found = None
+    gen = model_dir / "generation_config.json"
+    if gen.is_file():
+        found = json.loads(gen.read_text()).get("eos_token_id")
+    if found is None:
+        found = getattr(hf_config, "eos_token_id", None)
+    if found is None and tokenizer is not None:
+        found = tokenizer.eos_token_id
+    if found is None:
+        return set()
+    return set(found) if isinstance(found, (list, tuple)) else {int(found)}

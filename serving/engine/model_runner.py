@@ -1,0 +1,165 @@
+"""Loads the decoder, owns the paged KV cache and the RoPE tables, and runs one batched forward.
+
+Per step it turns the scheduled (sequence, chunk) pairs into flat token tensors plus paged
+attention metadata, splices image rows for placeholder positions, and returns the logits of
+the sequences whose chunk reaches their last token.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from graft.errors import GraftConfigError
+from graft.kernels import cpu_linear, rope_cos_sin
+from graft.serving.engine.config import EngineConfig
+from graft.serving.models import build_model, load_weights, resolve_architecture
+from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
+from graft.serving.engine.scheduler import ScheduledBatch
+from graft.serving.engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str | Path, config: EngineConfig):
+        from transformers import AutoConfig
+
+        resolve_architecture(model_dir)  # a clear error before transformers sees the config
+        self.config = config
+        self.hf_config = AutoConfig.from_pretrained(str(model_dir))
+        self.device = torch.device(config.device)
+        self.dtype = config.torch_dtype
+        max_pos = getattr(self.hf_config, "max_position_embeddings", None) or 2048
+        if config.max_model_len is not None and config.max_model_len > max_pos:
+            raise GraftConfigError(
+                f"EngineConfig.max_model_len={config.max_model_len} exceeds the model's "
+                f"max_position_embeddings={max_pos}; lower it or leave it None")
+        self.max_model_len = config.max_model_len or max_pos
+        with torch.device("meta"):  # no random init: every weight comes from the checkpoint
+            model = build_model(model_dir, self.hf_config)
+        inv_freq, rope_scaling, _ = rope_inv_freq(self.hf_config, model.head_dim)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        load_weights(model, model_dir)
+        if self.device.type == "cpu" and cpu_linear.enabled(self.dtype):
+            model.prepack_linears()
+        self.model = model.eval()
+        self.vocab_size = self.hf_config.vocab_size
+        self.hidden_size = self.hf_config.hidden_size
+        # RoPE tables for every position, built once (HF: cos * attention_scaling, cast to dtype)
+        positions = torch.arange(self.max_model_len, device=self.device)
+        cos, sin = rope_cos_sin(positions, inv_freq.to(self.device))
+        self.cos_table = (cos * rope_scaling).to(self.dtype)  # [max_len, R/2]
+        self.sin_table = (sin * rope_scaling).to(self.dtype)
+        self.block_size = config.block_size
+        self.num_blocks = self._num_kv_blocks()
+        self._allocate_kv_cache()
+        self.decode_graphs = None
+        if self.device.type == "cuda" and not config.enforce_eager:
+            from graft.serving.engine.cuda_graphs import DecodeGraphs, capture_sizes
+
+            self.decode_graphs = DecodeGraphs(self, capture_sizes(config.max_num_seqs))
+
+    # --- KV cache -------------------------------------------------------------------
+    def bytes_per_block(self) -> int:
+        m = self.model
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(m.layers) * self.block_size * m.num_kv_heads * m.head_dim * elem
+
+    def _num_kv_blocks(self) -> int:
+        cfg, per_block = self.config, self.bytes_per_block()
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        if cfg.kv_cache_memory is not None:
+            blocks = cfg.kv_cache_memory // per_block
+            if blocks < 1:
+                raise GraftConfigError(
+                    f"EngineConfig.kv_cache_memory={cfg.kv_cache_memory} bytes holds no KV block "
+                    f"({per_block} bytes each); raise it")
+            return blocks
+        # default: room for max_num_seqs full-length sequences, capped by free memory
+        want = cfg.max_num_seqs * -(-self.max_model_len // self.block_size)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * cfg.kv_cache_fraction)
+        else:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            budget = min(int(avail * cfg.kv_cache_fraction), cfg.cpu_kv_cache_cap)
+        blocks = min(want, budget // per_block)
+        if blocks < 1:
+            raise GraftConfigError("not enough free memory for one KV block; set "
+                                   "EngineConfig.num_kv_blocks or kv_cache_memory explicitly")
+        return blocks
+
+    def _allocate_kv_cache(self) -> None:
+        m = self.model
+        shape = (len(m.layers), 2, self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
+        # zeros, not empty: kernels may read (and mask) padding slots of a block
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(m.layers):
+            layer.self_attn.k_cache = self.kv_cache[i, 0]
+            layer.self_attn.v_cache = self.kv_cache[i, 1]
+
+    # --- one forward ----------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+        """Run batch; return logits [B, vocab] fp32 and the B sequences they belong to."""
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_idx: list[int] = []
+        sampling: list[Sequence] = []
+        tables: list[list[int]] = []
+        ctx_lens: list[int] = []
+        cu = [0]
+        mm_rows = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            table = seq.block_table
+            ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            tables.append(table)
+            ctx_lens.append(end)
+            cu.append(cu[-1] + n)
+            if end == len(seq):
+                logits_idx.append(len(ids) - 1)
+                sampling.append(seq)
+            if seq.mm_inputs is not None:
+                rows = seq.mm_inputs.rows_for(start, end)
+                if rows is not None:
+                    mm_rows.append(rows)
+        nd = batch.num_decodes
+        graphs = self.decode_graphs
+        if graphs is not None and nd == len(tables) and not mm_rows and graphs.fits(nd):
+            return graphs.run(ids, positions, slots, tables, ctx_lens), sampling
+        dev = self.device
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_decodes=nd,
+            decode_block_tables=_pad_tables(tables[:nd], dev) if nd else None,
+            decode_context_lens=torch.tensor(ctx_lens[:nd], dtype=torch.int32, device=dev)
+            if nd else None,
+            prefill_block_tables=_pad_tables(tables[nd:], dev) if len(tables) > nd else None,
+            prefill_cu_seqlens=torch.tensor([c - cu[nd] for c in cu[nd:]], dtype=torch.int32,
+                                            device=dev) if len(tables) > nd else None,
+            prefill_context_lens=torch.tensor(ctx_lens[nd:], dtype=torch.int32, device=dev)
+            if len(tables) > nd else None,
+        )
+        override = None
+        if mm_rows:
+            rows = torch.cat(mm_rows).to(device=dev, dtype=self.dtype)  # [n_image_positions, d]
+            override = (input_ids < 0, rows)
+        cos, sin = self.cos_table[pos], self.sin_table[pos]  # [T, R/2]
+        logits = self.model(input_ids, cos, sin, meta,
+                            torch.tensor(logits_idx, dtype=torch.int64, device=dev), override)
+        return logits, sampling
+
+
+def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:
+    width = max(1, max(len(t) for t in tables))
+    rows = [t + [0] * (width - len(t)) for t in tables]
+    return torch.tensor(rows, dtype=torch.int32, device=device)

@@ -1,0 +1,72 @@
+"""Turn last-position logits into next tokens: greedy, temperature, top-k, top-p, seeds.
+
+Sampling uses the exponential-race trick (argmax of p / Exp(1) noise), so each row's
+draw depends only on its own generator: a seeded request gives the same tokens in any
+batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graft.serving.engine.sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int = 0):
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
+        """logits [B, V] fp32 -> (token ids [B] list, per-row logprob dicts or None)."""
+        greedy_ids = logits.argmax(dim=-1)  # [B]
+        rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        tokens = greedy_ids
+        if rows:
+            tokens = greedy_ids.clone()
+            idx = torch.tensor(rows, device=logits.device)
+            tokens[idx] = self._sample(logits[idx], [seqs[i] for i in rows])
+        token_list = tokens.tolist()
+        logprobs = [None] * len(seqs)
+        want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if want:
+            lp = torch.log_softmax(logits[want], dim=-1)  # raw model distribution
+            for j, i in enumerate(want):
+                k = seqs[i].params.logprobs
+                top = torch.topk(lp[j], k) if k > 0 else None
+                entry = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
+                entry[token_list[i]] = float(lp[j, token_list[i]])
+                logprobs[i] = entry
+        return token_list, logprobs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        temps = torch.tensor([s.params.temperature for s in seqs], device=logits.device)
+        logits = logits / temps[:, None]  # [b, V]
+        ks = [s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in seqs]
+        if min(ks) < vocab:
+            kth = torch.topk(logits, max(ks), dim=-1).values  # [b, max_k] descending
+            k_idx = torch.tensor(ks, device=logits.device) - 1
+            thresh = kth.gather(1, k_idx.clamp(max=kth.shape[1] - 1)[:, None])  # [b, 1]
+            thresh = torch.where(k_idx[:, None] >= vocab - 1, torch.full_like(thresh, -float("inf")),
+                                 thresh)
+            logits = logits.masked_fill(logits < thresh, -float("inf"))
+        top_ps = torch.tensor([s.params.top_p for s in seqs], device=logits.device)
+        if bool((top_ps < 1.0).any()):
+            sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+            probs = torch.softmax(sorted_logits, dim=-1)
+            # drop a token when the mass strictly before it already reaches top_p
+            drop = (probs.cumsum(-1) - probs) >= top_ps[:, None]
+            sorted_logits = sorted_logits.masked_fill(drop, -float("inf"))
+            logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        probs = torch.softmax(logits, dim=-1)
+        noise = torch.empty_like(probs)
+        seeded = [j for j, s in enumerate(seqs) if s.params.seed is not None]
+        if len(seeded) < len(seqs):
+            noise.exponential_(generator=self.generator)  # unseeded rows share one draw
+        for j in seeded:  # a seeded row draws only from its own generator
+            seq = seqs[j]
+            if seq.generator is None:
+                seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+            noise[j].exponential_(generator=seq.generator)
+        return (probs / noise).argmax(dim=-1)

@@ -1,0 +1,86 @@
+"""One request's state inside the engine: tokens, KV blocks, progress, finish reason."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from graft.serving.engine.mm_inputs import MultiModalInputs
+from graft.serving.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Prompt + generated tokens; KV for the first `num_computed_tokens` lives in `block_table`."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        order: int,
+        mm_inputs: MultiModalInputs | None = None,
+        deadline: float | None = None,
+        priority: int | None = None,
+    ):
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.params = params
+        self.order = order  # arrival counter: FCFS tie-break
+        self.mm_inputs = mm_inputs
+        self.deadline = deadline
+        self.priority = priority
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chain hashes of the full blocks registered so far
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.logprobs: list[dict[int, float]] = []
+        self.generator = None  # torch.Generator when params.seed is set
+        self.arrival_time = time.monotonic()
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        # output text state (see outputs.Detokenizer)
+        self.text = ""
+        self.sent_tokens = 0  # output tokens already reported by step()
+        self.sent_text = 0  # characters of text already reported by step()
+        self.detok_state = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def queue_key(self) -> tuple:
+        """Waiting order: earliest deadline first, then priority (low first), then arrival."""
+        has_deadline = self.deadline is not None
+        return (0 if has_deadline else 1, self.deadline if has_deadline else 0.0,
+                self.priority or 0, self.order)
+
+    def block_extra_key(self, index: int, block_size: int) -> str | None:
+        if self.mm_inputs is None:
+            return None
+        return self.mm_inputs.extra_key(index * block_size, (index + 1) * block_size)

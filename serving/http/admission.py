@@ -1,0 +1,126 @@
+"""Latency budgets: estimate a new request's TTFT from queue state and measured costs,
+and refuse (HTTP 429 + Retry-After) what cannot meet its budget.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from graft.serving.http.protocol import APIError
+
+
+class StepCostModel:
+    """step seconds ~= c0 + c1 * prefill_tokens + c2 * decode_seqs, fitted on recent steps;
+    encoder seconds ~= e * image_tokens (EMA). Both measured on this machine, while serving."""
+
+    def __init__(self, window: int = 128):
+        self._steps: deque[tuple[float, float, float]] = deque(maxlen=window)
+        self._coef = np.array([1e-3, 1e-4, 1e-4])  # priors until real steps are seen
+        self.encode_s_per_token = 1e-4
+        self._encode_seen = False
+        self._lock = threading.Lock()
+
+    def observe_step(self, prefill_tokens: int, decode_seqs: int, seconds: float) -> None:
+        with self._lock:
+            self._steps.append((float(prefill_tokens), float(decode_seqs), seconds))
+            if len(self._steps) >= 4:
+                self._fit()
+
+    def _fit(self) -> None:
+        data = np.array(self._steps)  # [n, 3]: prefill tokens, decode seqs, seconds
+        x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
+        # A light ridge pull toward the current estimate keeps a term the window cannot
+        # identify (e.g. only decode steps seen lately) where it was, not at nonsense.
+        xtx = x.T @ x
+        lam = 1e-2 * np.diag(xtx) + 1e-12
+        coef = np.linalg.solve(xtx + np.diag(lam), x.T @ data[:, 2] + lam * self._coef)
+        self._coef = np.maximum(coef, 0.0)  # costs are never negative
+
+    def observe_encode(self, image_tokens: int, seconds: float) -> None:
+        if image_tokens <= 0:
+            return
+        rate = seconds / image_tokens
+        with self._lock:
+            a = 1.0 if not self._encode_seen else 0.3
+            self.encode_s_per_token = (1 - a) * self.encode_s_per_token + a * rate
+            self._encode_seen = True
+
+    @property
+    def coefficients(self) -> tuple[float, float, float]:
+        return tuple(float(c) for c in self._coef)  # type: ignore[return-value]
+
+    def prefill_seconds(self, tokens: int, decode_seqs: int, token_budget: int) -> float:
+        """Time to push `tokens` prompt tokens through steps shared with `decode_seqs` decodes."""
+        if tokens <= 0:
+            return 0.0
+        c0, c1, c2 = self._coef
+        per_step = max(token_budget - decode_seqs, 1)
+        steps = math.ceil(tokens / per_step)
+        return steps * (c0 + c2 * decode_seqs) + c1 * tokens
+
+
+@dataclass
+class QueueItem:
+    deadline: float  # absolute monotonic seconds; inf when the request has no budget
+    prefill_tokens: int  # prompt tokens not yet prefilled
+    encode_tokens: int  # image tokens not yet encoded (cache misses only)
+
+
+class AdmissionController:
+    """Admit a request when its estimated TTFT (work queued ahead of it under EDF + its own
+    encode + prefill) fits its budget; otherwise raise a 429 with a Retry-After."""
+
+    def __init__(self, cost: StepCostModel, token_budget: int, slack: float = 1.0,
+                 quantile: float = 0.9):
+        self.cost = cost
+        self.token_budget = token_budget
+        self.slack = slack  # multiply estimates (>1: conservative)
+        self.quantile = quantile  # of measured/estimated TTFT that scales decisions
+        self._ratios: deque[float] = deque(maxlen=64)
+        self.rejected = 0
+
+    def observe_ttft(self, measured_s: float, estimate_s: float) -> None:
+        """Feedback from an admitted request: its measured TTFT against the model's estimate."""
+        if estimate_s > 0:
+            self._ratios.append(measured_s / estimate_s)
+
+    @property
+    def correction(self) -> float:
+        """A high quantile of measured/estimated TTFT over recent requests (never below 1):
+        keeps decisions honest when the machine's speed drifts under the cost model."""
+        if len(self._ratios) < 8:
+            return 1.0
+        return min(max(float(np.quantile(list(self._ratios), self.quantile)), 1.0), 8.0)
+
+    def estimate_ttft(self, item: QueueItem, queue: list[QueueItem], decode_seqs: int) -> float:
+        # Earliest-deadline-first: only work due no later than ours runs before ours.
+        ahead = [q for q in queue if q.deadline <= item.deadline]
+        prefill = item.prefill_tokens + sum(q.prefill_tokens for q in ahead)
+        encode = item.encode_tokens + sum(q.encode_tokens for q in ahead)
+        c0, _, c2 = self.cost.coefficients
+        in_flight = c0 + c2 * decode_seqs  # the step running now must end before ours starts
+        return (in_flight + self.cost.prefill_seconds(prefill, decode_seqs, self.token_budget)
+                + encode * self.cost.encode_s_per_token)
+
+    def admit(self, item: QueueItem, budget_s: float | None, queue: list[QueueItem],
+              decode_seqs: int) -> float:
+        """The cost model's TTFT estimate in seconds (for `observe_ttft`), or APIError(429)
+        when the estimate times slack and correction exceeds `budget_s`."""
+        raw = self.estimate_ttft(item, queue, decode_seqs)
+        estimate = raw * self.slack * self.correction
+        if budget_s is not None and estimate > budget_s:
+            self.rejected += 1
+            # Work ahead drains at roughly the estimated rate: retry once it has.
+            retry = max(1, math.ceil(estimate - budget_s))
+            raise APIError(
+                f"server cannot meet a {budget_s * 1000:.0f} ms time-to-first-token budget "
+                f"now (estimated {estimate * 1000:.0f} ms); retry after {retry} s or raise "
+                "ttft_budget_ms", status=429, type="rate_limit_error",
+                param="ttft_budget_ms", code="ttft_budget_exceeded",
+                headers={"Retry-After": str(retry)})
+        return raw

@@ -1,0 +1,303 @@
+"""The engine's one background thread: admits jobs, encodes their images within a per-step
+encoder budget, steps the engine while work exists and hands outputs to per-request sinks.
+
+The HTTP layer never touches the engine; it submits jobs and reads events from a sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from graft.serving.http.admission import AdmissionController, QueueItem, StepCostModel
+from graft.serving.http.protocol import APIError
+
+log = logging.getLogger("graft.serving")
+
+
+@dataclass
+class Job:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: object  # SamplingParams
+    sink: Callable[[str, object], None]  # thread-safe; kinds: output, error, deadline
+    prepared: object = None  # multimodal.PreparedPrompt when the prompt has images
+    deadline: float | None = None  # absolute time.monotonic() for the first token
+    arrival: float = field(default_factory=time.monotonic)
+    encode_tokens: int = 0  # image tokens not in the encoder cache at admission
+    front: object = None  # MultimodalFront of the graft it asked for (None: the worker's front)
+    graft: str | None = None  # served model name, for per-graft metrics
+    estimate_s: float | None = None  # admission control's TTFT estimate
+    first_token_at: float | None = None
+    n_output: int = 0
+
+    def queue_item(self) -> QueueItem:
+        return QueueItem(self.deadline if self.deadline is not None else float("inf"),
+                         len(self.prompt_token_ids), self.encode_tokens)
+
+
+class EngineWorker:
+    def __init__(self, engine, front=None, metrics=None, encoder_tokens_per_step: int = 4096,
+                 admission_slack: float = 1.0, fronts: list | None = None):
+        self.engine = engine
+        self.front = front  # MultimodalFront or None (text-only model)
+        # every front whose jobs may come (several grafts); they share one encoder cache
+        self.fronts = list(fronts) if fronts else [f for f in (front,) if f is not None]
+        self.cache = self.fronts[0].cache if self.fronts else None
+        self.metrics = metrics
+        self.encoder_tokens_per_step = encoder_tokens_per_step
+        self.cost = StepCostModel()
+        self.admission = AdmissionController(self.cost, engine.config.max_num_batched_tokens,
+                                             admission_slack)
+        self.pending: list[Job] = []  # admitted, images not yet encoded: EDF order
+        self.active: dict[str, Job] = {}  # inside the engine
+        self._aborts: list[str] = []
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="graft-engine", daemon=True)
+
+    def warmup(self) -> None:
+        """A few real steps (and encodes) before serving, so the first admission decisions
+        use costs measured on this machine rather than priors."""
+        from PIL import Image
+
+        from graft.serving.engine.sampling_params import SamplingParams
+
+        engine = self.engine
+        vocab = engine.runner.vocab_size
+        n = max(2, min(engine.config.max_num_batched_tokens, engine.max_model_len // 2, 96))
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        for i, length in enumerate((max(2, n // 4), n, max(2, n // 2))):
+            ids = [(7 * i + 3 * k + 1) % vocab for k in range(length)]  # no shared prefix
+            engine.add_request(f"graft-warmup-{i}", prompt_token_ids=ids, sampling_params=params)
+            while engine.has_unfinished_requests():
+                self._run_once([])
+        for front in self.fronts:
+            image = Image.new("RGB", (224, 224), (128, 128, 128))
+            n_tokens = front.model.image_token_count(224, 224)
+            for _ in range(2):  # the first call pays one-time setup; keep the second
+                start = time.perf_counter()
+                front.model.image_features([image])
+                elapsed = time.perf_counter() - start
+            self.cost.observe_encode(n_tokens, elapsed)
+
+    # ---- called from the HTTP layer (any thread) ----------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    def submit(self, job: Job, budget_s: float | None) -> float:
+        """Admission control, then queue; returns the TTFT estimate or raises APIError(429)."""
+        died = self._thread.ident is not None and not self._thread.is_alive()
+        if died or self._stop:  # (never started: driven by hand with _run_once, as in tests)
+            raise APIError("the engine thread is not running; see the server log",
+                           status=503, type="server_error", code="engine_down")
+        with self._cond:
+            queue = [j.queue_item() for j in self.pending]
+            queue += [j.queue_item() for j in self.active.values() if j.first_token_at is None]
+            decoding = sum(1 for j in self.active.values() if j.first_token_at is not None)
+            estimate = self.admission.admit(job.queue_item(), budget_s, queue, decoding)
+            job.estimate_s = estimate
+            self.pending.append(job)
+            self.pending.sort(key=lambda j: j.queue_item().deadline)
+            self._cond.notify()
+        return estimate
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            self._aborts.append(request_id)
+            self._cond.notify()
+
+    def queue_depth(self) -> int:
+        with self._cond:
+            return len(self.pending) + sum(1 for j in self.active.values()
+                                           if j.first_token_at is None)
+
+    def num_running(self) -> int:
+        return len(self.active)
+
+    # ---- the engine thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stop or self._aborts or self.pending
+                           or self.engine.has_unfinished_requests()):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                aborts, self._aborts = self._aborts, []
+            try:
+                self._run_once(aborts)
+            except Exception as err:  # never let one bad batch kill the server thread
+                log.exception("engine step failed")
+                self._fail_all(APIError(f"engine error: {err}", status=500,
+                                        type="server_error", code="engine_error"))
+
+    def _run_once(self, aborts: list[str]) -> None:
+        for rid in aborts:
+            self._abort_now(rid)
+        self._expire_pending()
+        self._admit_some()
+        if self.engine.has_unfinished_requests():
+            # Snapshot progress so the step's shape (prefill tokens, decodes) can be measured
+            # from outside the engine for the admission cost model.
+            before = [(seq, seq.num_computed_tokens) for seq in self.engine.seqs.values()]
+            start = time.perf_counter()
+            outputs = self.engine.step()
+            elapsed = time.perf_counter() - start
+            # a finished sequence's blocks (and count) are already released: it computed up
+            # to its last token, which was sampled, not computed
+            moved = [(len(seq) - 1 if seq.is_finished else seq.num_computed_tokens) - n
+                     for seq, n in before]
+            decodes = sum(1 for d in moved if d == 1)
+            prefill = sum(d for d in moved if d > 1)
+            if prefill or decodes:
+                self.cost.observe_step(prefill, decodes, elapsed)
+            for out in outputs:
+                self._deliver(out)
+        elif self.pending:
+            # Work that cannot start yet (no cache room) beside an idle engine: wait for a
+            # change (new request, abort, stop) rather than spin.
+            with self._cond:
+                self._cond.wait(timeout=0.05)
+
+    def _abort_now(self, rid: str) -> None:
+        with self._cond:
+            job = next((j for j in self.pending if j.request_id == rid), None)
+            if job is not None:
+                self.pending.remove(job)
+            elif rid in self.active:
+                job = self.active.pop(rid)
+                self.engine.abort(rid)
+        if job is not None:
+            self._release(rid)
+            if self.metrics:
+                self.metrics.aborted.inc()
+
+    def _expire_pending(self) -> None:
+        now = time.monotonic()
+        with self._cond:
+            late = [j for j in self.pending if j.deadline is not None and now > j.deadline]
+            for j in late:
+                self.pending.remove(j)
+        for j in late:
+            if j.estimate_s:
+                self.admission.observe_ttft(now - j.arrival, j.estimate_s)
+            self._release(j.request_id)
+            j.sink("deadline", None)
+            if self.metrics:
+                self.metrics.deadline.inc()
+
+    def _admit_some(self) -> None:
+        """Move pending jobs into the engine, encoding at most about one encoder budget of
+        image tokens per step so running decodes keep flowing between encoder batches."""
+        with self._cond:
+            batch: list[Job] = []
+            budget = self.encoder_tokens_per_step
+            room = (self.cache.max_bytes - self.cache.pinned_bytes
+                    if self.cache is not None else 0)
+            for job in list(self.pending):
+                if job.prepared is not None and job.prepared.images:
+                    need = job.encode_tokens
+                    nbytes = job.prepared.cache_bytes
+                    if (batch and need > budget) or nbytes > room:
+                        break  # keep EDF order: later jobs wait behind this one
+                    budget -= need
+                    room -= nbytes
+                batch.append(job)
+                self.pending.remove(job)
+        embeds: dict = {}
+        by_front: dict[int, tuple] = {}  # one encoder batch per graft
+        for j in batch:
+            if j.prepared is not None:
+                front = j.front or self.front
+                by_front.setdefault(id(front), (front, []))[1].extend(
+                    (im, j.request_id) for im in j.prepared.images)
+        for front, items in by_front.values():
+            if items:
+                start = time.perf_counter()
+                got, encoded = front.encode(items)
+                embeds.update(got)  # keys carry encoder + adapter identity: no clashes
+                self.cost.observe_encode(encoded, time.perf_counter() - start)
+        for job in batch:
+            mm = ((job.front or self.front).mm_inputs(job.prepared, embeds)
+                  if job.prepared is not None else None)
+            self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
+                                    sampling_params=job.sampling_params, mm_inputs=mm,
+                                    deadline=job.deadline)
+            with self._cond:  # `active` is read by submit() and the metrics on other threads
+                self.active[job.request_id] = job
+
+    def _deliver(self, out) -> None:
+        job = self.active.get(out.request_id)
+        if job is None:
+            return
+        now = time.monotonic()
+        if job.first_token_at is None and out.token_ids:
+            job.first_token_at = now
+            # The budget is for the first token; once met, decoding runs to its own end.
+            seq = self.engine.seqs.get(job.request_id)
+            if seq is not None:
+                seq.deadline = None
+            if self.metrics:
+                self.metrics.ttft.observe(now - job.arrival)
+                if job.estimate_s:
+                    self.metrics.ttft_vs_estimate.observe((now - job.arrival) / job.estimate_s)
+                per_graft = self.metrics.grafts.get(job.graft)
+                if per_graft is not None:
+                    per_graft.ttft.observe(now - job.arrival)
+            if job.estimate_s:
+                self.admission.observe_ttft(now - job.arrival, job.estimate_s)
+        if out.finished and job.first_token_at is None and job.estimate_s:
+            # stopped without a first token (deadline): its elapsed time is a lower bound
+            self.admission.observe_ttft(now - job.arrival, job.estimate_s)
+        job.n_output = len(out.token_ids)
+        if out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
+            job.sink("error", APIError(out.error or "the engine rejected this prompt",
+                                       param="messages", code="invalid_prompt"))
+        else:
+            job.sink("output", out)
+        if out.finished:
+            with self._cond:
+                self.active.pop(out.request_id, None)
+            self._release(out.request_id)
+            if self.metrics:
+                self._record_finish(job, out, now)
+
+    def _record_finish(self, job: Job, out, now: float) -> None:
+        m = self.metrics
+        m.finished.inc()
+        m.e2e.observe(now - job.arrival)
+        m.prompt_tokens.inc(len(job.prompt_token_ids))
+        m.generation_tokens.inc(job.n_output)
+        if job.first_token_at is not None and job.n_output > 1:
+            m.tpot.observe((now - job.first_token_at) / (job.n_output - 1))
+        if out.finish_reason == "deadline":
+            m.deadline.inc()
+
+    def _release(self, rid: str) -> None:
+        if self.cache is not None:
+            self.cache.release(rid)
+
+    def _fail_all(self, err: APIError) -> None:
+        with self._cond:
+            jobs = list(self.pending) + list(self.active.values())
+            running = set(self.active)
+            self.pending.clear()
+            self.active.clear()
+        for job in jobs:
+            if job.request_id in running:
+                try:
+                    self.engine.abort(job.request_id)
+                except Exception:  # the engine is already in trouble; free what we can
+                    log.exception("abort after engine error failed")
+            self._release(job.request_id)
+            job.sink("error", err)

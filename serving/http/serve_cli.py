@@ -1,0 +1,119 @@
+"""`graft serve PATH`: the OpenAI-compatible chat server for a run dir or a plain LLM dir;
+`graft serve [LLM_DIR] --graft NAME=RUN_DIR ...`: several grafts over one shared LLM."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", nargs="?", default=None,
+                   help="run dir (graft.yaml: images + text) or HF LLM dir (text only); with "
+                        "--graft: optional, the LLM dir every graft was trained on")
+    p.add_argument("--graft", action="append", default=[], metavar="NAME=RUN_DIR",
+                   help="serve this run dir as model NAME (repeat it: every graft shares one "
+                        "LLM, KV pool and batch; the bare LLM stays listed, text only)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None,
+                   help="model name clients send (default: the dir's name; with --graft: "
+                        "the bare LLM's name)")
+    p.add_argument("--allowed-local-media-path", default=None,
+                   help="allow image_url file paths under this dir (default: none)")
+    p.add_argument("--allow-remote-media", action="store_true",
+                   help="allow http(s) image URLs (default: data: URLs only)")
+    p.add_argument("--limit-images-per-prompt", type=int, default=4)
+    p.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
+    p.add_argument("--max-image-pixels", type=int, default=4096 * 4096)
+    p.add_argument("--encoder-cache-mb", type=float, default=256.0,
+                   help="byte budget of the encoder (image embedding) cache")
+    p.add_argument("--encoder-tokens-per-step", type=int, default=4096,
+                   help="image tokens encoded between two engine steps")
+    p.add_argument("--ttft-budget-ms", type=float, default=None,
+                   help="default time-to-first-token budget; requests may set ttft_budget_ms")
+    p.add_argument("--shrink-images-to-budget", action="store_true",
+                   help="downscale native-resolution images (e.g. MoonViT) to meet a budget")
+    p.add_argument("--admission-slack", type=float, default=1.0,
+                   help="multiply TTFT estimates by this before comparing to the budget")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
+    p.add_argument("--log-level", default="warning")
+
+
+def build(args: argparse.Namespace):
+    """Engine + app from parsed arguments (also used by tests)."""
+    from graft.serving import EngineConfig
+    from graft.serving.multimodal.media import MediaConfig
+    from graft.serving.multimodal.front import load_engine
+    from graft.serving.http.server import ServerSettings, build_app
+
+    config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                          max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_model_len=args.max_model_len,
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager)
+    cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
+    path = Path(args.path) if args.path else None
+    if args.graft:
+        engine = _graft_engine(args.graft, path, config, cache_bytes)
+        path = engine.grafts.llm_path  # the base name defaults to the LLM dir's name
+    elif path is None:
+        from graft.errors import GraftConfigError
+
+        raise GraftConfigError("graft serve needs PATH (a run dir or LLM dir) or at least one "
+                               "--graft NAME=RUN_DIR")
+    elif (path / "graft.yaml").is_file():
+        engine = load_engine(path, config, cache_bytes)
+    else:
+        from graft.serving import Engine
+
+        engine = Engine.from_pretrained(str(path), config)
+    media = MediaConfig(allowed_local_media_path=args.allowed_local_media_path,
+                        allow_remote_media=args.allow_remote_media,
+                        max_image_bytes=args.max_image_bytes,
+                        max_image_pixels=args.max_image_pixels)
+    settings = ServerSettings(
+        model_name=args.served_model_name or path.resolve().name, media=media,
+        limit_images_per_prompt=args.limit_images_per_prompt,
+        default_ttft_budget_ms=args.ttft_budget_ms,
+        encoder_tokens_per_step=args.encoder_tokens_per_step,
+        admission_slack=args.admission_slack,
+        shrink_images_to_budget=args.shrink_images_to_budget)
+    return build_app(engine, settings)
+
+
+def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):
+    from graft.errors import GraftConfigError
+    from graft.serving.multimodal.grafts import load_engine_with_grafts, parse_graft_arg
+
+    if llm is not None and (llm / "graft.yaml").is_file():
+        raise GraftConfigError(f"PATH {llm} is a run dir; with --graft, pass it as "
+                               f"--graft NAME={llm} and give PATH only for the shared LLM dir")
+    grafts: dict[str, str] = {}
+    for text in specs:
+        name, run_dir = parse_graft_arg(text)
+        if name in grafts:
+            raise GraftConfigError(f"--graft {text!r}: the name {name!r} is used twice")
+        grafts[name] = run_dir
+    return load_engine_with_grafts(grafts, config, llm=llm, cache_bytes=cache_bytes)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    app = build(args)
+    names = ", ".join(map(repr, app.state.ctx.models))
+    print(f"graft serve: {args.path or 'grafts'} as {names} on "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,236 @@
+"""The engine's multimodal front: chat + images -> prompt ids with placeholder runs,
+projected embeddings (through the encoder cache) and the `MultiModalInputs` the engine splices.
+
+Placeholder runs are sized with the encoder/projector token counts before any encoding, so
+budgets and cache room are known at admission.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from graft.errors import GraftConfigError, GraftDataError
+from graft.serving.multimodal.encoder_cache import EncoderCache, cache_key
+from graft.serving.multimodal.media import LoadedImage
+from graft.serving.engine.mm_inputs import ImageRange, MultiModalInputs
+
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class PreparedImage:
+    key: str  # encoder-cache key: pixels + preprocessing + encoder + adapter identity
+    image: object  # PIL RGB image
+    n_tokens: int  # placeholder positions (projector output rows)
+    nbytes: int  # bytes of its embeddings in the cache
+
+
+@dataclass
+class PreparedPrompt:
+    prompt_token_ids: list[int]  # IMAGE_PLACEHOLDER runs at image positions
+    images: list[PreparedImage]  # in prompt order
+    spans: list[tuple[int, int]]  # (offset, length) of each image's placeholder run
+
+    @property
+    def cache_bytes(self) -> int:
+        """Cache bytes this prompt pins while it runs (a repeated image counts once)."""
+        return unique_bytes(self.images)
+
+
+def unique_bytes(images: list[PreparedImage]) -> int:
+    return sum(im.nbytes for im in {im.key: im for im in images}.values())
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class MultimodalFront:
+    """Frozen encoder + projector + tokenizer of a run dir, with a byte-bounded embedding cache."""
+
+    def __init__(self, model, run_dir: str | Path | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, cache: EncoderCache | None = None):
+        self.model = model  # GraftedModel whose HF LLM was dropped (the engine runs the LLM)
+        self.tokenizer = model.tokenizer
+        # several grafts over one engine share one cache (keys carry encoder + adapter identity)
+        self.cache = cache if cache is not None else EncoderCache(cache_bytes)
+        self.hits = 0  # this front's encoder-cache lookups (the cache's own counters sum all)
+        self.misses = 0
+        self.encoder_id = model.encoder.identity()
+        adapter_file = Path(run_dir, "adapter.safetensors") if run_dir else None
+        if adapter_file is not None and adapter_file.is_file():
+            self.adapter_id = _file_digest(adapter_file)
+        else:  # unsaved projector: identity from its weights
+            from graft.integrity import params_digest
+
+            self.adapter_id = params_digest(model.projector)
+        self.preprocess_id = json.dumps(dict(model.spec.encoder), sort_keys=True, default=str)
+        self.d_model = model.projector.d_model
+        self.encode_calls = 0  # encoder forward passes (a batch of unique misses = one call)
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 device: str = "cpu") -> "MultimodalFront":
+        from graft.model import GraftedModel
+
+        run_dir = Path(run_dir)
+        if (run_dir / "lora").is_dir():
+            raise GraftConfigError(
+                f"{run_dir}/lora: the serving engine runs the base LLM weights only; merge the "
+                "LoRA into a copy of the LLM and point llm.path at it to serve this run")
+        # image path only: the engine loads its own copy of the LLM from spec.llm.path
+        model = GraftedModel.from_run(run_dir, device=device, with_llm=False)
+        return cls(model, run_dir, cache_bytes)
+
+    @property
+    def llm_path(self) -> str:
+        from graft.spec import GraftSpec
+
+        return GraftSpec.expand(self.model.spec.llm.path)
+
+    # ---- before encoding: sizes, keys, prompt ------------------------------------------
+    def prepare_image(self, loaded: LoadedImage) -> PreparedImage:
+        n = self.model.image_token_count(loaded.width, loaded.height)
+        key = cache_key(loaded.content_hash, self.preprocess_id, self.encoder_id, self.adapter_id)
+        return PreparedImage(key, loaded.image, n, n * self.d_model * 4)  # float32 rows
+
+    def shrink_image(self, im: PreparedImage, scale: float = 0.8) -> PreparedImage | None:
+        """The image downscaled until it costs fewer tokens (native-resolution encoders);
+        None where the token count does not depend on size or the image is already tiny."""
+        from PIL import Image
+
+        from graft.serving.multimodal.media import pixel_hash
+
+        w, h = im.image.size
+        while min(w, h) > 8:
+            w, h = max(1, int(w * scale)), max(1, int(h * scale))
+            if self.model.image_token_count(w, h) < im.n_tokens:
+                small = im.image.resize((w, h), Image.BICUBIC)
+                return self.prepare_image(LoadedImage(small, pixel_hash(small), w, h))
+        return None
+
+    def prompt(self, messages: list[dict], images: list[PreparedImage]) -> PreparedPrompt:
+        """Token ids for `messages` (one `<image>` marker per image, in order)."""
+        from graft.template import encode_chat
+
+        chat = encode_chat(self.tokenizer, messages, [im.n_tokens for im in images],
+                           add_generation_prompt=True)
+        return PreparedPrompt(chat.input_ids, images, list(chat.image_spans))
+
+    def check_cache_room(self, images: list[PreparedImage]) -> None:
+        """An image whose embeddings exceed the whole cache can never be served: say so now."""
+        for k, im in enumerate(images):
+            if im.nbytes > self.cache.max_bytes:
+                raise GraftDataError(
+                    f"image {k} needs {im.nbytes} bytes of embeddings ({im.n_tokens} tokens), "
+                    f"more than the encoder cache holds ({self.cache.max_bytes} bytes); send a "
+                    "smaller image or raise --encoder-cache-mb")
+        unique = unique_bytes(images)
+        if unique > self.cache.max_bytes:  # all of a prompt's images are pinned at once
+            raise GraftDataError(
+                f"the {len(images)} images need {unique} bytes of embeddings together, more "
+                f"than the encoder cache holds ({self.cache.max_bytes} bytes); send fewer or "
+                "smaller images or raise --encoder-cache-mb")
+
+    def uncached_tokens(self, images: list[PreparedImage]) -> int:
+        return sum(im.n_tokens for im in {im.key: im for im in images}.values()
+                   if im.key not in self.cache)
+
+    # ---- encoding ----------------------------------------------------------------------
+    @torch.no_grad()
+    def encode(self, items: list[tuple[PreparedImage, str]]) -> tuple[dict[str, torch.Tensor], int]:
+        """Embeddings for (image, owner request id) pairs, each pinned for its owner.
+
+        Cache hits are reused; the unique misses are encoded in one batch (the same image
+        twice is encoded once). Returns ({key: [n_tokens, d_model]}, image tokens encoded).
+        """
+        out: dict[str, torch.Tensor] = {}
+        todo: dict[str, PreparedImage] = {}
+        for im, owner in items:
+            if im.key in todo:
+                continue  # already queued for this batch: encoded once, pinned below
+            hit = self.cache.get(im.key, owner)
+            if hit is None:
+                self.misses += 1
+                todo[im.key] = im
+            else:
+                self.hits += 1
+                out[im.key] = hit
+        encoded = 0
+        if todo:
+            feats = self.model.image_features([im.image for im in todo.values()])
+            self.encode_calls += 1
+            for (key, im), rows in zip(todo.items(), feats):
+                if rows.shape[0] != im.n_tokens:
+                    raise GraftConfigError(
+                        f"encoder+projector produced {rows.shape[0]} rows for a "
+                        f"{im.image.size} image but num_tokens promised {im.n_tokens}")
+                out[key] = rows.detach().float().contiguous()  # [n_tokens, d_model]
+                encoded += im.n_tokens
+        for im, owner in items:
+            if im.key in todo:
+                self.cache.put(im.key, out[im.key], owner)  # first put stores, later ones pin
+        return out, encoded
+
+    def mm_inputs(self, prepared: PreparedPrompt,
+                  embeds: dict[str, torch.Tensor]) -> MultiModalInputs | None:
+        if not prepared.images:
+            return None
+        return MultiModalInputs([ImageRange(off, n, im.key, embeds[im.key])
+                                 for im, (off, n) in zip(prepared.images, prepared.spans)])
+
+    def prepare_chat(self, messages: list[dict], images: list, owner: str = "offline"
+                     ) -> tuple[list[int], MultiModalInputs | None]:
+        """Offline path: PIL images + messages with `<image>` markers -> (prompt ids,
+        mm_inputs) for `Engine.add_request`; release with `cache.release(owner)` when done."""
+        from graft.serving.multimodal.media import pixel_hash
+
+        prepared_images = []
+        for im in images:
+            rgb = im.convert("RGB")
+            prepared_images.append(self.prepare_image(
+                LoadedImage(rgb, pixel_hash(rgb), rgb.width, rgb.height)))
+        self.check_cache_room(prepared_images)
+        prepared = self.prompt(messages, prepared_images)
+        embeds, _ = self.encode([(im, owner) for im in prepared.images])
+        return prepared.prompt_token_ids, self.mm_inputs(prepared, embeds)
+
+
+def generate_chats(engine, chats: dict[str, tuple], sampling_params) -> dict:
+    """Offline multimodal generate: {request id: (messages with `<image>` markers, PIL
+    images[, graft name])} -> {request id: final RequestOutput}, all in one continuous
+    batch. The graft name picks `engine.grafts[name]` (several grafts); else `engine.mm`."""
+    fronts = {}
+    for rid, (messages, images, *graft) in chats.items():
+        fronts[rid] = engine.grafts[graft[0]] if graft else engine.mm
+        ids, mm = fronts[rid].prepare_chat(messages, images, owner=rid)
+        engine.add_request(rid, prompt_token_ids=ids, sampling_params=sampling_params,
+                           mm_inputs=mm)
+    done = {}
+    while len(done) < len(chats) and engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished and out.request_id in chats:
+                done[out.request_id] = out
+                fronts[out.request_id].cache.release(out.request_id)
+    return done
+
+
+def load_engine(path: str | Path, config=None, cache_bytes: int = DEFAULT_CACHE_BYTES, **kwargs):
+    """Engine for a run dir: the LLM from spec.llm.path, with `engine.mm` = this front.
+    `Engine.from_pretrained` delegates here when the dir holds graft.yaml."""
+    from graft.serving.engine.engine import Engine
+
+    front = MultimodalFront.from_run(path, cache_bytes, device=getattr(config, "device", "cpu"))
+    kwargs.setdefault("tokenizer", front.tokenizer)
+    engine = Engine(front.llm_path, config, **kwargs)
+    engine.mm = front
+    return engine

@@ -1,0 +1,159 @@
+"""Turn an `image_url` into decoded RGB pixels plus a content hash, within limits.
+
+Sources: base64 `data:` URLs always; local files only under an allowed root; http(s) only
+when remote media is allowed. Blocking work (I/O, decode, hashing): call from a thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from PIL import Image
+
+from graft.serving.http.protocol import APIError
+
+
+@dataclass
+class MediaConfig:
+    allowed_local_media_path: str | None = None  # root that local paths/file:// must lie under
+    allow_remote_media: bool = False  # fetch http(s) URLs (off: a server should not browse)
+    max_image_bytes: int = 20 * 1024 * 1024  # encoded size limit per image
+    max_image_pixels: int = 4096 * 4096  # width * height limit, checked before decoding
+    remote_timeout_s: float = 10.0  # per remote fetch
+
+
+@dataclass
+class LoadedImage:
+    image: Image.Image  # RGB, fully decoded
+    content_hash: str  # sha256 over size + RGB pixels: same picture, same hash, any encoding
+    width: int
+    height: int
+
+
+def pixel_hash(image: Image.Image) -> str:
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    h = hashlib.sha256(f"RGB:{rgb.width}x{rgb.height}:".encode())
+    h.update(rgb.tobytes())
+    return h.hexdigest()
+
+
+def _too_big(n: int, cfg: MediaConfig, param: str) -> APIError:
+    return APIError(f"image is {n} bytes, over the limit of {cfg.max_image_bytes} bytes; "
+                    "send a smaller image", param=param, code="image_too_large", status=413)
+
+
+def _data_url_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
+    head, sep, payload = url.partition(",")
+    if not sep or ";base64" not in head:
+        raise APIError("data URL must look like data:image/<type>;base64,<payload>",
+                       param=param, code="invalid_image_url")
+    if not head[5:].startswith("image/"):
+        raise APIError(f"data URL media type must be image/*, got {head[5:].split(';')[0]!r}",
+                       param=param, code="invalid_image_url")
+    # base64 inflates by 4/3: refuse before decoding a payload that cannot fit
+    if len(payload) * 3 // 4 > cfg.max_image_bytes + 3:
+        raise _too_big(len(payload) * 3 // 4, cfg, param)
+    try:
+        return base64.b64decode("".join(payload.split()), validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise APIError(f"image data URL has invalid base64: {err}", param=param,
+                       code="invalid_base64") from None
+
+
+def _local_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
+    if cfg.allowed_local_media_path is None:
+        raise APIError("local image paths are disabled; start the server with "
+                       "--allowed-local-media-path DIR or send a base64 data URL",
+                       param=param, code="local_media_disabled", status=403)
+    raw = unquote(urlparse(url).path) if url.startswith("file://") else url
+    root = Path(cfg.allowed_local_media_path).resolve()
+    path = Path(raw).resolve()  # resolves symlinks and "..": containment is checked after
+    if path != root and root not in path.parents:
+        raise APIError(f"image path {raw!r} is outside --allowed-local-media-path",
+                       param=param, code="local_media_forbidden", status=403)
+    if not path.is_file():
+        raise APIError(f"image file {raw!r} does not exist", param=param,
+                       code="image_not_found")
+    size = path.stat().st_size
+    if size > cfg.max_image_bytes:
+        raise _too_big(size, cfg, param)
+    return path.read_bytes()
+
+
+def _remote_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
+    if not cfg.allow_remote_media:
+        raise APIError("remote image URLs are disabled; start the server with "
+                       "--allow-remote-media or send a base64 data URL",
+                       param=param, code="remote_media_disabled", status=403)
+    import httpx
+
+    buf = bytearray()
+    try:
+        with httpx.stream("GET", url, timeout=cfg.remote_timeout_s,
+                          follow_redirects=True) as resp:
+            if resp.status_code != 200:
+                raise APIError(f"fetching image returned HTTP {resp.status_code}", param=param,
+                               code="image_fetch_failed")
+            for chunk in resp.iter_bytes():
+                buf += chunk
+                if len(buf) > cfg.max_image_bytes:
+                    raise _too_big(len(buf), cfg, param)
+    except httpx.HTTPError as err:
+        raise APIError(f"could not fetch image: {err}", param=param,
+                       code="image_fetch_failed") from None
+    return bytes(buf)
+
+
+def fetch_bytes(url: str, cfg: MediaConfig, param: str = "image_url.url") -> bytes:
+    """Encoded image bytes from any allowed source (size-limited)."""
+    if url.startswith("data:"):
+        data = _data_url_bytes(url, cfg, param)
+    elif url.startswith(("http://", "https://")):
+        data = _remote_bytes(url, cfg, param)
+    elif url.startswith("file://") or "://" not in url:
+        data = _local_bytes(url, cfg, param)
+    else:
+        raise APIError(f"unsupported image URL scheme in {url[:32]!r}; use data:, file:// "
+                       "or http(s)://", param=param, code="invalid_image_url")
+    if len(data) > cfg.max_image_bytes:
+        raise _too_big(len(data), cfg, param)
+    return data
+
+
+def decode_image(data: bytes, cfg: MediaConfig, param: str = "image_url.url") -> LoadedImage:
+    """Bytes -> RGB pixels + hash; the pixel limit is checked from the header, before decoding."""
+    try:
+        img = Image.open(io.BytesIO(data))
+        width, height = img.size
+    except Exception:  # PIL raises many types for garbage; all mean "not an image"
+        raise APIError("image bytes could not be decoded as an image (PNG, JPEG, WebP, ...)",
+                       param=param, code="invalid_image") from None
+    if width * height > cfg.max_image_pixels:
+        raise APIError(f"image is {width}x{height} = {width * height} pixels, over the limit "
+                       f"of {cfg.max_image_pixels}; resize it", param=param,
+                       code="image_too_large", status=413)
+    try:
+        img.load()
+        rgb = img.convert("RGB")
+    except Exception:
+        raise APIError("image data is truncated or corrupt", param=param,
+                       code="invalid_image") from None
+    return LoadedImage(rgb, pixel_hash(rgb), width, height)
+
+
+def load_image(url: str, cfg: MediaConfig, param: str = "image_url.url") -> LoadedImage:
+    return decode_image(fetch_bytes(url, cfg, param), cfg, param)
+
+
+def to_data_url(image: Image.Image, fmt: str = "PNG") -> str:
+    """Encode a PIL image as a base64 data URL (clients, tests and the load generator)."""
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
