@@ -27,7 +27,7 @@ from graft.kernels.checks import (check_paged_attention_args, check_rotary_args,
                                   slot_out_of_range)
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
-                for name in ("paged_decode_cpu.c", "norm_rope_cpu.c"))
+                for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c"))
 HEADERS = (Path(__file__).resolve().parent / "csrc" / "fast_exp.h",)  # part of the build key
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU)
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
@@ -115,6 +115,11 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.graft_silu_mul_f32.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int]
     lib.graft_store_kv_f32.restype = i64
     lib.graft_store_kv_f32.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
+    quant_args = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64]
+    lib.graft_quant_linear.restype = lib.graft_quant_linear_portable.restype = None
+    lib.graft_quant_linear.argtypes = quant_args + [i64, ctypes.c_int]
+    lib.graft_quant_linear_portable.argtypes = quant_args + [ctypes.c_int]
+    lib.graft_quant_isa.restype = ctypes.c_int
     return lib, None
 
 

@@ -1,0 +1,106 @@
+"""The C weight-only linears (kernels/csrc/quant_linear_cpu.c) for int8, int4 and bf16
+weights with fp32 activations, and the blocked layout they read.
+
+`pack` turns a QuantizedWeight's canonical tensors into 16-lane output blocks once, at load
+time; `quant_linear` has the contract of graft.kernels.quant.quant_linear (the reference).
+The library is the one cpu_ops builds; its vector path needs AVX-512F, elsewhere the C file
+compiles a portable loop (`isa()` says which one runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graft.kernels import cpu_ops
+from graft.kernels.quant import QuantizedWeight
+
+_KINDS = {"int8": 0, "int4": 1, "bf16": 2}
+
+
+@dataclass
+class CpuPacked:
+    weight: torch.Tensor  # int8/uint8/int16 blocks, see the C file
+    scales: torch.Tensor | None  # int8: fp32 [NB*16]; int4: fp16 bits as int16 [NB, G, 16]
+    zeros: torch.Tensor | None  # int4: uint8 [NB, G, 16]
+    num_blocks: int  # NB, even
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.zeros)
+                   if t is not None)
+
+
+def isa() -> str:
+    """'avx512' or 'portable': the path graft_quant_linear takes on this machine."""
+    return "avx512" if cpu_ops._lib().graft_quant_isa() else "portable"
+
+
+def supports(x: torch.Tensor, weight: QuantizedWeight) -> bool:
+    return (weight.scheme.kind in _KINDS and x.device.type == "cpu" and x.dtype == torch.float32
+            and not (x.requires_grad and torch.is_grad_enabled()) and cpu_ops.available())
+
+
+def _blocks(t: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """[N, C] -> [NB, C, 16]: rows padded with zeros to n_pad, then 16 rows per block."""
+    n, c = t.shape
+    if n_pad > n:
+        t = torch.cat([t, t.new_zeros(n_pad - n, c)])
+    return t.reshape(n_pad // 16, 16, c).transpose(1, 2).contiguous()
+
+
+def pack(weight: QuantizedWeight) -> CpuPacked:
+    """The C layout of `weight` (cached in weight.packed["cpu"])."""
+    if "cpu" in weight.packed:
+        return weight.packed["cpu"]
+    kind = weight.scheme.kind
+    if kind not in _KINDS:
+        raise ValueError(f"the C quantized linear takes {', '.join(_KINDS)}, not {weight.scheme.name}")
+    n, _ = weight.shape
+    n_pad = -(-n // 32) * 32
+    scales = zeros = None
+    if kind == "bf16":
+        blocks = _blocks(weight.qweight.view(torch.int16), n_pad)
+    else:
+        blocks = _blocks(weight.qweight, n_pad)
+    if kind == "int8":
+        scales = torch.cat([weight.scales.float(), weight.scales.new_zeros(n_pad - n)]).contiguous()
+    elif kind == "int4":
+        scales = _blocks(weight.scales.view(torch.int16), n_pad)
+        zeros = _blocks(weight.zeros, n_pad)
+    packed = CpuPacked(blocks, scales, zeros, n_pad // 16)
+    weight.packed["cpu"] = packed
+    return packed
+
+
+def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
+                 portable: bool = False) -> torch.Tensor:
+    """Same contract as graft.kernels.quant.quant_linear, for fp32 CPU x. portable=True runs
+    the scalar loop instead of the vector path (for tests)."""
+    from graft.kernels import quant
+
+    if not supports(x, weight) or (bias is not None and bias.dtype != torch.float32):
+        return quant.quant_linear(x, weight, bias)
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
+    p = pack(weight)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    y = torch.empty((rows, n), dtype=torch.float32)
+    if rows:
+        lib = cpu_ops._lib()
+        bias_c = None if bias is None else bias.contiguous()
+        args = [_KINDS[weight.scheme.kind], x2.data_ptr(), x2.stride(0), rows, k, p.weight.data_ptr(),
+                p.scales.data_ptr() if weight.scheme.kind == "int8" else None,
+                p.scales.data_ptr() if weight.scheme.kind == "int4" else None,
+                None if p.zeros is None else p.zeros.data_ptr(), weight.scheme.group_size,
+                None if bias_c is None else bias_c.data_ptr(), y.data_ptr(), n, n]
+        if portable:
+            lib.graft_quant_linear_portable(*args, torch.get_num_threads())
+        else:
+            lib.graft_quant_linear(*args, p.num_blocks, torch.get_num_threads())
+    return y.reshape(*lead, n)

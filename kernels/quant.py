@@ -1,0 +1,138 @@
+"""Weight formats for the frozen LLM's linears, and their dequantize-then-matmul references.
+
+A scheme says how one weight [out, in] is held in memory:
+- fp32: as loaded;  bf16: rounded to bfloat16;
+- int8: symmetric per output channel, w = q * scale[o], q in [-127, 127];
+- int4-gG (G = 32, 64 or 128): asymmetric per group of G input columns,
+  w = (q - zero[o, g]) * scale[o, g], q and zero in [0, 15], scale in fp16.
+
+Activations stay in the engine's dtype: every product is w(dequantized) * x, so a quantized
+linear equals F.linear on the dequantized weight up to float summation order. That is the
+parity contract (HF transformers running the same dequantized weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+KINDS = ("fp32", "bf16", "int8", "int4")
+INT4_GROUPS = (32, 64, 128)
+DEFAULT_INT4_GROUP = 32  # llama.cpp's Q4 group: the best quality of the three on small models
+SCHEME_NAMES = ("fp32", "bf16", "int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS))
+
+
+class QuantSchemeError(ValueError):
+    """A scheme string or a weight shape a scheme cannot take."""
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    kind: str  # one of KINDS
+    group_size: int = 0  # int4 only
+
+    @classmethod
+    def parse(cls, text: str, where: str = "scheme") -> "QuantScheme":
+        name = str(text).strip().lower()
+        if name == "int4":
+            return cls("int4", DEFAULT_INT4_GROUP)
+        if name.startswith("int4-g") and name[6:].isdigit() and int(name[6:]) in INT4_GROUPS:
+            return cls("int4", int(name[6:]))
+        if name in ("fp32", "bf16", "int8"):
+            return cls(name)
+        raise QuantSchemeError(f"{where}={text!r} is not a weight scheme; valid: {', '.join(SCHEME_NAMES)}")
+
+    @property
+    def name(self) -> str:
+        return f"int4-g{self.group_size}" if self.kind == "int4" else self.kind
+
+    def check_shape(self, out_features: int, in_features: int, where: str) -> None:
+        if self.kind == "int4" and in_features % self.group_size:
+            raise QuantSchemeError(
+                f"{where}: int4 group size {self.group_size} does not divide the layer's input width "
+                f"{in_features}; use a group size that does ({', '.join(f'int4-g{g}' for g in INT4_GROUPS if in_features % g == 0) or 'none fits: use int8'})")
+
+    def bytes_per_weight(self) -> float:
+        return {"fp32": 4.0, "bf16": 2.0, "int8": 1.0}.get(self.kind, 0.5 + 3.0 / max(self.group_size, 1))
+
+
+@dataclass
+class QuantizedWeight:
+    """A weight [out, in] in one scheme; `packed` holds a backend's own layout, built once."""
+
+    scheme: QuantScheme
+    qweight: torch.Tensor  # bf16 [N, K] | int8 [N, K] | int4: uint8 [N, K/2], low nibble = even k
+    scales: torch.Tensor | None = None  # int8: fp32 [N]; int4: fp16 [N, K/G]
+    zeros: torch.Tensor | None = None  # int4: uint8 [N, K/G]
+    packed: dict = field(default_factory=dict)  # backend name -> its layout (graft.kernels.cpu_quant)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, k = self.qweight.shape
+        return (n, k * 2) if self.scheme.kind == "int4" else (n, k)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.qweight, self.scales, self.zeros) if t is not None]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [N, K]: the weight every kernel of this scheme multiplies by."""
+        kind = self.scheme.kind
+        if kind in ("fp32", "bf16"):
+            return self.qweight.float()
+        if kind == "int8":
+            return self.qweight.float() * self.scales.float()[:, None]
+        q = unpack_int4(self.qweight).float()  # [N, K]
+        n, k = q.shape
+        g = self.scheme.group_size
+        z = self.zeros.float().repeat_interleave(g, dim=1)
+        s = self.scales.float().repeat_interleave(g, dim=1)
+        return (q - z) * s
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] (two columns per byte, low nibble first) -> uint8 [N, K] in [0, 15]."""
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+
+
+def quantize(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    """Quantize a float weight [out, in] (round to nearest; min-max ranges)."""
+    w = weight.detach().float()
+    if w.dim() != 2:
+        raise QuantSchemeError(f"quantize takes a 2-D weight [out, in], got shape {tuple(w.shape)}")
+    scheme.check_shape(*w.shape, where="quantize")
+    if scheme.kind == "fp32":
+        return QuantizedWeight(scheme, w.contiguous())
+    if scheme.kind == "bf16":
+        return QuantizedWeight(scheme, w.to(torch.bfloat16).contiguous())
+    if scheme.kind == "int8":
+        scale = w.abs().amax(dim=1) / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        return QuantizedWeight(scheme, q.contiguous(), scale.contiguous())
+    g = scheme.group_size
+    n, k = w.shape
+    groups = w.reshape(n, k // g, g)
+    lo = groups.amin(dim=2).clamp(max=0.0)  # the range always holds 0, so zero weights stay exact
+    hi = groups.amax(dim=2).clamp(min=0.0)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-7).to(torch.float16).float()  # stored in fp16
+    zero = torch.round(-lo / scale).clamp_(0, 15)
+    q = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp_(0, 15).to(torch.uint8)
+    q = q.reshape(n, k)
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+    return QuantizedWeight(scheme, packed, scale.to(torch.float16).contiguous(),
+                           zero.to(torch.uint8).contiguous())
+
+
+def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ dequantize(weight).T + bias, computed in fp32, returned in x's dtype."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
+    out = F.linear(x.float(), weight.dequantize().to(x.device),
+                   None if bias is None else bias.float())
+    return out.to(x.dtype)

@@ -1,0 +1,104 @@
+"""Weight formats (graft.kernels.quant) and the C weight-only linears (graft.kernels.cpu_quant):
+quantize/dequantize round trips, and the C vector and portable paths against the
+dequantize-then-matmul reference on ragged shapes, every scheme, 1 and 2 threads."""
+
+import pytest
+import torch
+
+from graft.kernels import cpu_ops, cpu_quant
+from graft.kernels.quant import (QuantScheme, QuantSchemeError, quant_linear, quantize,
+                                 unpack_int4)
+
+needs_c = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
+SCHEMES = ["bf16", "int8", "int4-g32", "int4-g64", "int4-g128"]
+
+
+def _weight(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05
+
+
+def test_scheme_parsing_and_errors():
+    assert QuantScheme.parse("int4") == QuantScheme("int4", 32)
+    assert QuantScheme.parse(" INT4-g128 ").group_size == 128
+    assert QuantScheme.parse("bf16").name == "bf16"
+    for bad in ("int3", "int4-g48", "fp8", ""):
+        with pytest.raises(QuantSchemeError, match="valid: fp32, bf16, int8, int4"):
+            QuantScheme.parse(bad, where="quantization")
+    with pytest.raises(QuantSchemeError, match="group size 64 does not divide .* 96; .*int4-g32"):
+        QuantScheme.parse("int4-g64").check_shape(8, 96, "layers.0.mlp.down_proj")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_quantize_round_trip_error_is_bounded(scheme):
+    w = _weight(48, 256)
+    qw = quantize(w, QuantScheme.parse(scheme))
+    err = (qw.dequantize() - w).abs()
+    s = qw.scheme
+    if s.kind == "int8":  # half a step of each row's scale
+        assert (err <= qw.scales[:, None] / 2 + 1e-7).all()
+    elif s.kind == "int4":  # one step of each group's scale (half a step plus the zero's rounding)
+        step = qw.scales.float().repeat_interleave(s.group_size, dim=1)
+        assert (err <= step + 1e-6).all() and err.mean() < step.mean() / 3
+        q = unpack_int4(qw.qweight)
+        assert q.max() <= 15 and qw.zeros.max() <= 15
+    else:
+        assert torch.equal(qw.dequantize(), w.to(torch.bfloat16).float())
+    assert qw.shape == (48, 256)
+    assert qw.nbytes() < w.numel() * 4
+
+
+def test_zero_rows_and_exact_zeros_survive():
+    w = _weight(32, 64)
+    w[3] = 0.0
+    w[5, :32] = 0.0
+    for scheme in ("int8", "int4"):
+        deq = quantize(w, QuantScheme.parse(scheme)).dequantize()
+        assert torch.equal(deq[3], torch.zeros(64))
+        assert torch.equal(deq[5, :32], torch.zeros(32))  # 0 is always on the int4 grid
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("n,k", [(40, 128), (96, 256), (17, 384)])  # N not a multiple of 32
+def test_c_linear_equals_reference(scheme, n, k, threads):
+    qw = quantize(_weight(n, k, seed=n), QuantScheme.parse(scheme))
+    bias = torch.randn(n)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in (1, 2, 3, 4, 5, 6, 7, 13, 100):  # every tile height and the M chunking
+            x = torch.randn(rows, k)
+            want = quant_linear(x, qw, bias)
+            for portable in (False, True):
+                got = cpu_quant.quant_linear(x, qw, bias, portable=portable)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            no_bias = cpu_quant.quant_linear(x, qw)
+            torch.testing.assert_close(no_bias, quant_linear(x, qw), rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_c
+def test_c_linear_takes_leading_dims_and_strided_rows():
+    qw = quantize(_weight(64, 128), QuantScheme.parse("int8"))
+    x = torch.randn(3, 5, 256)[..., :128]  # rows 256 floats apart
+    torch.testing.assert_close(cpu_quant.quant_linear(x, qw), quant_linear(x, qw), rtol=1e-5, atol=1e-5)
+    assert cpu_quant.quant_linear(torch.empty(0, 128), qw).shape == (0, 64)
+    with pytest.raises(ValueError, match="x has 64 input features, the weight takes 128"):
+        cpu_quant.quant_linear(torch.randn(2, 64), qw)
+
+
+def test_non_fp32_activations_use_the_reference():
+    qw = quantize(_weight(32, 64), QuantScheme.parse("int4"))
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    assert not cpu_quant.supports(x, qw)
+    out = cpu_quant.quant_linear(x, qw)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, quant_linear(x, qw))
+
+
+@needs_c
+def test_isa_is_reported():
+    assert cpu_quant.isa() in ("avx512", "portable")
