@@ -26,9 +26,8 @@ class CpuPacked:
     zeros: torch.Tensor | None  # int4: uint8 [NB, G, 16]
     num_blocks: int  # NB, even
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.zeros)
-                   if t is not None)
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.weight, self.scales, self.zeros) if t is not None]
 
 
 def isa() -> str:
@@ -37,7 +36,8 @@ def isa() -> str:
 
 
 def supports(x: torch.Tensor, weight: QuantizedWeight) -> bool:
-    return (weight.scheme.kind in _KINDS and x.device.type == "cpu" and x.dtype == torch.float32
+    return (weight.scheme.kind in _KINDS and x.device.type == "cpu"
+            and x.dtype in (torch.float32, torch.bfloat16)
             and not (x.requires_grad and torch.is_grad_enabled()) and cpu_ops.available())
 
 
@@ -75,12 +75,16 @@ def pack(weight: QuantizedWeight) -> CpuPacked:
 
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
                  portable: bool = False) -> torch.Tensor:
-    """Same contract as graft.kernels.quant.quant_linear, for fp32 CPU x. portable=True runs
+    """Same contract as graft.kernels.quant.quant_linear, for fp32 or bf16 CPU x. portable=True runs
     the scalar loop instead of the vector path (for tests)."""
     from graft.kernels import quant
 
-    if not supports(x, weight) or (bias is not None and bias.dtype != torch.float32):
+    if not supports(x, weight):
         return quant.quant_linear(x, weight, bias)
+    if x.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+        # the reference's contract: fp32 products, the result in x's dtype
+        out = quant_linear(x.float(), weight, None if bias is None else bias.float(), portable)
+        return out.to(x.dtype)
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")

@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 from graft.errors import GraftConfigError
-from graft.kernels import cpu_ops, reference
+from graft.kernels import cpu_ops, cpu_quant, quant, reference
 
 _MODES = ("auto", "reference", "triton", "cpu")
 
@@ -127,3 +127,17 @@ def apply_rotary(x, cos, sin, interleaved=False):
 def rope_cos_sin(positions, inv_freq):
     # a handful of elementwise ops on [T, R/2]: the PyTorch version is the fast one everywhere
     return reference.rope_cos_sin(positions, inv_freq)
+
+
+def quant_linear(x, weight, bias=None):
+    """x @ dequantize(weight).T + bias (graft.kernels.quant): Triton on CUDA, the C linears for
+    CPU rows in auto and cpu modes, else the dequantize-then-matmul reference."""
+    impl = implementation(x)
+    if impl is not reference:
+        return importlib.import_module("graft.kernels.triton_quant").quant_linear(x, weight, bias)
+    mode = kernels_mode()
+    if mode == "cpu" and not cpu_ops.available():
+        raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")
+    if mode in ("auto", "cpu") and cpu_quant.supports(x, weight):
+        return cpu_quant.quant_linear(x, weight, bias)
+    return quant.quant_linear(x, weight, bias)

@@ -79,6 +79,11 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
+    def read_bytes(self) -> int:
+        """Bytes one matmul reads: a backend's packed layout when there is one, else the canonical."""
+        layouts = [sum(t.numel() * t.element_size() for t in p.tensors()) for p in self.packed.values()]
+        return min(layouts) if layouts else self.nbytes()
+
     def dequantize(self) -> torch.Tensor:
         """fp32 [N, K]: the weight every kernel of this scheme multiplies by."""
         kind = self.scheme.kind

@@ -24,6 +24,9 @@ class EngineConfig:
     cpu_kv_cache_cap: int = 2 << 30  # ... and on CPU never above this many bytes
     enforce_eager: bool = False  # CUDA: no graphs; decode steps launch kernel by kernel
     seed: int = 0  # generator for sampled requests that give no seed of their own
+    # how the LLM's linears are held: None/fp32 | bf16 | int8 | int4[-g32|-g64|-g128] for all,
+    # or a quantization config JSON path/dict per module (graft.serving.models.quantize)
+    quantization: str | dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -37,6 +40,10 @@ class EngineConfig:
                     f"EngineConfig.{name} must be a positive int or None, got {value!r}")
         if self.dtype not in _DTYPES:
             raise GraftConfigError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.quantization is not None:
+            from graft.serving.models.quantize import QuantConfig
+
+            QuantConfig.parse(self.quantization)  # a bad scheme or file fails here, before loading
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise GraftConfigError(
                 f"EngineConfig.kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction!r}")

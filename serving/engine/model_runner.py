@@ -7,18 +7,31 @@ the sequences whose chunk reaches their last token.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import torch
 
 from graft.errors import GraftConfigError
-from graft.kernels import cpu_linear, rope_cos_sin
+from graft.kernels import cpu_linear, cpu_ops, cpu_quant, rope_cos_sin
 from graft.serving.engine.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
+from graft.serving.models.quantize import QuantConfig, linear_shapes
 from graft.serving.engine.scheduler import ScheduledBatch
 from graft.serving.engine.sequence import Sequence
+
+log = logging.getLogger("graft.serving")
+
+
+def quant_backend(device: torch.device) -> str:
+    """Which quantized-linear path the engine's weights run on (for the load log)."""
+    if device.type == "cuda":
+        return "Triton"
+    if cpu_ops.available():
+        return f"the C kernels ({cpu_quant.isa()} path)"
+    return f"the PyTorch reference ({cpu_ops.unavailable_reason()})"
 
 
 class ModelRunner:
@@ -39,8 +52,19 @@ class ModelRunner:
         with torch.device("meta"):  # no random init: every weight comes from the checkpoint
             model = build_model(model_dir, self.hf_config)
         inv_freq, rope_scaling, _ = rope_inv_freq(self.hf_config, model.head_dim)
+        quant = QuantConfig.parse(config.quantization)
+        # checked on the shape-only model: a bad pattern or group size fails before any weight loads
+        self.quant_plan = quant.plan(linear_shapes(model)) if quant is not None else {}
         model = model.to_empty(device=self.device).to(self.dtype)
         load_weights(model, model_dir)
+        if self.quant_plan:
+            model.quantize_linears(self.quant_plan)
+            if self.device.type == "cpu" and cpu_ops.available():
+                for weight in model.quantized_weights():  # the C layout now, not on the first step
+                    if cpu_quant.supports(torch.empty(0, dtype=self.dtype), weight):
+                        cpu_quant.pack(weight)
+            log.info("weights: %s (%s; quantized linears on %s)", quant.describe(self.quant_plan),
+                     quant.source, quant_backend(self.device))
         if self.device.type == "cpu" and cpu_linear.enabled(self.dtype):
             model.prepack_linears()
         self.model = model.eval()

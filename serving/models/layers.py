@@ -12,8 +12,9 @@ from torch import nn
 import torch.nn.functional as F
 
 from graft.kernels import (apply_rotary, paged_attention_decode, paged_attention_prefill,
-                           rms_norm, silu_mul, store_kv)
+                           quant_linear, rms_norm, silu_mul, store_kv)
 from graft.kernels.cpu_linear import pack_weight, packed_linear
+from graft.kernels.quant import QuantizedWeight, QuantScheme, quantize
 
 
 @dataclass
@@ -41,15 +42,27 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Linear):
     """nn.Linear that, after prepack(), runs on a oneDNN-prepacked copy of its weight (CPU
-    inference, graft.kernels.cpu_linear); the plain weight then keeps only its shape (meta)."""
+    inference, graft.kernels.cpu_linear), or after quantize(), on a low-precision copy
+    (graft.kernels.quant); the plain weight then keeps only its shape (meta)."""
 
     prepacked: torch.Tensor | None = None
+    quantized: QuantizedWeight | None = None
 
     def prepack(self) -> None:
-        self.prepacked = pack_weight(self.weight)
+        if self.quantized is None:
+            self.prepacked = pack_weight(self.weight)
+            self._drop_weight()
+
+    def quantize(self, scheme: QuantScheme) -> None:
+        self.quantized = quantize(self.weight, scheme)
+        self._drop_weight()
+
+    def _drop_weight(self) -> None:
         self.weight = nn.Parameter(self.weight.detach().to("meta"), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return quant_linear(x, self.quantized, self.bias)
         if self.prepacked is not None:
             return packed_linear(x, self.prepacked, self.bias)
         return super().forward(x)

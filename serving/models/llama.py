@@ -11,7 +11,9 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from graft.kernels import quant_linear
 from graft.kernels.cpu_linear import pack_weight, packed_linear
+from graft.kernels.quant import QuantScheme, quantize
 from graft.serving.models.layers import (Attention, AttentionMetadata, GatedMLP, Linear, RMSNorm,
                                          embed_tokens)
 
@@ -61,21 +63,56 @@ class CausalLM(nn.Module):
         self.lm_head = None if self.tie_word_embeddings else Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.head_prepacked = None  # tied head's oneDNN copy (the embedding stays plain)
+        self.head_quantized = None  # tied head's low-precision copy
 
     def prepack_linears(self) -> None:
-        """Put every projection and the output head on oneDNN-prepacked weights (CPU)."""
+        """Put every projection and the output head not quantized on oneDNN-prepacked weights (CPU)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.prepack()
-        if self.lm_head is None:
+        if self.lm_head is None and self.head_quantized is None:
             self.head_prepacked = pack_weight(self.embed_tokens.weight)
 
+    def quantize_linears(self, plan: dict[str, QuantScheme]) -> None:
+        """Hold each linear in its planned scheme (graft.serving.models.quantize); fp32 ones stay."""
+        for name, scheme in plan.items():
+            if scheme.kind == "fp32":
+                continue
+            if name == "lm_head" and self.lm_head is None:
+                self.head_quantized = quantize(self.embed_tokens.weight, scheme)
+            else:
+                self.get_submodule(name).quantize(scheme)
+
+    def quantized_weights(self) -> list:
+        """Every low-precision weight the model holds (graft.kernels.quant.QuantizedWeight)."""
+        found = [m.quantized for m in self.modules() if isinstance(m, Linear) and m.quantized is not None]
+        return found + ([self.head_quantized] if self.head_quantized is not None else [])
+
     def resident_tensors(self) -> list[torch.Tensor]:
-        """Every tensor that holds memory: after prepack_linears() the oneDNN copies, not the
-        shape-only (meta) plain weights."""
+        """Every tensor that holds memory: after prepack_linears() / quantize_linears() the
+        oneDNN and low-precision copies, not the shape-only (meta) plain weights."""
         tensors = [t for t in [*self.parameters(), *self.buffers()] if not t.is_meta]
-        tensors += [m.prepacked for m in self.modules() if isinstance(m, Linear) and m.prepacked is not None]
+        for m in self.modules():
+            if isinstance(m, Linear) and m.prepacked is not None:
+                tensors.append(m.prepacked)
+        for q in self.quantized_weights():
+            tensors += q.tensors() + [t for p in q.packed.values() for t in p.tensors()]
         return tensors + ([self.head_prepacked] if self.head_prepacked is not None else [])
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of linear weights one decode step reads (every projection and the head once;
+        the packed layout each kernel reads, padding included)."""
+        total = 0
+        for m in self.modules():
+            if isinstance(m, Linear):
+                if m.quantized is not None:
+                    total += m.quantized.read_bytes()
+                elif m.prepacked is not None or not m.weight.is_meta:
+                    total += m.out_features * m.in_features * self.embed_tokens.weight.element_size()
+        if self.lm_head is None:
+            total += (self.head_quantized.read_bytes() if self.head_quantized is not None
+                      else self.embed_tokens.weight.numel() * self.embed_tokens.weight.element_size())
+        return total
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -93,6 +130,8 @@ class CausalLM(nn.Module):
         h, _ = self.norm(h[logits_indices], residual[logits_indices])
         if self.lm_head is not None:
             return self.lm_head(h).float()  # [B, vocab]
+        if self.head_quantized is not None:
+            return quant_linear(h, self.head_quantized).float()
         if self.head_prepacked is not None:
             return packed_linear(h, self.head_prepacked).float()
         return F.linear(h, self.embed_tokens.weight).float()

@@ -90,13 +90,15 @@ def test_c_linear_takes_leading_dims_and_strided_rows():
         cpu_quant.quant_linear(torch.randn(2, 64), qw)
 
 
-def test_non_fp32_activations_use_the_reference():
+@needs_c
+def test_bf16_activations_are_upcast_and_rounded_back():
     qw = quantize(_weight(32, 64), QuantScheme.parse("int4"))
     x = torch.randn(2, 64).to(torch.bfloat16)
-    assert not cpu_quant.supports(x, qw)
-    out = cpu_quant.quant_linear(x, qw)
+    assert cpu_quant.supports(x, qw)
+    out = cpu_quant.quant_linear(x, qw, torch.randn(32).to(torch.bfloat16))
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out, quant_linear(x, qw))
+    assert not cpu_quant.supports(x.half(), qw)  # fp16 rows: the reference
+    torch.testing.assert_close(cpu_quant.quant_linear(x.half(), qw), quant_linear(x.half(), qw))
 
 
 @needs_c

@@ -1,0 +1,159 @@
+"""How each frozen LLM linear is held in memory: the quantization config and its plan.
+
+A config is one scheme for every linear (`"int8"`) or a JSON file (what `graft quantize`
+writes):
+
+    {"default": "int8", "modules": {"lm_head": "fp32", "layers.0.*": "int4-g64"}}
+
+`modules` maps module names or fnmatch patterns to schemes; the first pattern that matches a
+module wins, `default` (fp32 when absent) covers the rest. Module names are the engine's:
+`layers.N.self_attn.qkv_proj` (q|k|v as one matmul), `layers.N.self_attn.o_proj`,
+`layers.N.mlp.gate_up_proj`, `layers.N.mlp.down_proj` and `lm_head` (for tied embeddings a
+quantized copy of the table; the lookups keep the table as loaded). The checkpoint on disk is
+never modified: weights are quantized at load time.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from graft.errors import GraftConfigError
+from graft.kernels.quant import QuantScheme, QuantSchemeError, SCHEME_NAMES
+
+FORMAT = "graft-quant/1"
+FP32 = QuantScheme("fp32")
+
+
+@dataclass
+class QuantConfig:
+    default: QuantScheme = FP32
+    rules: list[tuple[str, QuantScheme]] = field(default_factory=list)  # (pattern, scheme), in order
+    source: str = ""  # the scheme name or file it came from, for logs and errors
+
+    @classmethod
+    def parse(cls, value: "str | Path | dict | QuantConfig | None") -> "QuantConfig | None":
+        """None, a scheme name, a path to a JSON config, or the JSON as a dict."""
+        if value is None or isinstance(value, QuantConfig):
+            return value
+        if isinstance(value, dict):
+            return cls._from_dict(value, "quantization")
+        text = str(value).strip()
+        if text.lower() in SCHEME_NAMES:
+            return cls(QuantScheme.parse(text), [], text.lower())
+        path = Path(text).expanduser()
+        if path.suffix != ".json" and not path.is_file():
+            raise GraftConfigError(f"quantization={text!r} is neither a scheme ({', '.join(SCHEME_NAMES)}) "
+                                   "nor a quantization config file (.json)")
+        if not path.is_file():
+            raise GraftConfigError(f"quantization config {path} does not exist; write one with "
+                                   "`graft quantize` or give a scheme name")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise GraftConfigError(f"quantization config {path} is not readable JSON: {err}") from None
+        return cls._from_dict(data, str(path))
+
+    @classmethod
+    def _from_dict(cls, data, where: str) -> "QuantConfig":
+        if not isinstance(data, dict):
+            raise GraftConfigError(f"{where}: a quantization config is a JSON object with "
+                                   "'default' and 'modules'")
+        unknown = set(data) - {"format", "default", "modules", "comment"}
+        if unknown:
+            raise GraftConfigError(f"{where}: unknown key(s) {sorted(unknown)}; valid: format, "
+                                   "default, modules, comment")
+        modules = data.get("modules", {})
+        if not isinstance(modules, dict):
+            raise GraftConfigError(f"{where}: 'modules' must map module names or patterns to schemes")
+        try:
+            default = QuantScheme.parse(data.get("default", "fp32"), where=f"{where}: default")
+            rules = [(str(pattern), QuantScheme.parse(scheme, where=f"{where}: modules[{pattern!r}]"))
+                     for pattern, scheme in modules.items()]
+        except QuantSchemeError as err:
+            raise GraftConfigError(str(err)) from None
+        return cls(default, rules, where)
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "default": self.default.name,
+                "modules": {pattern: scheme.name for pattern, scheme in self.rules}}
+
+    def scheme_for(self, name: str) -> QuantScheme:
+        for pattern, scheme in self.rules:
+            if fnmatch.fnmatchcase(name, pattern):
+                return scheme
+        return self.default
+
+    def plan(self, shapes: dict[str, tuple[int, int]]) -> dict[str, QuantScheme]:
+        """Module name -> scheme for every quantizable linear ({name: (out, in)}), checked:
+        every pattern matches something and every scheme fits its module's shape."""
+        for pattern, _ in self.rules:
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in shapes):
+                examples = ", ".join(list(shapes)[:4])
+                raise GraftConfigError(f"{self.source}: modules pattern {pattern!r} matches no linear "
+                                       f"of this model; names look like {examples}, lm_head")
+        plan = {name: self.scheme_for(name) for name in shapes}
+        try:
+            for name, scheme in plan.items():
+                scheme.check_shape(*shapes[name], where=f"{self.source}: {name}")
+        except QuantSchemeError as err:
+            raise GraftConfigError(str(err)) from None
+        return plan
+
+    def describe(self, plan: dict[str, QuantScheme]) -> str:
+        """'int8 x 120, fp32 x 1' for logs."""
+        counts: dict[str, int] = {}
+        for scheme in plan.values():
+            counts[scheme.name] = counts.get(scheme.name, 0) + 1
+        return ", ".join(f"{name} x {n}" for name, n in sorted(counts.items()))
+
+
+def linear_shapes(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """{module name: (out, in)} of every linear the engine can quantize (works on meta models)."""
+    from graft.serving.models.layers import Linear
+
+    shapes = {name: (m.out_features, m.in_features) for name, m in model.named_modules()
+              if isinstance(m, Linear)}
+    if getattr(model, "lm_head", None) is None:  # tied: the head multiplies by the table
+        shapes["lm_head"] = tuple(model.embed_tokens.weight.shape)
+    return shapes
+
+
+_HF_PACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+              "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+
+
+def engine_module_name(hf_name: str) -> str:
+    """HF module name (model.layers.0.self_attn.q_proj) -> the engine's (layers.0.self_attn.qkv_proj)."""
+    parts = hf_name.split(".")
+    if parts[0] == "model":
+        parts = parts[1:]
+    if parts and parts[-1] in _HF_PACKED:
+        parts[-1] = _HF_PACKED[parts[-1]]
+    return ".".join(parts)
+
+
+def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn.Module:
+    """Replace, in place, each Linear weight of an HF causal LM by its dequantized value under
+    `plan` (the engine's plan for the same checkpoint): the reference a quantized engine must
+    match. Quantization is per output row, so q/k/v (gate/up) quantized apart equal the
+    engine's stacked matrix. A tied head gets its own dequantized copy (the embedding stays)."""
+    import torch
+    from graft.kernels.quant import quantize
+
+    for name, module in hf_model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        scheme = plan.get(engine_module_name(name))
+        if scheme is None:
+            raise GraftConfigError(f"HF module {name!r} has no entry in the engine's plan; "
+                                   "is it the same checkpoint?")
+        if scheme.kind != "fp32":
+            with torch.no_grad():
+                deq = quantize(module.weight, scheme).dequantize().to(module.weight.dtype)
+            module.weight = nn.Parameter(deq, requires_grad=False)  # unties a tied head
+    return hf_model

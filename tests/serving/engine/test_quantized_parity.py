@@ -1,0 +1,109 @@
+"""A quantized engine's greedy tokens equal HF transformers running the same dequantized
+weights (graft.serving.models.quantize.dequantize_hf_model), alone and in a mixed batch, with
+prefix caching and chunked prefill; bad quantization configs fail before any weight loads."""
+
+import json
+
+import pytest
+import torch
+
+from graft.errors import GraftConfigError
+from graft.serving import Engine, EngineConfig, SamplingParams
+from graft.serving.models.quantize import QuantConfig, dequantize_hf_model
+from tests.serving.conftest import make_prompts
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
+MIXED = (5, 17, 40, 1, 16)
+
+
+def _hf_dequantized(model_dir, plan):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return dequantize_hf_model(model, plan)
+
+
+def _hf_greedy(model, prompt, n):
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def _check(engine, hf, prompts):
+    outs = engine.generate(prompt_token_ids=prompts, sampling_params=GREEDY)
+    for i, (p, o) in enumerate(zip(prompts, outs)):
+        assert o.token_ids == _hf_greedy(hf, p, GREEDY.max_tokens), f"prompt {i} (len {len(p)})"
+    return outs
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])  # auto: the C linears on CPU
+@pytest.mark.parametrize("scheme", ["int8", "int4", "bf16"])
+def test_every_family_matches_hf_on_dequantized_weights(tiny_llm_any, scheme, kernels, monkeypatch):
+    monkeypatch.setenv("GRAFT_KERNELS", kernels)
+    engine = Engine.from_pretrained(tiny_llm_any, EngineConfig(num_kv_blocks=64, quantization=scheme))
+    assert {s.name for s in engine.runner.quant_plan.values()} == {QuantConfig.parse(scheme).default.name}
+    hf = _hf_dequantized(tiny_llm_any, engine.runner.quant_plan)
+    free0 = engine.block_manager.num_free_blocks
+    _check(engine, hf, make_prompts(MIXED))
+    assert engine.block_manager.num_free_blocks == free0
+
+
+def test_per_module_config_with_prefix_cache_and_chunked_prefill(tiny_llm_factory, tmp_path):
+    model_dir = tiny_llm_factory("qwen2")  # untied head: lm_head is a real Linear
+    cfg_file = tmp_path / "quant.json"
+    cfg_file.write_text(json.dumps({"default": "int8", "modules": {
+        "layers.0.mlp.*": "int4-g64", "layers.1.self_attn.o_proj": "fp32", "lm_head": "bf16"}}))
+    engine = Engine.from_pretrained(model_dir, EngineConfig(
+        quantization=str(cfg_file), max_num_batched_tokens=7, enable_prefix_caching=True))
+    plan = engine.runner.quant_plan
+    assert plan["layers.0.mlp.gate_up_proj"].name == "int4-g64"
+    assert plan["layers.1.self_attn.o_proj"].name == "fp32"
+    assert plan["layers.1.mlp.down_proj"].name == "int8" and plan["lm_head"].name == "bf16"
+    hf = _hf_dequantized(model_dir, plan)
+    shared = make_prompts([37], seed=1)[0]
+    _check(engine, hf, [shared + [5, 6]])
+    outs = _check(engine, hf, [shared + [9], shared + [3, 4, 7]])
+    assert all(o.num_cached_tokens == 32 for o in outs)
+
+
+def test_same_prompt_alone_and_in_batch(tiny_llm_factory):
+    engine = Engine.from_pretrained(tiny_llm_factory("llama"),
+                                    EngineConfig(quantization="int4", enable_prefix_caching=False))
+    target = make_prompts([23], seed=4)[0]
+    alone = engine.generate(prompt_token_ids=[target], sampling_params=GREEDY)[0].token_ids
+    batch = make_prompts((8, 40, 3), seed=5)
+    inside = engine.generate(prompt_token_ids=batch[:2] + [target] + batch[2:],
+                             sampling_params=GREEDY)[2].token_ids
+    assert inside == alone
+
+
+def test_quantized_weights_are_what_the_engine_holds(tiny_llm_factory):
+    engine = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(quantization="int8"))
+    model = engine.runner.model
+    attn = model.layers[0].self_attn.qkv_proj
+    assert attn.weight.is_meta and attn.quantized is not None and attn.prepacked is None
+    assert model.head_quantized is not None  # tied head: a quantized copy, the table stays fp32
+    assert model.embed_tokens.weight.dtype == torch.float32
+    fp32 = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig()).runner.model
+    assert model.weight_bytes_per_token() < fp32.weight_bytes_per_token() / 3
+
+
+@pytest.mark.parametrize("value,message", [
+    ("int3", "quantization='int3' is neither a scheme"),
+    ("int4-g128", "group size 128 does not divide the layer's input width 64"),
+    ({"default": "int8", "modules": {"layers.*.mlp.nope": "int4"}}, "matches no linear of this model"),
+    ({"default": "int9"}, "default='int9' is not a weight scheme; valid: fp32, bf16, int8"),
+    ({"default": "int8", "module": {}}, "unknown key"),
+    ("missing.json", "does not exist"),
+])
+def test_bad_configs_fail_before_weights_load(tiny_llm_factory, monkeypatch, value, message):
+    from graft.serving.models import loader
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights were loaded before the config was checked")
+
+    monkeypatch.setattr("graft.serving.engine.model_runner.load_weights", no_load)
+    with pytest.raises(GraftConfigError, match=message):
+        Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(quantization=value))
+    assert loader.load_weights is not no_load
