@@ -1,0 +1,209 @@
+"""Triton weight-only linears for bf16, int8 and int4 weights (graft.kernels.quant formats).
+
+`quant_linear` has the contract of graft.kernels.quant.quant_linear (the reference): x [..., K]
+in fp32 / bf16 / fp16 times the dequantized weight, fp32 accumulation, x's dtype out. It reads
+the canonical tensors as they are (int8 [N, K]; int4 bytes [N, K/2], low nibble = even column,
+fp16 scales and uint8 zeros [N, K/G]), so a weight needs no second copy on the GPU.
+
+One kernel, two inner products:
+- GEMM (more than 4 rows): `tl.dot` on tiles. Integer weights enter the dot as integers
+  (q for int8, q - z for int4: exact in bf16 and fp16), and the scales multiply the fp32
+  partial sums afterwards (int8: once per output channel; int4: once per K tile, the tile
+  lying inside one group). The products are then as exact as the reference's fp32 ones,
+  where dequantizing to bf16 first would round every weight to 8 bits. fp32 activations
+  use an IEEE fp32 dot, not TF32, for the same reason.
+- GEMV (1-4 rows, decode): broadcast multiply and sum in fp32 on the dequantized tile, no
+  padding of the rows to the dot's minimum of 16.
+Both can split K over programs (decode needs it to fill the GPU when N is small); the partial
+sums land in an fp32 buffer summed in a fixed order, so results are deterministic.
+
+Import it only after deciding about TRITON_INTERPRET (graft.kernels.dispatch does so lazily).
+The interpreter rounds fp32 -> bf16 wrongly (truncates), so there the kernel stores fp32 and
+torch casts, and every dot runs in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from graft.kernels.quant import QuantizedWeight
+from graft.kernels.triton_ops import INTERPRET, _check_device
+
+__all__ = ["quant_linear", "launch_config", "INTERPRET"]
+
+_KIND = {"fp32": 0, "bf16": 0, "int8": 1, "int4": 2}  # 0: float weights, no scales
+_X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GEMV_MAX_ROWS = 4
+
+
+@triton.jit
+def _product(x, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
+    """x [BM, BK] @ w [BK, BN] -> fp32 [BM, BN]."""
+    if USE_DOT:
+        if DOT_F32:
+            p = tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:  # integer / same-dtype weights are exact in x's dtype; the dot accumulates in fp32
+            p = tl.dot(x, w.to(x.dtype))
+    else:
+        p = tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+    return p
+
+
+@triton.jit
+def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
+                         M, N, K, k_per_split, stride_xm, stride_wn, stride_sn, stride_split, stride_om,
+                         KIND: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         PARTIAL: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # one program: a BLOCK_M x BLOCK_N tile of the output over one K split
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn
+    s_rows = s_ptr + offs_n.to(tl.int64) * stride_sn
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_end
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        wk_mask = k_mask[:, None] & n_mask[None, :]
+        if KIND == 2:
+            # each byte is read for both of its columns (the second read hits the cache)
+            b = tl.load(w_cols + (offs_k // 2)[:, None], mask=wk_mask, other=0).to(tl.int32)
+            q = (b >> ((offs_k % 2) * 4)[:, None]) & 0xF  # [BK, BN]
+            if USE_DOT:  # the launch keeps BLOCK_K | GROUP: the whole tile is in group k0 // GROUP
+                z = tl.load(z_ptr + offs_n.to(tl.int64) * stride_sn + k0 // GROUP, mask=n_mask, other=0)
+                s = tl.load(s_rows + k0 // GROUP, mask=n_mask, other=0.0).to(tl.float32)
+                acc += _product(x, q - z.to(tl.int32)[None, :], USE_DOT, DOT_F32) * s[None, :]
+            else:  # the GEMV tile may span groups: dequantize per column in fp32
+                g = (offs_k // GROUP)[:, None] + (offs_n.to(tl.int64) * stride_sn)[None, :]
+                z = tl.load(z_ptr + g, mask=wk_mask, other=0).to(tl.int32)
+                s = tl.load(s_ptr + g, mask=wk_mask, other=0.0).to(tl.float32)
+                acc += _product(x, (q - z).to(tl.float32) * s, USE_DOT, DOT_F32)
+        else:
+            w = tl.load(w_cols + offs_k[:, None], mask=wk_mask, other=0)
+            acc += _product(x, w, USE_DOT, DOT_F32)
+    if KIND == 1:  # int8: one scale per output channel
+        acc *= tl.load(s_rows, mask=n_mask, other=0.0)[None, :]
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    if PARTIAL:  # split K: fp32 partial sums, the wrapper adds them up (and the bias)
+        tl.store(out_ptr + pid_k * stride_split + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :],
+                 acc, mask=out_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def launch_config(m: int, n: int, k: int, weight: QuantizedWeight, device: torch.device,
+                  **tuning) -> dict:
+    """Block sizes, split-K and warps for an [m, k] x [k, n] product (not tuned on a GPU yet).
+    tuning overrides any of block_m, block_n, block_k, split_k, num_warps, num_stages."""
+    gemv = m <= GEMV_MAX_ROWS
+    if gemv:
+        cfg = dict(block_m=triton.next_power_of_2(max(m, 1)), block_n=32, block_k=128,
+                   num_warps=8 if m > 2 else 4, num_stages=3)
+    else:
+        block_m = min(128, max(16, triton.next_power_of_2(m)))
+        block_n = 128 if m > 64 else 64
+        cfg = dict(block_m=block_m, block_n=block_n, block_k=64,
+                   num_warps=8 if block_m * block_n >= 128 * 128 else 4, num_stages=3)
+    if weight.scheme.kind == "int4" and not gemv:
+        cfg["block_k"] = min(cfg["block_k"], weight.scheme.group_size)
+    unknown = set(tuning) - {*cfg, "split_k"}
+    if unknown:
+        raise ValueError(f"quant_linear (triton): unknown tuning {sorted(unknown)}; valid: {sorted({*cfg, 'split_k'})}")
+    cfg.update({key: val for key, val in tuning.items() if key != "split_k"})
+    group = weight.scheme.group_size
+    if weight.scheme.kind == "int4" and not gemv and group % cfg["block_k"]:
+        raise ValueError(f"quant_linear (triton): block_k={cfg['block_k']} must divide the int4 group "
+                         f"size {group} on the GEMM path")
+    k_tiles = triton.cdiv(k, cfg["block_k"])
+    split = tuning.get("split_k")
+    if split is None:  # enough programs for about two waves of the GPU's SMs
+        tiles = triton.cdiv(m, cfg["block_m"]) * triton.cdiv(n, cfg["block_n"])
+        target = 1 if device.type != "cuda" else 2 * _num_sms(device.index or 0)
+        split = max(1, min(k_tiles, target // max(tiles, 1)))
+    tiles_per_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles)))
+    cfg["k_per_split"] = tiles_per_split * cfg["block_k"]
+    cfg["split_k"] = triton.cdiv(k_tiles, tiles_per_split)  # no empty splits
+    cfg["gemv"] = gemv
+    return cfg
+
+
+def _on_device(weight: QuantizedWeight, device: torch.device) -> list[torch.Tensor]:
+    """The weight's canonical tensors on `device`, contiguous; a copy made once and cached in
+    weight.packed["triton"] when they live elsewhere (e.g. loaded on the CPU)."""
+    tensors = weight.tensors()
+    if all(t.device == device and t.is_contiguous() for t in tensors):
+        return tensors
+    cached = weight.packed.get("triton")
+    if cached is None or cached[0] != device:
+        cached = (device, [t.to(device).contiguous() for t in tensors])
+        weight.packed["triton"] = cached
+    return cached[1]
+
+
+def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
+                 **tuning) -> torch.Tensor:
+    """Same contract as graft.kernels.quant.quant_linear. tuning: see launch_config."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
+    kind = weight.scheme.kind
+    if kind not in _KIND or x.dtype not in _X_DTYPES:
+        raise ValueError(f"quant_linear (triton) takes {', '.join(_KIND)} weights and float32/bfloat16/"
+                         f"float16 x, got {weight.scheme.name} and {x.dtype}")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"quant_linear: bias shape {tuple(bias.shape)} must be ({n},)")
+    _check_device("quant_linear", x, *([] if bias is None else [bias]))
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m == 0 or n == 0:
+        return x.new_zeros(*lead, n)
+    tensors = _on_device(weight, x.device)
+    qweight = tensors[0]
+    scales = tensors[1] if len(tensors) > 1 else qweight  # unused by float weights
+    zeros = tensors[2] if len(tensors) > 2 else qweight
+    bias_c = None if bias is None else bias.contiguous()
+    cfg = launch_config(m, n, k, weight, x.device, **tuning)
+    partial = cfg["split_k"] > 1
+    out_dtype = torch.float32 if partial or (INTERPRET and x.dtype == torch.bfloat16) else x.dtype
+    out = torch.empty((cfg["split_k"], m, n) if partial else (m, n), dtype=out_dtype, device=x.device)
+    # fp32 dots where the operands are not exact in x's dtype (and always in the interpreter,
+    # whose bf16 arithmetic is wrong)
+    dot_f32 = INTERPRET or x.dtype == torch.float32 or (kind in ("fp32", "bf16") and qweight.dtype != x.dtype)
+    grid = (triton.cdiv(m, cfg["block_m"]), triton.cdiv(n, cfg["block_n"]), cfg["split_k"])
+    _quant_matmul_kernel[grid](
+        x2, qweight, scales, zeros, qweight if bias_c is None else bias_c, out,
+        m, n, k, cfg["k_per_split"], x2.stride(0), qweight.stride(0),
+        scales.stride(0) if kind == "int4" else 1, m * n if partial else 0, n,
+        KIND=_KIND[kind], GROUP=max(weight.scheme.group_size, 1), HAS_BIAS=bias_c is not None,
+        PARTIAL=partial, USE_DOT=not cfg["gemv"], DOT_F32=dot_f32,
+        BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if partial:
+        out = out.sum(0)
+        if bias_c is not None:
+            out += bias_c.float()
+    return out.to(x.dtype).reshape(*lead, n)
