@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="folder for results.json and samples_<task>.jsonl")
     parser.add_argument("--backend", default="hf", choices=["hf", "engine"], help="how --model runs")
     parser.add_argument("--device", default="cpu", help="torch device for --model (cpu, cuda, cuda:1)")
+    parser.add_argument("--quantization", default=None, metavar="SCHEME|quant.json",
+                        help="with --backend engine: " + "weights of the LLM's linears: fp32 | bf16 | int8 | int4 | int4-g32/-g64/-g128, or a quant.json per module (graft quantize)")
     parser.add_argument("--data-root", default=None, help="folder task data paths are relative to")
     parser.add_argument("--base-llm", default=None, help="frozen LLM dir for reference: base_llm tasks")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap and sampling seed")
@@ -78,6 +80,7 @@ def run(args) -> int:
                        out_dir=args.out, limit=args.limit, backend=args.backend,
                        cache=False if args.no_cache else (args.cache or True), seed=args.seed,
                        n_boot=args.bootstrap, base_llm=args.base_llm, device=args.device,
+                       quantization=args.quantization,
                        **endpoint_options)
     print(results_table(results))
     if args.out:

@@ -118,12 +118,12 @@ def eval_task(spec: TaskSpec, samples: list[Sample], model, reference, cache: Re
 def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, limit: int | None = None,
              backend: str = "hf", cache: bool | str | Path | ResponseCache = True, seed: int = 0,
              n_boot: int = 1000, base_llm: str | None = None, device: str = "cpu", log=print,
-             **endpoint_options) -> dict:
+             quantization=None, **endpoint_options) -> dict:
     """Evaluate a model on tasks; returns the results dict (also written to out_dir/results.json).
 
     model_or_backend: a run dir, a plain HF LLM dir, an http(s) endpoint URL, a GraftedModel,
     or any object with `identity` and `generate(requests)`. `backend` picks "hf" or "engine"
-    for directories, on `device`. Tasks are shipped names or YAML paths. `base_llm` is the
+    for directories, on `device` (`quantization`: the engine's weight scheme or quant.json). Tasks are shipped names or YAML paths. `base_llm` is the
     frozen LLM dir for `reference: base_llm` tasks (default: the one the model names).
     """
     if isinstance(tasks, str):
@@ -134,7 +134,8 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         raise GraftConfigError(f"--limit must be >= 1, got {limit}")
     specs = [get_task(t) for t in tasks]
     task_samples = [load_samples(s, data_root, limit) for s in specs]  # all data errors before any model load
-    model = make_backend(model_or_backend, backend, device=device, **endpoint_options)
+    model = make_backend(model_or_backend, backend, device=device, quantization=quantization,
+                         **endpoint_options)
     store = cache if isinstance(cache, ResponseCache) else (
         ResponseCache(None if cache is True else cache) if cache else None)
     state: dict = {}
@@ -144,7 +145,8 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         "model": str(model_or_backend) if named else type(model_or_backend).__name__,
         "backend": "endpoint" if is_url else backend,
         "model_identity": model.identity, "data_root": None if data_root is None else str(data_root),
-        "limit": limit, "n_boot": n_boot, "base_llm": base_llm, "device": device, "task_specs": {}},
+        "limit": limit, "n_boot": n_boot, "base_llm": base_llm, "device": device,
+        "quantization": None if quantization is None else str(quantization), "task_specs": {}},
         "seed": seed, "git": git_state(), "packages": package_versions(), "created": now_utc()}
     try:
         for spec, samples in zip(specs, task_samples):

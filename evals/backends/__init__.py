@@ -10,8 +10,9 @@ from graft.evals.backends.base import Request, Result
 BACKEND_KINDS = ("hf", "engine")
 
 
-def make_backend(target, kind: str = "hf", device: str = "cpu", **endpoint_options):
-    """A ready backend from a backend object, a GraftedModel, an http(s) URL, a run dir or an LLM dir."""
+def make_backend(target, kind: str = "hf", device: str = "cpu", quantization=None, **endpoint_options):
+    """A ready backend from a backend object, a GraftedModel, an http(s) URL, a run dir or an LLM dir.
+    quantization (a scheme or quant.json) holds the engine backend's LLM weights in low precision."""
     if hasattr(target, "generate") and hasattr(target, "identity"):
         return target
     if hasattr(target, "chat") and hasattr(target, "spec"):
@@ -25,6 +26,9 @@ def make_backend(target, kind: str = "hf", device: str = "cpu", **endpoint_optio
         return EndpointBackend(text, **endpoint_options)
     if kind not in BACKEND_KINDS:
         raise GraftConfigError(f"--backend {kind!r}: choose one of {', '.join(BACKEND_KINDS)}")
+    if quantization is not None and kind != "engine":
+        raise GraftConfigError(f"--quantization {quantization} needs --backend engine (the HF backend "
+                               "runs the checkpoint as saved)")
     path = Path(text).expanduser()
     if not (path / "graft.yaml").is_file() and not (path / "config.json").is_file():
         raise GraftConfigError(
@@ -32,7 +36,7 @@ def make_backend(target, kind: str = "hf", device: str = "cpu", **endpoint_optio
     if kind == "engine":
         from graft.evals.backends.engine import EngineBackend
 
-        return EngineBackend(path, device=device)
+        return EngineBackend(path, device=device, quantization=quantization)
     if (path / "graft.yaml").is_file():
         from graft.evals.backends.hf import GraftedBackend
 

@@ -12,12 +12,13 @@ from graft.evals.backends.base import Request, Result, load_images
 
 
 class EngineBackend:
-    def __init__(self, path: str | Path, config=None, chunk: int = 64, device: str = "cpu"):
+    def __init__(self, path: str | Path, config=None, chunk: int = 64, device: str = "cpu",
+                 quantization=None):
         from graft.serving import Engine, EngineConfig
 
         self.chunk = chunk
         path = Path(path)
-        config = config or EngineConfig(device=device)
+        config = config or EngineConfig(device=device, quantization=quantization)
         if (path / "graft.yaml").is_file():
             from graft.serving.multimodal.front import load_engine
 
@@ -35,6 +36,11 @@ class EngineBackend:
 
             self.identity = f"engine-llm:{weights_sha256(path)[:32]}"
             self.base_llm = str(path)
+        plan = self.engine.runner.quant_plan
+        if any(s.kind != "fp32" for s in plan.values()):  # other weights, other answers: own cache keys
+            from graft.serving.models.quantize import plan_digest
+
+            self.identity += f"+quant:{plan_digest(plan)}"
         self._next = 0
 
     def _prompt(self, req: Request, rid: str):

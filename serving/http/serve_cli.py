@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--quantization", default=None, metavar="SCHEME|quant.json", help="weights of the LLM's linears: fp32 | bf16 | int8 | int4 | int4-g32/-g64/-g128, or a quant.json per module (graft quantize)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     p.add_argument("--log-level", default="warning")
@@ -61,7 +62,8 @@ def build(args: argparse.Namespace):
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
-                          dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager)
+                          dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager,
+                          quantization=args.quantization)
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
     path = Path(args.path) if args.path else None
     if args.graft:

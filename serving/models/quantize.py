@@ -157,3 +157,11 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
                 deq = quantize(module.weight, scheme).dequantize().to(module.weight.dtype)
             module.weight = nn.Parameter(deq, requires_grad=False)  # unties a tied head
     return hf_model
+
+
+def plan_digest(plan: dict[str, QuantScheme]) -> str:
+    """A short stable digest of a plan (which scheme each module has): cache keys of results."""
+    import hashlib
+
+    text = json.dumps({name: s.name for name, s in sorted(plan.items())}, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

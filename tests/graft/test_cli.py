@@ -26,7 +26,16 @@ def test_train_inspect_chat(make_spec, tmp_path, capsys):
     img = tmp_path / "q.png"
     Image.new("RGB", (32, 32), (255, 0, 0)).save(img)
     assert main(["chat", str(out_dir), "--image", str(img), "What color?", "--max-new-tokens", "3"]) == 0
-    assert capsys.readouterr().out.strip() != ""
+    hf_answer = capsys.readouterr().out.strip()
+    assert hf_answer != ""
+    # --quantization answers on the engine (the tiny tokenizer's bytes need not be whole
+    # characters, which the engine's detokenizer holds back, so only the exit is checked)
+    chat = ["chat", str(out_dir), "--image", str(img), "What color?", "--max-new-tokens", "3"]
+    for scheme in ("fp32", "int4"):
+        assert main(chat + ["--quantization", scheme]) == 0
+    capsys.readouterr()
+    assert main(chat + ["--quantization", "int3"]) == 2
+    assert "quantization='int3' is neither a scheme" in capsys.readouterr().err
 
 
 def test_cli_errors_are_messages(tmp_path, capsys):
