@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from graft.serving.engine.sampling_params import SamplingParams
 from graft.serving.engine.scheduler import Scheduler
 from graft.serving.engine.sequence import Sequence
 
+log = logging.getLogger("graft.serving")
 _EMA = 0.2  # weight of the newest timing sample in the moving averages
 
 
@@ -160,19 +162,58 @@ class Engine:
         if not batch:
             return outputs
         t0 = time.perf_counter()
-        logits, sampling = self.runner.execute(batch)
-        tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
-        self._record_timing(batch, time.perf_counter() - t0)
+        try:
+            logits, sampling = self.runner.execute(batch)
+            tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
+            self._record_timing(batch, time.perf_counter() - t0)
+        except Exception:  # noqa: BLE001 - the batch failed; find whose request did it
+            sampling, tokens, logprobs = self._run_each_alone(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens):
+            if seq.is_finished:  # failed alone: its blocks are already freed
+                self.seqs.pop(seq.request_id, None)
+                outputs.append(make_output(seq, final=True))
+                continue
             seq.num_computed_tokens += n
             self.block_manager.commit(seq)
         now = time.monotonic()
         for seq, token, lp in zip(sampling, tokens, logprobs):
-            self._append_token(seq, token, lp, now)
+            try:
+                self._append_token(seq, token, lp, now)
+            except Exception as err:  # noqa: BLE001 - e.g. detokenizing; this request only
+                self._fail(seq, err)
             outputs.append(make_output(seq, final=seq.is_finished))
             if seq.is_finished:
                 self.seqs.pop(seq.request_id, None)
         return outputs
+
+    def _run_each_alone(self, batch):
+        """After a failed batched step: run each sequence as a batch of one, so one request's
+        failure (its seed, its logprobs, its data) finishes that request alone. Rewriting the
+        same KV slots is harmless; the others' tokens are the ones they get alone (a seeded
+        sampled row that drew noise before the failure draws again)."""
+        from graft.serving.engine.scheduler import ScheduledBatch
+
+        sampling, tokens, logprobs = [], [], []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            try:
+                logits, sampled = self.runner.execute(ScheduledBatch([seq], [n], int(n == 1)))
+                if sampled:
+                    got, lps = self.sampler(logits, sampled)
+                    sampling += sampled
+                    tokens += got
+                    logprobs += lps
+            except Exception as err:  # noqa: BLE001
+                self._fail(seq, err)
+        return sampling, tokens, logprobs
+
+    def _fail(self, seq: Sequence, err: Exception) -> None:
+        """Finish seq with finish_reason "internal_error" (blocks freed); others go on."""
+        if seq.is_finished:
+            return
+        log.exception("request %r failed inside the engine", seq.request_id)
+        self.scheduler.finish(seq, "internal_error",
+                              f"request {seq.request_id!r} failed inside the engine: "
+                              f"{type(err).__name__}: {err}")
 
     def _drop_bad_images(self, batch) -> list[Sequence]:
         """Resolve this step's image rows up front; a request whose rows fail is finished

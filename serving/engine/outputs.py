@@ -18,8 +18,8 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)  # since the previous step()
     new_text: str = ""  # since the previous step()
     finished: bool = False
-    finish_reason: str | None = None  # stop | length | deadline | error | abort
-    error: str | None = None  # what went wrong, for finish_reason "error"
+    finish_reason: str | None = None  # stop | length | deadline | error | abort | internal_error
+    error: str | None = None  # what went wrong, for finish_reason "error" / "internal_error"
     logprobs: list[dict[int, float]] | None = None  # per output token: {token id: logprob}
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     arrival_time: float = 0.0  # time.monotonic() seconds

@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 
 from graft.errors import GraftConfigError
 
+# the seeds a torch.Generator takes (int64 min .. uint64 max); outside them manual_seed raises
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+# below this, temperature scaling overflows fp32 logits (1e-300 -> inf -> NaN): sample greedily
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class SamplingParams:
@@ -40,6 +45,11 @@ class SamplingParams:
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
             raise GraftConfigError(
                 f"SamplingParams.logprobs must be None or an int >= 0, got {self.logprobs!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise GraftConfigError(
+                f"SamplingParams.seed must be None or an int in [{SEED_MIN}, {SEED_MAX}], "
+                f"got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise GraftConfigError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
@@ -48,4 +58,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from graft.errors import GraftError
 from graft.serving.http.admission import AdmissionController, QueueItem, StepCostModel
 from graft.serving.http.protocol import APIError
 
@@ -33,6 +34,7 @@ class Job:
     estimate_s: float | None = None  # admission control's TTFT estimate
     first_token_at: float | None = None
     n_output: int = 0
+    failed: bool = False  # failed before entering the engine (error already sent)
 
     def queue_item(self) -> QueueItem:
         return QueueItem(self.deadline if self.deadline is not None else float("inf"),
@@ -74,7 +76,9 @@ class EngineWorker:
             ids = [(7 * i + 3 * k + 1) % vocab for k in range(length)]  # no shared prefix
             engine.add_request(f"graft-warmup-{i}", prompt_token_ids=ids, sampling_params=params)
             while engine.has_unfinished_requests():
-                self._run_once([])
+                for out in self._run_once([]):
+                    if out.finish_reason == "internal_error":  # refuse to serve, loudly
+                        raise GraftError(f"engine warmup failed: {out.error}")
         for front in self.fronts:
             image = Image.new("RGB", (224, 224), (128, 128, 128))
             n_tokens = front.model.image_token_count(224, 224)
@@ -136,12 +140,13 @@ class EngineWorker:
                 aborts, self._aborts = self._aborts, []
             try:
                 self._run_once(aborts)
-            except Exception as err:  # never let one bad batch kill the server thread
+            except Exception:  # noqa: BLE001 - a fault no single request explains: the
+                # engine isolates per-request failures itself; never let this kill the thread
                 log.exception("engine step failed")
-                self._fail_all(APIError(f"engine error: {err}", status=500,
-                                        type="server_error", code="engine_error"))
+                self._fail_all(_internal_error())
 
-    def _run_once(self, aborts: list[str]) -> None:
+    def _run_once(self, aborts: list[str]) -> list:
+        """Aborts, expiries, admissions and one engine step; returns the step's outputs."""
         for rid in aborts:
             self._abort_now(rid)
         self._expire_pending()
@@ -163,11 +168,13 @@ class EngineWorker:
                 self.cost.observe_step(prefill, decodes, elapsed)
             for out in outputs:
                 self._deliver(out)
-        elif self.pending:
+            return outputs
+        if self.pending:
             # Work that cannot start yet (no cache room) beside an idle engine: wait for a
             # change (new request, abort, stop) rather than spin.
             with self._cond:
                 self._cond.wait(timeout=0.05)
+        return []
 
     def _abort_now(self, rid: str) -> None:
         with self._cond:
@@ -214,27 +221,58 @@ class EngineWorker:
                     room -= nbytes
                 batch.append(job)
                 self.pending.remove(job)
+        embeds = self._encode(batch)
+        for job in batch:
+            if job.failed:
+                continue
+            try:
+                mm = ((job.front or self.front).mm_inputs(job.prepared, embeds)
+                      if job.prepared is not None else None)
+                self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
+                                        sampling_params=job.sampling_params, mm_inputs=mm,
+                                        deadline=job.deadline)
+            except Exception as err:  # noqa: BLE001 - this job's failure, nobody else's
+                self._fail_job(job, err)
+                continue
+            with self._cond:  # `active` is read by submit() and the metrics on other threads
+                self.active[job.request_id] = job
+
+    def _encode(self, batch: list[Job]) -> dict:
+        """Embeddings for the batch's images, one encoder call per graft; when a call fails,
+        each of its jobs is encoded alone so only the job whose image fails is failed."""
         embeds: dict = {}
         by_front: dict[int, tuple] = {}  # one encoder batch per graft
         for j in batch:
-            if j.prepared is not None:
+            if j.prepared is not None and j.prepared.images:
                 front = j.front or self.front
-                by_front.setdefault(id(front), (front, []))[1].extend(
-                    (im, j.request_id) for im in j.prepared.images)
-        for front, items in by_front.values():
-            if items:
+                by_front.setdefault(id(front), (front, []))[1].append(j)
+        for front, jobs in by_front.values():
+            groups = [jobs]
+            while groups:
+                group = groups.pop()
+                items = [(im, j.request_id) for j in group for im in j.prepared.images]
                 start = time.perf_counter()
-                got, encoded = front.encode(items)
+                try:
+                    got, encoded = front.encode(items)
+                except Exception as err:  # noqa: BLE001
+                    if len(group) == 1:
+                        self._fail_job(group[0], err)
+                    else:
+                        groups += [[j] for j in group]
+                    continue
                 embeds.update(got)  # keys carry encoder + adapter identity: no clashes
                 self.cost.observe_encode(encoded, time.perf_counter() - start)
-        for job in batch:
-            mm = ((job.front or self.front).mm_inputs(job.prepared, embeds)
-                  if job.prepared is not None else None)
-            self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
-                                    sampling_params=job.sampling_params, mm_inputs=mm,
-                                    deadline=job.deadline)
-            with self._cond:  # `active` is read by submit() and the metrics on other threads
-                self.active[job.request_id] = job
+        return embeds
+
+    def _fail_job(self, job: Job, err: Exception) -> None:
+        """A job that failed before entering the engine: error to its client, pins freed."""
+        job.failed = True
+        self._release(job.request_id)
+        if isinstance(err, GraftError):  # a domain refusal: the message is for the client
+            job.sink("error", APIError(str(err), param="messages", code="invalid_prompt"))
+        else:
+            log.error("request %r failed before the engine", job.request_id, exc_info=err)
+            job.sink("error", _internal_error())
 
     def _deliver(self, out) -> None:
         job = self.active.get(out.request_id)
@@ -260,7 +298,9 @@ class EngineWorker:
             # stopped without a first token (deadline): its elapsed time is a lower bound
             self.admission.observe_ttft(now - job.arrival, job.estimate_s)
         job.n_output = len(out.token_ids)
-        if out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
+        if out.finish_reason == "internal_error":  # logged by the engine; no internals out
+            job.sink("error", _internal_error())
+        elif out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
             job.sink("error", APIError(out.error or "the engine rejected this prompt",
                                        param="messages", code="invalid_prompt"))
         else:
@@ -301,3 +341,9 @@ class EngineWorker:
                     log.exception("abort after engine error failed")
             self._release(job.request_id)
             job.sink("error", err)
+
+
+def _internal_error() -> APIError:
+    # The details go to the server log, never to a client (they may name internals).
+    return APIError("the server failed while generating this response; the server log has "
+                    "the details", status=500, type="server_error", code="engine_error")

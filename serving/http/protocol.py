@@ -14,6 +14,8 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
                       field_validator)
 from typing_extensions import Annotated
 
+from graft.serving.engine.sampling_params import SEED_MAX, SEED_MIN
+
 
 class APIError(Exception):
     """An error the client caused (or a refusal): HTTP status + OpenAI-style body."""
@@ -37,8 +39,9 @@ class APIError(Exception):
 # -- request -------------------------------------------------------------------------------
 
 class _Strict(BaseModel):
-    # Unknown fields are ignored so newer OpenAI clients keep working; known ones are typed.
-    model_config = ConfigDict(extra="ignore", strict=False)
+    # Unknown fields are ignored so newer OpenAI clients keep working; known ones are typed
+    # as the OpenAI API types them: no coercion (`true` or "10" is not an int; 1 is a float).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class TextPart(_Strict):
@@ -95,7 +98,7 @@ class ChatCompletionRequest(_Strict):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)  # vLLM-style extension; -1/0 = off
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what the sampler takes
     stop: Union[str, list[str], None] = None
     n: int = Field(default=1, ge=1, le=1)
     logprobs: bool = False

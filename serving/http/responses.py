@@ -1,0 +1,106 @@
+"""Reading one job's engine events into an HTTP answer: a JSON completion or an SSE stream.
+Either way a client that goes away aborts its request at the engine's next step."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from graft.serving.http import protocol as P
+from graft.serving.http.engine_worker import Job
+
+
+def sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
+    """Thread-safe hand-off from the engine thread to one request's queue."""
+    def put(kind: str, payload) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, payload))
+        except RuntimeError:  # loop closed (shutdown): nobody is listening any more
+            pass
+    return put
+
+
+def error_response(err: P.APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def _wait_disconnect(request: Request, queue: asyncio.Queue) -> None:
+    # After the body, the server's receive() answers only when the client has gone
+    # (uvicorn: http.disconnect); tokens flowing never delay noticing it.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    queue.put_nowait(("gone", None))
+
+
+async def complete(ctx, job: Job, queue: asyncio.Queue, model: str, request: Request,
+                   top_logprobs: int) -> Response:
+    text, n_out, reason, last = "", 0, None, None
+    watcher = asyncio.create_task(_wait_disconnect(request, queue))
+    try:
+        while True:
+            kind, out = await queue.get()
+            if kind == "gone":
+                ctx.worker.abort(job.request_id)
+                return Response(status_code=499)  # nobody reads it; nginx's "client closed"
+            if kind == "error":
+                return error_response(out)
+            if kind == "deadline":
+                reason = "deadline"
+                break
+            text, n_out, last = out.text, len(out.token_ids), out
+            if out.finished:
+                reason = out.finish_reason
+                break
+    except asyncio.CancelledError:
+        ctx.worker.abort(job.request_id)
+        raise
+    finally:
+        watcher.cancel()
+    logprobs = ctx.logprobs(last, 0, top_logprobs) if last is not None else None
+    return JSONResponse(P.completion_body(job.request_id, model, text, reason,
+                                          len(job.prompt_token_ids), n_out, logprobs))
+
+
+async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage: bool,
+                 top_logprobs: int):
+    """SSE events; Starlette cancels this generator when the client disconnects."""
+    created = int(time.time())
+    sent, n_out, done = 0, 0, False
+    sent_lp = 0  # output tokens whose logprobs went out already
+    try:
+        yield P.sse(P.chunk_body(job.request_id, model, {"role": "assistant", "content": ""},
+                                 None, created))
+        while True:
+            kind, out = await queue.get()
+            if kind == "error":
+                yield P.sse(out.body())
+                done = True
+                break
+            if kind == "deadline":
+                yield P.sse(P.chunk_body(job.request_id, model, {}, "deadline", created))
+                done = True
+                break
+            n_out = len(out.token_ids)
+            delta = out.text[sent:]
+            sent = len(out.text)
+            # logprobs ride with the text they belong to (stop-string hold-back delays both)
+            logprobs = ctx.logprobs(out, sent_lp, top_logprobs) if delta or out.finished else None
+            if logprobs is not None:
+                sent_lp += len(logprobs["content"])
+            if delta or (logprobs and logprobs["content"]):
+                yield P.sse(P.chunk_body(job.request_id, model, {"content": delta}, None, created,
+                                         logprobs))
+            if out.finished:
+                done = True
+                yield P.sse(P.chunk_body(job.request_id, model, {}, out.finish_reason, created))
+                break
+        if include_usage:
+            yield P.sse(P.usage_chunk_body(job.request_id, model, created,
+                                           len(job.prompt_token_ids), n_out))
+        yield P.sse("[DONE]")
+    finally:
+        if not done:  # client went away mid-stream: free its KV blocks and cache pins
+            ctx.worker.abort(job.request_id)
