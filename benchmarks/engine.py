@@ -1,4 +1,5 @@
-"""`graft bench engine MODEL_DIR`: graft engine vs HF `generate` on one seeded workload.
+"""`graft bench engine MODEL_DIR`: graft engine vs HF `generate` on one seeded workload
+(`--quantization a,b,...`: the weight formats instead, graft.benchmarks.formats).
 
 Reports output tokens/s of both (same checkpoint, same process), the ratio, and the
 engine's achieved FLOP/s as a fraction of a matmul roofline measured here on the model's
@@ -32,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for both engine and HF (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
+    parser.add_argument("--quantization", default=None, metavar="fp32,bf16,int8,int4",
+                        help="instead of the workload: batch-1/batch-32 decode and prefill-512 "
+                        "tok/s of each weight format (or quant.json) vs the measured memory roofline")
+    parser.add_argument("--decode-tokens", type=int, default=64,
+                        help="with --quantization: tokens decoded per measurement")
+    parser.add_argument("--bandwidth-mb", type=int, default=1024,
+                        help="with --quantization: buffer read to measure memory bandwidth")
     parser.add_argument("--out", default=None, help="write the JSON result here")
 
 
@@ -53,6 +61,14 @@ def run(args) -> int:
         raise ValueError("--num-requests and --concurrency must be positive")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.quantization:
+        from graft.benchmarks.formats import print_formats, run_formats
+
+        result = run_formats(args, [s for s in args.quantization.split(",") if s])
+        print_formats(result)
+        if args.out:
+            _write_json(Path(args.out), result)
+        return 0
     config = EngineConfig(max_num_seqs=args.concurrency, dtype=args.dtype, device=args.device,
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           enforce_eager=args.enforce_eager)

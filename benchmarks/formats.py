@@ -1,0 +1,126 @@
+"""`graft bench engine MODEL --quantization fp32,bf16,int8,int4`: every weight format in one
+process, each against the memory roofline measured in the same run.
+
+Per format: batch-1 decode tok/s (what one chat stream feels), batch-32 decode tok/s,
+prefill-512 tok/s, the linear-weight bytes one decode step reads, and batch-1 decode as a
+fraction of its roofline (measured read bandwidth / those bytes). Whole engine steps are
+timed (scheduler, sampler and Python included), after a warm-up. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+
+def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Best bytes/s of one pass over a cold fp32 buffer larger than the caches (torch's threads)."""
+    import torch
+
+    buf = torch.ones(nbytes // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def _timed_steps(engine, prompts, max_tokens: int) -> list[tuple[float, int, bool]]:
+    """(seconds, sequences in the step, every sequence decoding) per engine step."""
+    from graft.serving import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"b{i}", prompt_token_ids=p, sampling_params=params)
+    steps = []
+    execute = engine.runner.execute
+
+    def record(batch):
+        record.last = (len(batch.seqs), batch.num_decodes == len(batch.seqs))
+        return execute(batch)
+
+    engine.runner.execute = record
+    try:
+        while engine.has_unfinished_requests():
+            t0 = time.perf_counter()
+            engine.step()
+            steps.append((time.perf_counter() - t0, *record.last))
+    finally:
+        engine.runner.execute = execute
+    return steps
+
+
+def _decode_tokens_per_s(steps, batch: int) -> float | None:
+    full = [t for t, n, dec in steps if dec and n == batch]
+    return batch * len(full) / sum(full) if full else None
+
+
+def _counts(plan: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for scheme in plan.values():
+        counts[scheme.name] = counts.get(scheme.name, 0) + 1
+    return counts
+
+
+def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
+    from graft.serving import Engine, EngineConfig
+
+    config = EngineConfig(max_num_seqs=max(32, args.concurrency), dtype=args.dtype,
+                          device=args.device, quantization=scheme,
+                          max_num_batched_tokens=max(args.max_num_batched_tokens, 512))
+    t0 = time.perf_counter()
+    engine = Engine.from_pretrained(model_dir, config)
+    load_s = time.perf_counter() - t0
+    vocab = engine.runner.vocab_size
+    _timed_steps(engine, _prompts(2, 32, vocab, seed), 8)  # warm-up: first-call allocations
+    one = _timed_steps(engine, _prompts(1, 32, vocab, seed + 1), args.decode_tokens)
+    many = _timed_steps(engine, _prompts(32, 64, vocab, seed + 2), args.decode_tokens // 2)
+    prefill_len = min(512, engine.max_model_len - 1)
+    prefill = _timed_steps(engine, _prompts(1, prefill_len, vocab, seed + 3), 1)
+    model = engine.runner.model
+    return {"scheme": scheme, "load_seconds": load_s,
+            "linears": _counts(engine.runner.quant_plan),
+            "weight_bytes_per_decode_step": model.weight_bytes_per_token(),
+            "resident_bytes": sum(t.numel() * t.element_size() for t in model.resident_tensors()),
+            "batch1_decode_tokens_per_s": _decode_tokens_per_s(one, 1),
+            "batch32_decode_tokens_per_s": _decode_tokens_per_s(many, 32),
+            "prefill_tokens": prefill_len, "prefill512_tokens_per_s": prefill_len / prefill[0][0]}
+
+
+def run_formats(args, schemes: list[str]) -> dict:
+    import gc
+
+    import torch
+
+    result = {"model_dir": str(args.model_dir), "dtype": args.dtype, "device": args.device,
+              "torch_threads": torch.get_num_threads(), "decode_tokens": args.decode_tokens,
+              "formats": {}}
+    for scheme in schemes:
+        result["formats"][scheme] = measure_format(args.model_dir, scheme, args)
+        gc.collect()
+    bw = read_bandwidth(args.bandwidth_mb << 20)  # after the engines: the same machine state the decode ran in
+    result["read_bandwidth_bytes_per_s"] = bw
+    base = result["formats"].get("fp32")
+    for f in result["formats"].values():
+        roof = bw / f["weight_bytes_per_decode_step"]
+        f["batch1_roofline_tokens_per_s"] = roof
+        f["batch1_roofline_fraction"] = f["batch1_decode_tokens_per_s"] / roof
+        if base:
+            for key in ("batch1_decode_tokens_per_s", "batch32_decode_tokens_per_s", "prefill512_tokens_per_s"):
+                f[key.replace("_tokens_per_s", "_vs_fp32")] = f[key] / base[key]
+    return result
+
+
+def print_formats(r: dict) -> None:
+    print(f"read bandwidth {r['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, {r['torch_threads']} threads")
+    print(f"{'format':>10} {'MB/step':>8} {'b1 tok/s':>9} {'roofline':>9} {'b32 tok/s':>10} {'prefill512':>11}")
+    for name, f in r["formats"].items():
+        print(f"{name:>10} {f['weight_bytes_per_decode_step'] / 1e6:8.1f} "
+              f"{f['batch1_decode_tokens_per_s']:9.1f} {f['batch1_roofline_fraction']:8.0%} "
+              f"{f['batch32_decode_tokens_per_s']:10.1f} {f['prefill512_tokens_per_s']:11.1f}")
