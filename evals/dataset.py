@@ -22,6 +22,7 @@ class Sample:
     target: Any = None  # str or list[str]; None until a base-LLM reference fills it
     options: dict[str, str] | None = None
     group: str = ""  # bootstrap cluster; rotations of one question share it
+    rotation: int = 0  # which circular pass this is (0 = the options as written)
     where: str = ""  # file:line, for error messages
 
 
@@ -88,7 +89,7 @@ def _build(record: dict, spec: TaskSpec, image_root: Path, where: str) -> list[S
                 f"{where}: prompt has {text.count(IMAGE_MARKER)} {IMAGE_MARKER} markers for {len(images)} images"
             )
         uid = f"{sid}#r{k}" if len(variants) > 1 else sid
-        samples.append(Sample(uid, text, images, answer, options, group=sid, where=where))
+        samples.append(Sample(uid, text, images, answer, options, group=sid, rotation=k, where=where))
     return samples
 
 

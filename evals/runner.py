@@ -107,6 +107,8 @@ def eval_task(spec: TaskSpec, samples: list[Sample], model, reference, cache: Re
         "n": len(samples), "n_questions": len({s.group for s in samples}),
         "n_errors": sum(a.error is not None for a in answers), "n_cached": sum(a.cached for a in answers),
         "metrics": spec.metrics, "version": spec.version,
+        # which official evaluator's code each score reproduces
+        "definitions": {name: METRICS[name].definition for name in spec.metrics},
         "latency_s": _summary([a.latency for a in answers]), "ttft_s": _summary([a.ttft for a in answers]),
     })
     rows = [{"id": s.id, "group": s.group, "prompt": s.prompt, "images": [str(p) for p in s.images],

@@ -1,21 +1,17 @@
-"""Metric registry: name -> per-sample scorer and aggregation over the whole sample list."""
+"""Metric registry: name -> per-sample scorer, aggregation, and the official evaluator it follows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from graft.evals.metrics.anls import anls_aggregate, anls_scores
-from graft.evals.metrics.cider import cider_aggregate, cider_scores
+from graft.evals.metrics import anls, cider, multiple_choice, vqa, yes_no
 from graft.evals.metrics.exact_match import (
     exact_match_aggregate,
     exact_match_scores,
     identical_aggregate,
     identical_scores,
 )
-from graft.evals.metrics.multiple_choice import mc_aggregate, mc_scores
-from graft.evals.metrics.vqa import vqa_aggregate, vqa_scores
-from graft.evals.metrics.yes_no import yes_no_aggregate, yes_no_scores
 
 
 @dataclass(frozen=True)
@@ -27,17 +23,24 @@ class Metric:
     # (columns: key -> float array over samples, groups: int array) -> aggregate scores;
     # called again on every bootstrap resample
     aggregate: Callable
+    definition: str  # which evaluator's code the score reproduces (recorded in results.json)
 
 
-METRICS: dict[str, Metric] = {
-    "exact_match": Metric("exact_match", "accuracy", exact_match_scores, exact_match_aggregate),
-    "identical": Metric("identical", "accuracy", identical_scores, identical_aggregate),
-    "vqa_accuracy": Metric("vqa_accuracy", "accuracy", vqa_scores, vqa_aggregate),
-    "multiple_choice": Metric("multiple_choice", "accuracy", mc_scores, mc_aggregate),
-    "circular_choice": Metric("circular_choice", "circular_accuracy", mc_scores, mc_aggregate),
-    "yes_no": Metric("yes_no", "f1", yes_no_scores, yes_no_aggregate),
-    "anls": Metric("anls", "anls", anls_scores, anls_aggregate),
-    "cider_d": Metric("cider_d", "cider_d", cider_scores, cider_aggregate),
-}
+_GRAFT = "graft (no official evaluator)"
+METRICS: dict[str, Metric] = {m.name: m for m in [
+    Metric("exact_match", "accuracy", exact_match_scores, exact_match_aggregate, _GRAFT),
+    Metric("identical", "accuracy", identical_scores, identical_aggregate, _GRAFT),
+    Metric("vqa_accuracy", "accuracy", vqa.vqa_scorer("gt-vision-lab"), vqa.vqa_aggregate,
+           vqa.DEFINITIONS["gt-vision-lab"]),
+    Metric("vqa_accuracy_lmms_eval", "accuracy", vqa.vqa_scorer("lmms-eval"), vqa.vqa_aggregate,
+           vqa.DEFINITIONS["lmms-eval"]),
+    Metric("multiple_choice", "accuracy", multiple_choice.mc_scores, multiple_choice.mc_aggregate,
+           multiple_choice.DEFINITION),
+    Metric("circular_choice", "circular_accuracy", multiple_choice.mc_scores, multiple_choice.mc_aggregate,
+           multiple_choice.DEFINITION),
+    Metric("yes_no", "f1", yes_no.yes_no_scores, yes_no.yes_no_aggregate, yes_no.DEFINITION),
+    Metric("anls", "anls", anls.anls_scores, anls.anls_aggregate, anls.DEFINITION),
+    Metric("cider_d", "cider_d", cider.cider_scores, cider.cider_aggregate, cider.DEFINITION),
+]}
 
 __all__ = ["METRICS", "Metric"]

@@ -1,10 +1,21 @@
-"""ANLS (average normalized Levenshtein similarity, tau = 0.5) for text-in-image answers."""
+"""ANLS (average normalized Levenshtein similarity, threshold 0.5) for text-in-image answers.
+
+Source: EvolvingLMMs-Lab/lmms-eval, lmms_eval/api/metrics.py, `anls` (commit 75571cf; it
+follows Qwen-VL's eval_mm/infographicsvqa_eval.py). Per question: the distance is taken
+between the lowercased, whitespace-collapsed strings but divided by the longer of the *raw*
+strings' lengths (as `len(s.upper())`, which counts "ß" as 2); the score is 1 - the smallest
+normalized distance over the answers, set to 0 when below 0.5 (so exactly 0.5 is kept).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-TAU = 0.5
+from graft.errors import GraftDataError
+from graft.evals.metrics.references import reference_list
+
+THRESHOLD = 0.5
+DEFINITION = "EvolvingLMMs-Lab/lmms-eval lmms_eval/api/metrics.py anls @ 75571cf"
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -20,26 +31,28 @@ def levenshtein(a: str, b: str) -> int:
     return prev[-1]
 
 
-def anls_score(prediction: str | None, answers: list[str], tau: float = TAU) -> float:
-    """max over answers of 1 - NL, where a normalized distance NL >= tau scores 0."""
-    if prediction is None:
+def _collapse(text: str) -> str:
+    return " ".join(text.strip().lower().split())
+
+
+def anls_score(prediction: str | None, answers: list[str], threshold: float = THRESHOLD) -> float:
+    """1 - min over answers of the normalized distance, 0 below the threshold; None scores 0."""
+    if prediction is None:  # a failed request: the reference code never sees one
         return 0.0
-    pred = " ".join(str(prediction).lower().split())
-    best = 0.0
-    for ans in answers:
-        gt = " ".join(str(ans).lower().split())
-        longest = max(len(pred), len(gt))
-        nl = levenshtein(pred, gt) / longest if longest else 0.0
-        best = max(best, 1.0 - nl if nl < tau else 0.0)
-    return best
+    if not answers:
+        raise GraftDataError("anls needs at least one answer per sample")
+    pred = str(prediction)
+    distances = []
+    for answer in map(str, answers):
+        length = max(len(answer.upper()), len(pred.upper()))
+        dist = levenshtein(_collapse(answer), _collapse(pred))
+        distances.append(0.0 if length == 0 else float(dist) / float(length))
+    score = 1 - min(distances)
+    return 0.0 if score < threshold else score
 
 
 def anls_scores(predictions, samples) -> list[dict[str, float]]:
-    out = []
-    for pred, sample in zip(predictions, samples):
-        answers = sample.target if isinstance(sample.target, (list, tuple)) else [sample.target]
-        out.append({"anls": anls_score(pred, list(answers))})
-    return out
+    return [{"anls": anls_score(pred, reference_list(sample, "anls"))} for pred, sample in zip(predictions, samples)]
 
 
 def anls_aggregate(columns: dict[str, np.ndarray], groups: np.ndarray) -> dict[str, float]:

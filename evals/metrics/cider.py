@@ -1,9 +1,10 @@
-"""CIDEr-D for captions, with a pure-Python tokenizer.
+"""CIDEr-D for captions, as pycocoevalcap computes it, with a pure-Python PTB tokenizer.
 
-Deviation from the reference (pycocoevalcap): captions are tokenized by lowercasing and
-keeping runs of letters/digits (apostrophes kept inside words), not by the Java PTB
-tokenizer, so "don't" stays one token instead of "do n't". Scores can differ slightly
-from published numbers on text with contractions or unusual punctuation.
+Source: salaniz/pycocoevalcap 1.2 (commit ad63453), cider/cider_scorer.py (CiderScorer:
+n = 1..4, sigma = 6, clipped tf-idf cosine, Gaussian length penalty on bigram counts, x10)
+after tokenizer/ptbtokenizer.py, which ptb_tokenizer.py replaces without Java. The package
+itself is not a dependency: its 104 MB wheel is mostly Java jars and it requires pycocotools
+(a C extension); its scorer is reproduced here and tested against it (tests/evals/official).
 Document frequencies come from the whole evaluated corpus; bootstrap CIs resample the
 per-image scores without recomputing them.
 """
@@ -11,18 +12,16 @@ per-image scores without recomputing them.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 
 import numpy as np
 
+from graft.evals.metrics.ptb_tokenizer import ptb_tokenize
+from graft.evals.metrics.references import reference_list
+
+DEFINITION = "salaniz/pycocoevalcap 1.2 cider/cider_scorer.py (CIDEr-D) @ ad63453, PTB tokens in Python"
 N_MAX = 4  # n-grams of length 1..4
 SIGMA = 6.0  # width of the Gaussian length penalty
-_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*")
-
-
-def tokenize(text: str | None) -> list[str]:
-    return _TOKEN.findall(str(text or "").lower())
 
 
 def _ngrams(tokens: list[str]) -> Counter:
@@ -50,7 +49,7 @@ def _tfidf(counts: Counter, df: Counter, log_n_docs: float):
 
 def _similarity(hyp, ref) -> list[float]:
     (vh, nh, lh), (vr, nr, lr) = hyp, ref
-    penalty = math.exp(-((lh - lr) ** 2) / (2 * SIGMA**2))
+    penalty = math.e ** (-(float(lh - lr) ** 2) / (2 * SIGMA**2))  # as the reference writes it
     out = []
     for n in range(N_MAX):
         # clipping the hypothesis weight at the reference weight is the "-D" part
@@ -61,8 +60,11 @@ def _similarity(hyp, ref) -> list[float]:
     return out
 
 
-def cider_d(predictions: list[str | None], references: list[list[str]]) -> list[float]:
-    """Per-image CIDEr-D (x10 scale); document frequencies come from this corpus's references."""
+def cider_d(predictions: list[str | None], references: list[list[str]], tokenize=ptb_tokenize) -> list[float]:
+    """Per-image CIDEr-D (x10 scale); document frequencies come from this corpus's references.
+
+    `tokenize` maps a caption to its tokens (str.split for captions tokenized already).
+    """
     ref_counts = [[_ngrams(tokenize(r)) for r in refs] for refs in references]
     df = Counter()
     for refs in ref_counts:
@@ -83,7 +85,7 @@ def cider_d(predictions: list[str | None], references: list[list[str]]) -> list[
 
 
 def cider_scores(predictions, samples) -> list[dict[str, float]]:
-    refs = [[str(t) for t in s.target] if isinstance(s.target, (list, tuple)) else [str(s.target)] for s in samples]
+    refs = [reference_list(s, "cider_d") for s in samples]
     return [{"cider_d": v} for v in cider_d(list(predictions), refs)]
 
 

@@ -1,57 +1,56 @@
-"""Yes/no questions (POPE-style): accuracy, precision, recall, F1 and the share of predicted yes."""
+"""Yes/no questions (POPE): accuracy, precision, recall, F1 and the share of predicted yes.
+
+Source: AoiDragon/POPE, evaluate.py (commit 08d957b). An answer is cut at its first "."
+(only the first sentence counts), commas are deleted, and it is split on single spaces; it
+is a no when one of those pieces is exactly "No", "no" or "not", and a yes otherwise, so an
+empty answer, "NO" or "no!" all count as yes. The label is no when it is "no", else yes.
+Where the official script divides by zero (no predicted yes, or no yes label) we report 0.
+A failed request (no text at all) is read as the empty answer, i.e. yes.
+"""
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 
 from graft.errors import GraftDataError
 
-_WORD = re.compile(r"[a-z']+")
+DEFINITION = "AoiDragon/POPE evaluate.py @ 08d957b"
+_NO_WORDS = ("No", "not", "no")
 
 
-def parse_yes_no(text: str | None) -> bool | None:
-    """True for yes, False for no, None when there is no answer at all.
-
-    As in POPE, an answer that says "no" or "not" anywhere is a no; any other non-empty
-    answer counts as yes.
-    """
-    if text is None:
-        return None
-    words = _WORD.findall(str(text).lower())
-    if not words:
-        return None
-    return not ("no" in words or "not" in words)
+def parse_yes_no(text: str | None) -> bool:
+    """True for yes, False for no, by the official script's rules."""
+    text = "" if text is None else str(text)
+    if text.find(".") != -1:
+        text = text.split(".")[0]
+    words = text.replace(",", "").split(" ")
+    return not any(w in words for w in _NO_WORDS)
 
 
 def yes_no_scores(predictions, samples) -> list[dict[str, float]]:
     out = []
     for pred, sample in zip(predictions, samples):
-        target = parse_yes_no(str(sample.target))
-        if str(sample.target).strip().lower() not in ("yes", "no"):
-            raise GraftDataError(
-                f"sample {sample.id}: yes_no needs the answer 'yes' or 'no', got {sample.target!r}"
-            )
-        said = parse_yes_no(pred)
-        out.append({
-            "correct": float(said is not None and said == target),
-            "pred_yes": float(said is True),
-            "target_yes": float(target),
-        })
+        label = str(sample.target).strip().lower()
+        if label not in ("yes", "no"):
+            raise GraftDataError(f"sample {sample.id}: yes_no needs the answer 'yes' or 'no', got {sample.target!r}")
+        said, target = parse_yes_no(pred), label == "yes"
+        out.append({"correct": float(said == target), "pred_yes": float(said), "target_yes": float(target)})
     return out
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else 0.0
 
 
 def yes_no_aggregate(columns: dict[str, np.ndarray], groups: np.ndarray) -> dict[str, float]:
     pred, gold = columns["pred_yes"], columns["target_yes"]
     tp = float((pred * gold).sum())
-    precision = tp / pred.sum() if pred.sum() else 0.0
-    recall = tp / gold.sum() if gold.sum() else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    precision = _ratio(tp, float(pred.sum()))
+    recall = _ratio(tp, float(gold.sum()))
     return {
         "accuracy": float(columns["correct"].mean()),
-        "precision": float(precision),
-        "recall": float(recall),
-        "f1": float(f1),
+        "precision": precision,
+        "recall": recall,
+        "f1": _ratio(2 * precision * recall, precision + recall),
         "yes_ratio": float(pred.mean()),
     }

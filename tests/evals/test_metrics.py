@@ -8,9 +8,11 @@ import pytest
 from graft.evals.dataset import Sample
 from graft.evals.metrics import METRICS
 from graft.evals.metrics.anls import anls_score
-from graft.evals.metrics.cider import cider_d, tokenize
+from graft.evals.metrics.cider import cider_d
 from graft.evals.metrics.multiple_choice import extract_choice, rotate_options
-from graft.evals.metrics.normalize import normalize_text, normalize_vqa
+from graft.evals.metrics.normalize import normalize_text
+from graft.evals.metrics.ptb_tokenizer import ptb_tokenize
+from graft.evals.metrics.vqa_answer import normalize_answer
 from graft.evals.metrics.vqa import vqa_soft_accuracy
 from graft.evals.stats import columns_of, group_index
 
@@ -23,9 +25,10 @@ def _run(metric_name, preds, samples):
 
 def test_normalizers():
     assert normalize_text("  The Red circle. ") == "red circle"
-    assert normalize_vqa("Two.") == "2"
-    assert normalize_vqa("the dog") == "dog"
-    assert normalize_vqa("dont") == "don't"
+    assert normalize_answer("Two.") == "2"
+    assert normalize_answer("the dog") == "dog"
+    assert normalize_answer("dont") == "don't"
+    assert normalize_answer("im") == "im"  # the official table's key is "Im", never matched
 
 
 def test_vqa_soft_accuracy_ten_answers():
@@ -35,7 +38,10 @@ def test_vqa_soft_accuracy_ten_answers():
     assert vqa_soft_accuracy("Dark red", answers) == pytest.approx((3 * 2 / 3 + 7) / 10)
     # one annotator said dog: 9 subsets have 1 hit -> 1/3, the subset without it 0
     assert vqa_soft_accuracy("dog", ["cat"] * 9 + ["dog"]) == pytest.approx(0.3)
-    assert vqa_soft_accuracy("Two.", ["2"] * 10) == pytest.approx(1.0)
+    assert vqa_soft_accuracy("Two.", ["2"] * 9 + ["3"]) == 1.0
+    # one distinct human answer: the official code compares the strings as they are
+    assert vqa_soft_accuracy("Two.", ["2"] * 10) == 0.0
+    assert vqa_soft_accuracy("Two.", ["2"] * 10, definition="lmms-eval") == 1.0
     assert vqa_soft_accuracy(None, ["2"] * 10) == 0.0
     _, agg = _run("vqa_accuracy", ["red", "dog"], [Sample("a", "q", target=answers), Sample("b", "q", target=["cat"] * 9 + ["dog"])])
     assert agg["accuracy"] == pytest.approx(0.65)
@@ -46,7 +52,8 @@ def test_option_extraction():
     assert extract_choice("B", opts) == "B"
     assert extract_choice("(C) blue bird", opts) == "C"
     assert extract_choice("Answer: A", opts) == "A"
-    assert extract_choice("d.", opts) == "D"
+    assert extract_choice("D.", opts) == "D"
+    assert extract_choice("d.", opts) is None  # VLMEvalKit reads upper-case letters only
     assert extract_choice("It is a blue bird.", opts) == "C"
     assert extract_choice("Dog", opts) == "B"
     assert extract_choice("A or B", opts) is None
@@ -67,10 +74,10 @@ def test_circular_multiple_choice():
     for q, wrong_at in (("q1", None), ("q2", 2)):
         for k in range(4):
             rot, ans = rotate_options(opts, "A", k)
-            samples.append(Sample(f"{q}#r{k}", "p", target=ans, options=rot, group=q))
+            samples.append(Sample(f"{q}#r{k}", "p", target=ans, options=rot, group=q, rotation=k))
             preds.append("B" if k == wrong_at and ans != "B" else ans)
     records, agg = _run("circular_choice", preds, samples)
-    assert agg["accuracy"] == pytest.approx(7 / 8)
+    assert agg["accuracy"] == 1.0  # the first pass (rotation 0) of both questions is right
     assert agg["circular_accuracy"] == pytest.approx(0.5)
     assert sum(r["correct"] for r in records) == 7
 
@@ -91,13 +98,15 @@ def test_pope_counts():
 def test_anls():
     assert anls_score("Hello", ["hello"]) == 1.0
     assert anls_score("helo", ["hello"]) == pytest.approx(0.8)
-    assert anls_score("ab", ["ac"]) == 0.0  # NL = 0.5 is not below tau
+    assert anls_score("ab", ["ac"]) == 0.5  # a similarity of exactly 0.5 is kept
+    assert anls_score("abc", ["a"]) == 0.0
     assert anls_score("abc", ["xyz", "abd"]) == pytest.approx(1 - 1 / 3)
     assert anls_score(None, ["x"]) == 0.0
 
 
 def test_cider_d_tiny_corpus():
-    assert tokenize("A, B!") == ["a", "b"]
+    assert ptb_tokenize("A, B!") == ["a", "b"]
+    assert ptb_tokenize("A black-and-white dog's toy.") == ["a", "black-and-white", "dog", "'s", "toy"]
     refs = [["a b"], ["c d"]]
     scores = cider_d(["a b", "c"], refs)
     # image 1: unigram and bigram vectors match exactly, no 3/4-grams exist: (1+1+0+0)/4*10
@@ -117,8 +126,9 @@ def test_exact_match_and_failures():
     assert np.isfinite(agg["accuracy"])
 
 
-def test_article_a_is_not_option_a():
+def test_letter_a_counts_as_option_a():
+    """VLMEvalKit reads a leading "A" as the letter, article or not."""
     opts = {"A": "cat", "B": "small dog"}
-    assert extract_choice("A small dog", opts) == "B"
+    assert extract_choice("A small dog", opts) == "A"
     assert extract_choice("I think B is right", opts) == "B"
     assert extract_choice("I pick A", opts) == "A"

@@ -41,6 +41,7 @@ def test_text_only_results_cache_and_compare(tiny_llama, text_data, tmp_path):
     for key in ("config", "git", "packages", "hardware", "seed"):
         assert key in saved
     assert saved["tasks"]["text_only"]["scores"]["accuracy"]["ci"] == [1.0, 1.0]
+    assert saved["tasks"]["text_only"]["definitions"] == {"identical": "graft (no official evaluator)"}
     rows = [json.loads(x) for x in (tmp_path / "a" / "samples_text_only.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["text_0", "text_1", "text_2"]
     assert all(r["prediction"] == r["target"] and r["latency"] > 0 and r["scores"]["identical"] == 1.0 for r in rows)
