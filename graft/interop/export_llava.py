@@ -88,6 +88,36 @@ def _llm_tensors(llm_path: Path, lora_dir: Path | None) -> dict:
     return {k: reader.get(k) for k in reader.keys()}
 
 
+# Put in front of the LLM's own template: messages whose content is a list of parts become
+# the text graft builds for them (serving/http/protocol.py to_chat_messages): parts joined
+# with "\n", each image part an <image> marker, so the template below only sees strings.
+_PARTS_TO_TEXT = """{%- set graft = namespace(messages=[]) -%}
+{%- for message in messages -%}
+{%- if message['content'] is string -%}
+{%- set graft.messages = graft.messages + [message] -%}
+{%- elif message['content'] is none -%}
+{%- set graft.messages = graft.messages + [dict(message, content='')] -%}
+{%- else -%}
+{%- set parts = namespace(text=[]) -%}
+{%- for part in message['content'] -%}
+{%- if part is string -%}{%- set parts.text = parts.text + [part] -%}
+{%- elif part['type'] == 'text' -%}{%- set parts.text = parts.text + [part['text']] -%}
+{%- elif part['type'] in ('image', 'image_url') -%}{%- set parts.text = parts.text + ['<image>'] -%}
+{%- else -%}{{ raise_exception('content part type ' ~ part['type'] ~ ' is not supported: use text or image parts') }}
+{%- endif -%}
+{%- endfor -%}
+{%- set graft.messages = graft.messages + [dict(message, content=parts.text | join('\n'))] -%}
+{%- endif -%}
+{%- endfor -%}
+{%- set messages = graft.messages -%}
+"""
+
+
+def multimodal_chat_template(text_template: str | None) -> str | None:
+    """The LLM's chat template, taking {"type": "image"} / {"type": "text"} content parts too."""
+    return None if text_template is None else _PARTS_TO_TEXT + text_template
+
+
 def _grow_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     # The image token's row is never read as input (Llava overwrites it with image features);
     # zeros give it a constant 0 logit, and generation_config suppresses it.
@@ -178,7 +208,7 @@ def export_llava(run_dir: str | Path, out: str | Path) -> dict:
         patch_size=vision["patch_size"],
         vision_feature_select_strategy=config.vision_feature_select_strategy,
         num_additional_image_tokens=1 if encoder["kind"] == "clip" else 0,
-        chat_template=tokenizer.chat_template, image_token=IMAGE_TOKEN)
+        chat_template=multimodal_chat_template(tokenizer.chat_template), image_token=IMAGE_TOKEN)
 
     summary = {"format": "hf-llava", "run_dir": str(run_dir), "out": str(out),
                "image_token_id": image_id, "vocab_size": rows, "projector_act": act,
