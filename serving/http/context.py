@@ -21,6 +21,8 @@ class ServerSettings:
     encoder_tokens_per_step: int = 4096  # image tokens encoded between two engine steps
     admission_slack: float = 1.0  # >1 makes admission control more conservative
     shrink_images_to_budget: bool = False  # downscale native-resolution images to fit a budget
+    # special-token text typed in messages becomes control tokens (trusted clients only)
+    parse_special_tokens_in_text: bool = False
 
 
 class ServerContext:
@@ -79,8 +81,10 @@ class ServerContext:
 
     # ---- request preparation (runs in a worker thread) -----------------------------------
     def prepare(self, req: P.ChatCompletionRequest, front):
-        """(prompt ids, PreparedPrompt or None, messages) through `front` (None: text only)."""
-        from graft.template import encode_chat
+        """(prompt ids, PreparedPrompt or None, messages) through `front` (None: text only).
+        The context-length check runs on the text first, before any image is fetched,
+        decoded or sized."""
+        from graft.template import ChatTemplateError, encode_chat
 
         messages, refs = P.to_chat_messages(req.messages)
         limit = self.settings.limit_images_per_prompt
@@ -92,14 +96,20 @@ class ServerContext:
             raise P.APIError(f"{len(refs)} images in the prompt; this server accepts at most "
                              f"{limit} (--limit-images-per-prompt)", param="messages",
                              code="too_many_images")
+        parse = self.settings.parse_special_tokens_in_text
         try:
+            text = encode_chat(self.tokenizer, messages, [0] * len(refs),  # images: empty runs
+                               add_generation_prompt=True, parse_special_tokens=parse)
+            self.check_room(len(text.input_ids), req.output_limit())
             if front is None:
-                chat = encode_chat(self.tokenizer, messages, [], add_generation_prompt=True)
-                return chat.input_ids, None, messages
+                return text.input_ids, None, messages
             images = [front.prepare_image(load_image(url, self.settings.media, param))
                       for param, url in refs]
             front.check_cache_room(images)
-            prepared = front.prompt(messages, images)
+            prepared = front.prompt(messages, images, parse)
+        except ChatTemplateError as err:
+            where = "messages" if err.message_index is None else f"messages[{err.message_index}]"
+            raise P.APIError(str(err), param=where, code="invalid_prompt") from None
         except GraftError as err:
             raise P.APIError(str(err), param="messages", code="invalid_prompt") from None
         return prepared.prompt_token_ids, prepared, messages
@@ -112,7 +122,8 @@ class ServerContext:
         if smaller is None:
             return None
         images[k] = smaller
-        prepared = front.prompt(messages, images)
+        prepared = front.prompt(messages, images,
+                                self.settings.parse_special_tokens_in_text)
         return prepared.prompt_token_ids, prepared
 
     def logprobs(self, out, start: int, top: int) -> dict | None:
@@ -123,17 +134,23 @@ class ServerContext:
         return P.logprobs_body(ids, out.logprobs[start:start + len(ids)], top,
                                lambda t: self.tokenizer.decode([t]))
 
-    def sampling_params(self, req: P.ChatCompletionRequest, n_prompt: int):
-        from graft.serving import SamplingParams
-
+    def check_room(self, n_prompt: int, limit: int | None) -> int:
+        """Tokens left for output after an n_prompt-token prompt; 400 when there are none or
+        fewer than max_tokens asks for."""
         room = self.max_model_len - n_prompt
-        limit = req.output_limit()
         if room <= 0 or (limit is not None and limit > room):
             asked = f" + {limit} output tokens" if limit else ""
             raise P.APIError(
                 f"prompt is {n_prompt} tokens{asked}, over the model's context of "
                 f"{self.max_model_len} tokens; shorten the messages or lower max_tokens",
                 param="messages", code="context_length_exceeded")
+        return room
+
+    def sampling_params(self, req: P.ChatCompletionRequest, n_prompt: int):
+        from graft.serving import SamplingParams
+
+        limit = req.output_limit()
+        room = self.check_room(n_prompt, limit)
         try:
             return SamplingParams(
                 temperature=1.0 if req.temperature is None else req.temperature,

@@ -158,14 +158,43 @@ def _deepest(errors: list[dict]) -> dict:
     return max(errors, key=lambda e: len(_loc_to_param(tuple(e.get("loc", ())))))
 
 
+MAX_JSON_DEPTH = 32  # a chat request nests 6 deep; deeper bodies are refused, not recursed
+
+
+def _check_json(value: Any, path: str = "", depth: int = 0) -> None:
+    """Depth limit and valid Unicode (JSON allows a lone "\\ud800"; text must not have one)."""
+    if depth > MAX_JSON_DEPTH:
+        raise APIError(f"request body nests deeper than {MAX_JSON_DEPTH} levels at "
+                       f"'{path}'", param=path or None, code="json_too_deep")
+    if isinstance(value, str):
+        if value.isascii():  # the common case (base64 images too): nothing to check
+            return
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(f"'{path}' is not valid Unicode (a lone UTF-16 surrogate); send "
+                           "UTF-8 text", param=path or None, code="invalid_unicode") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_json(key, path, depth + 1)
+            _check_json(item, f"{path}.{key}" if path else key, depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(item, f"{path}[{i}]", depth + 1)
+
+
 def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
     """Bytes of a POST body -> validated request, or APIError(400) naming the field."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise APIError(f"request body is not valid JSON: {err}", code="invalid_json") from None
+    except RecursionError:  # the parser's own guard, far deeper than MAX_JSON_DEPTH
+        raise APIError(f"request body nests deeper than {MAX_JSON_DEPTH} levels",
+                       code="json_too_deep") from None
     if not isinstance(data, dict):
         raise APIError("request body must be a JSON object", code="invalid_json")
+    _check_json(data)
     try:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as err:

@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="downscale native-resolution images (e.g. MoonViT) to meet a budget")
     p.add_argument("--admission-slack", type=float, default=1.0,
                    help="multiply TTFT estimates by this before comparing to the budget")
+    p.add_argument("--parse-special-tokens-in-text", action="store_true",
+                   help="special-token text typed in messages (e.g. <|im_start|>) becomes "
+                        "control tokens; default: plain text (trusted clients only)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -90,7 +93,8 @@ def build(args: argparse.Namespace):
         default_ttft_budget_ms=args.ttft_budget_ms,
         encoder_tokens_per_step=args.encoder_tokens_per_step,
         admission_slack=args.admission_slack,
-        shrink_images_to_budget=args.shrink_images_to_budget)
+        shrink_images_to_budget=args.shrink_images_to_budget,
+        parse_special_tokens_in_text=args.parse_special_tokens_in_text)
     return build_app(engine, settings)
 
 

@@ -118,12 +118,14 @@ class MultimodalFront:
                 return self.prepare_image(LoadedImage(small, pixel_hash(small), w, h))
         return None
 
-    def prompt(self, messages: list[dict], images: list[PreparedImage]) -> PreparedPrompt:
-        """Token ids for `messages` (one `<image>` marker per image, in order)."""
+    def prompt(self, messages: list[dict], images: list[PreparedImage],
+               parse_special_tokens: bool = True) -> PreparedPrompt:
+        """Token ids for `messages` (one `<image>` marker per image, in order);
+        parse_special_tokens=False keeps special-token text in messages plain text."""
         from graft.template import encode_chat
 
         chat = encode_chat(self.tokenizer, messages, [im.n_tokens for im in images],
-                           add_generation_prompt=True)
+                           add_generation_prompt=True, parse_special_tokens=parse_special_tokens)
         return PreparedPrompt(chat.input_ids, images, list(chat.image_spans))
 
     def check_cache_room(self, images: list[PreparedImage]) -> None:
