@@ -38,7 +38,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
            multiple_choice.DEFINITION),
     Metric("circular_choice", "circular_accuracy", multiple_choice.mc_scores, multiple_choice.mc_aggregate,
            multiple_choice.DEFINITION),
-    Metric("yes_no", "f1", yes_no.yes_no_scores, yes_no.yes_no_aggregate, yes_no.DEFINITION),
+    Metric("yes_no", "f1", yes_no.yes_no_scorer("pope"), yes_no.yes_no_aggregator("pope"),
+           yes_no.DEFINITIONS["pope"]),
+    Metric("yes_no_lmms_eval", "f1", yes_no.yes_no_scorer("lmms-eval"), yes_no.yes_no_aggregator("lmms-eval"),
+           yes_no.DEFINITIONS["lmms-eval"]),
     Metric("anls", "anls", anls.anls_scores, anls.anls_aggregate, anls.DEFINITION),
     Metric("cider_d", "cider_d", cider.cider_scores, cider.cider_aggregate, cider.DEFINITION),
 ]}

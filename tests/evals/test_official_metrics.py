@@ -45,16 +45,32 @@ def test_pope_reading_matches_evaluate_py(case):
     assert parse_yes_no(case["prediction"]) is case["yes"]
 
 
+@pytest.mark.parametrize("case", CASES["pope_answers"], ids=_ids(CASES["pope_answers"], "prediction"))
+def test_pope_reading_matches_lmms_eval(case):
+    record = METRICS["yes_no_lmms_eval"].score([case["prediction"]], [Sample("1", "q", target="yes")])[0]
+    assert (record["pred_yes"], record["pred_no"]) == (case["lmms-eval"] == "yes", case["lmms-eval"] == "no")
+
+
+def _pope_scores(metric, case):
+    samples = [Sample(str(i), "q", target=t) for i, t in enumerate(case["labels"])]
+    records = METRICS[metric].score(case["predictions"], samples)
+    return METRICS[metric].aggregate(columns_of(records), group_index([s.id for s in samples]))
+
+
 @pytest.mark.parametrize("case", CASES["pope_sets"], ids=range(len(CASES["pope_sets"])))
 def test_pope_scores_match_evaluate_py(case):
-    samples = [Sample(str(i), "q", target=t) for i, t in enumerate(case["labels"])]
-    records = METRICS["yes_no"].score(case["predictions"], samples)
-    agg = METRICS["yes_no"].aggregate(columns_of(records), group_index([s.id for s in samples]))
+    agg = _pope_scores("yes_no", case)
     if case.get("error") == "ZeroDivisionError":  # the script crashes; graft reports 0 for the undefined ratio
         assert agg["precision"] == 0.0 and agg["f1"] == 0.0
         return
     for key in ("accuracy", "precision", "recall", "f1", "yes_ratio"):
         assert agg[key] == case[key], key
+
+
+@pytest.mark.parametrize("case", CASES["pope_sets"], ids=range(len(CASES["pope_sets"])))
+def test_pope_scores_match_lmms_eval(case):
+    agg = _pope_scores("yes_no_lmms_eval", case)
+    assert agg == case["lmms-eval"]
 
 
 @pytest.mark.parametrize("case", CASES["multiple_choice"], ids=_ids(CASES["multiple_choice"], "prediction"))

@@ -116,6 +116,22 @@ def pope_official(root: Path):
     return run
 
 
+def pope_lmms(root: Path):
+    names = ["pope_process_results"] + [f"pope_aggregate_{m}" for m in
+                                         ("accuracy", "precision", "recall", "f1_score", "yes_ratio")]
+    ns = functions_from(root / "lmms_eval/tasks/pope/utils.py", names, {})
+
+    def run(answers: list[str], labels: list[str]) -> dict:
+        rows = [ns["pope_process_results"]({"question_id": i, "answer": lab}, [a])["pope_accuracy"]
+                for i, (a, lab) in enumerate(zip(answers, labels))]
+        keys = {"accuracy": "accuracy", "precision": "precision", "recall": "recall", "f1": "f1_score",
+                "yes_ratio": "yes_ratio"}
+        return {**{k: ns[f"pope_aggregate_{v}"](rows) for k, v in keys.items()},
+                "read_as": [r["prediction"] for r in rows]}
+
+    return run
+
+
 # --- MMBench answer letters: VLMEvalKit matching_util.py ------------------------------------
 def mc_vlmeval(root: Path):
     stub = types.ModuleType("vlmeval.smp.log")
@@ -159,7 +175,7 @@ def main() -> None:
     fakecap = [c["caption"] for c in json.loads(args.fakecap.read_text())] if args.fakecap else None
     vqa_gt, vqa_lm = vqa_official(args.vqa), vqa_lmms(args.lmms)
     anls = anls_lmms(args.lmms)
-    pope = pope_official(args.pope)
+    pope, pope_lm = pope_official(args.pope), pope_lmms(args.lmms)
     can_infer = mc_vlmeval(args.vlmeval)
     tokenize, cider = coco_tools()
     out = {
@@ -169,9 +185,11 @@ def main() -> None:
         "vqa": [{"prediction": p, "answers": a, "gt-vision-lab": vqa_gt(p, list(a)), "lmms-eval": vqa_lm(p, list(a))}
                 for p, a in VQA_CASES],
         "anls": [{"prediction": p, "answers": a, "anls": anls(p, list(a))} for p, a in ANLS_CASES],
-        "pope_answers": [{"prediction": p, "yes": y} for p, y in
-                         zip(POPE_ANSWERS, pope(POPE_ANSWERS, ["yes"] * len(POPE_ANSWERS))["pred_yes"])],
-        "pope_sets": [{"predictions": p, "labels": lab, **{k: v for k, v in pope(p, lab).items() if k != "pred_yes"}}
+        "pope_answers": [{"prediction": p, "yes": y, "lmms-eval": lm} for p, y, lm in
+                         zip(POPE_ANSWERS, pope(POPE_ANSWERS, ["yes"] * len(POPE_ANSWERS))["pred_yes"],
+                             pope_lm(POPE_ANSWERS, ["yes"] * len(POPE_ANSWERS))["read_as"])],
+        "pope_sets": [{"predictions": p, "labels": lab, **{k: v for k, v in pope(p, lab).items() if k != "pred_yes"},
+                       "lmms-eval": {k: v for k, v in pope_lm(p, lab).items() if k != "read_as"}}
                       for p, lab in POPE_SETS],
         "multiple_choice": [{"prediction": p, "options": o, "choice": can_infer(p, o)} for p, o in MC_CASES],
         "ptb_tokens": [{"caption": c, "tokens": t} for c, t in zip(PTB_CAPTIONS, tokenize(PTB_CAPTIONS))],
