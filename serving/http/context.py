@@ -23,6 +23,10 @@ class ServerSettings:
     shrink_images_to_budget: bool = False  # downscale native-resolution images to fit a budget
     # special-token text typed in messages becomes control tokens (trusted clients only)
     parse_special_tokens_in_text: bool = False
+    api_keys: tuple[str, ...] = ()  # accepted `Authorization: Bearer` keys (none: no auth)
+    auth_health: bool = False  # /health needs a key too (off: load balancers probe freely)
+    auth_metrics: bool = False  # /metrics needs a key too
+    max_queued_requests: int | None = None  # waiting for a first token beyond this -> 429
 
 
 class ServerContext:
@@ -68,7 +72,8 @@ class ServerContext:
             self.metrics.add_graft(name, (lambda f=front: (f.hits, f.misses)) if front else None)
         self.worker = EngineWorker(engine, self.front, self.metrics,
                                    settings.encoder_tokens_per_step, settings.admission_slack,
-                                   fronts=[f for f in self.models.values() if f is not None])
+                                   fronts=[f for f in self.models.values() if f is not None],
+                                   max_queued=settings.max_queued_requests)
 
     def kv_blocks(self) -> tuple[int, int]:
         """(blocks in use, blocks in the pool)."""

@@ -36,6 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="downscale native-resolution images (e.g. MoonViT) to meet a budget")
     p.add_argument("--admission-slack", type=float, default=1.0,
                    help="multiply TTFT estimates by this before comparing to the budget")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (repeat for several "
+                        "keys; $GRAFT_API_KEY adds one more)")
+    p.add_argument("--auth-health", action="store_true", help="/health needs a key too")
+    p.add_argument("--auth-metrics", action="store_true", help="/metrics needs a key too")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="refuse (429 + Retry-After) when this many requests already wait for "
+                        "their first token (default: no limit)")
     p.add_argument("--parse-special-tokens-in-text", action="store_true",
                    help="special-token text typed in messages (e.g. <|im_start|>) becomes "
                         "control tokens; default: plain text (trusted clients only)")
@@ -94,8 +102,18 @@ def build(args: argparse.Namespace):
         encoder_tokens_per_step=args.encoder_tokens_per_step,
         admission_slack=args.admission_slack,
         shrink_images_to_budget=args.shrink_images_to_budget,
-        parse_special_tokens_in_text=args.parse_special_tokens_in_text)
+        parse_special_tokens_in_text=args.parse_special_tokens_in_text,
+        api_keys=api_keys(args), auth_health=args.auth_health, auth_metrics=args.auth_metrics,
+        max_queued_requests=args.max_queued_requests)
     return build_app(engine, settings)
+
+
+def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key values plus $GRAFT_API_KEY (a key in the environment stays out of `ps`)."""
+    import os
+
+    env = os.environ.get("GRAFT_API_KEY", "").strip()
+    return tuple(k for k in [*args.api_key, env] if k)
 
 
 def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):

@@ -10,11 +10,13 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from graft.serving.http import openapi_schema
 from graft.serving.http import protocol as P
+from graft.serving.http.auth import APIKeys
 from graft.serving.http.context import ServerContext, ServerSettings
 from graft.serving.http.engine_worker import Job
 from graft.serving.http.responses import complete, error_response, sink, stream
@@ -53,6 +55,10 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="graft", lifespan=lifespan)
     app.state.ctx = ctx
+    keys = APIKeys(ctx.settings.api_keys)
+    v1 = [Depends(keys.require)]  # every /v1 route; /health and /metrics when configured
+    health_auth = v1 if ctx.settings.auth_health else []
+    metrics_auth = v1 if ctx.settings.auth_metrics else []
 
     @app.exception_handler(P.APIError)
     async def _api_error(request: Request, err: P.APIError):
@@ -66,28 +72,31 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
     async def _http_error(request: Request, err: StarletteHTTPException):
         ctx.metrics.errors_4xx.inc()
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
-        return error_response(P.APIError(str(err.detail), status=err.status_code, type=kind))
+        # keep Starlette's headers: a 405 carries Allow
+        return error_response(P.APIError(str(err.detail), status=err.status_code, type=kind,
+                                         headers=dict(err.headers or {})))
 
-    @app.get("/health")
+    @app.get("/health", dependencies=health_auth)
     async def health():
         if not ctx.worker._thread.is_alive():
             return JSONResponse({"status": "engine thread stopped"}, status_code=503)
         return {"status": "ok"}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                             "owned_by": "graft"} for name in ctx.models]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=metrics_auth)
     async def metrics():
         return PlainTextResponse(ctx.metrics.render(),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/chat/completions")
+    @app.post(openapi_schema.CHAT_PATH, dependencies=v1)
     async def chat_completions(request: Request) -> Response:
         arrival = time.monotonic()
         ctx.metrics.requests.inc()
+        ctx.worker.check_queue_room()  # a full queue refuses before any parsing or image work
         raw = await _read_body(request, ctx.max_body_bytes)
         # big bodies (base64 images) are parsed off the event loop too
         req = (P.parse_chat_request(raw) if len(raw) < 65536
@@ -117,8 +126,8 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
                 break
             except P.APIError as err:
                 # Over budget: a native-resolution encoder can trade detail for tokens.
-                if err.status != 429 or not shrink or not prepared or not prepared.images \
-                        or attempt == _MAX_SHRINK_STEPS:
+                if err.code != "ttft_budget_exceeded" or not shrink or not prepared \
+                        or not prepared.images or attempt == _MAX_SHRINK_STEPS:
                     raise
                 smaller = await asyncio.to_thread(ctx.shrink, messages, prepared, front)
                 if smaller is None:
@@ -131,4 +140,5 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
                                      media_type="text/event-stream")
         return await complete(ctx, job, queue, req.model, request, req.top_logprobs or 0)
 
+    openapi_schema.install(app)
     return app

@@ -131,6 +131,9 @@ def decode_image(data: bytes, cfg: MediaConfig, param: str = "image_url.url") ->
     try:
         img = Image.open(io.BytesIO(data))
         width, height = img.size
+    except Image.DecompressionBombError:  # PIL's own limit, far above ours: still "too big"
+        raise APIError(f"image is over the limit of {cfg.max_image_pixels} pixels; resize it",
+                       param=param, code="image_too_large", status=413) from None
     except Exception:  # PIL raises many types for garbage; all mean "not an image"
         raise APIError("image bytes could not be decoded as an image (PNG, JPEG, WebP, ...)",
                        param=param, code="invalid_image") from None
