@@ -18,6 +18,7 @@ import torch
 
 from graft.train.batching import Batcher
 from graft.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_trainable
+from graft.train.distributed import check_launch, global_token_loss
 from graft.errors import GraftConfigError
 from graft.integrity import params_digest
 from graft.io import atomic_write_json, weights_sha256
@@ -66,6 +67,7 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
     spec.llm.sha256 = sha
 
     accel = Accelerator(mixed_precision="bf16" if spec.train.precision == "bf16" else "no")
+    check_launch(accel)
     model = _build_model(spec)
     base_digest = params_digest(model.llm)
     batcher = Batcher(spec, model, accel.process_index, accel.num_processes)
@@ -109,8 +111,10 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
             ctx = accel.no_sync(model) if not last_micro else contextlib.nullcontext()
             with ctx, accel.autocast():
                 loss = model(**batch).loss
+                # several processes: the mean over the global batch's label tokens
+                loss, loss_value = global_token_loss(loss, batch["labels"], accel)
                 accel.backward(loss / spec.train.grad_accum)
-            accum_loss += loss.item()
+            accum_loss += loss_value
             accum_n += 1
             seen += len(batches[micro - 1])
             if not last_micro:
