@@ -1,9 +1,9 @@
 """CPU kernels written in C (kernels/csrc): paged decode attention, where composing torch ops
 costs several extra passes over the KV cache, and the small per-token ops of a layer (fp32
-RMSNorm with the residual add, rotary, KV store, silu(gate) * up), where a chain of torch ops costs more in
-dispatch than in arithmetic at decode batch sizes. Built once per machine with the system C
-compiler (gcc or cc, about a second), cached, and called through ctypes (which releases the
-GIL).
+or bf16 RMSNorm with the residual add, rotary, KV store, silu(gate) * up), where a chain of
+torch ops costs more in dispatch than in arithmetic at decode batch sizes. Built once per
+machine with the system C compiler (gcc or cc, about a second), cached, and called through
+ctypes (which releases the GIL).
 
 If no compiler is found or the build fails, `available()` is False with the reason in
 `unavailable_reason()`, and graft.kernels.dispatch keeps using the torch reference.
@@ -28,7 +28,8 @@ from graft.kernels.checks import (check_paged_attention_args, check_rotary_args,
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c"))
-HEADERS = (Path(__file__).resolve().parent / "csrc" / "fast_exp.h",)  # part of the build key
+HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
+                for name in ("fast_exp.h", "bf16.h"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU)
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -105,16 +106,17 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int,
                                                                      ctypes.c_int]
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.graft_rms_norm_f32.restype = None
-    lib.graft_rms_norm_f32.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, ctypes.c_float,
-                                       ctypes.c_int]
-    lib.graft_rotary_f32.restype = None
-    lib.graft_rotary_f32.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int,
-                                     ctypes.c_int]
-    lib.graft_silu_mul_f32.restype = None
-    lib.graft_silu_mul_f32.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int]
-    lib.graft_store_kv_f32.restype = i64
-    lib.graft_store_kv_f32.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64]
+    # per-token ops (norm_rope_cpu.c): the trailing ints before num_threads are dtype codes
+    lib.graft_rms_norm.restype = None
+    lib.graft_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, ctypes.c_float,
+                                   ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.graft_rotary.restype = None
+    lib.graft_rotary.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64] + [ctypes.c_int] * 4
+    lib.graft_silu_mul.restype = None
+    lib.graft_silu_mul.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int]
+    lib.graft_store_kv.restype = i64
+    lib.graft_store_kv.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int,
+                                   ctypes.c_int]
     quant_args = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64]
     lib.graft_quant_linear.restype = lib.graft_quant_linear_portable.restype = None
     lib.graft_quant_linear.argtypes = quant_args + [i64, ctypes.c_int]
@@ -177,10 +179,13 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-# ---- per-token ops (fp32) -------------------------------------------------------------------
+# ---- per-token ops (fp32 or bf16) -----------------------------------------------------------
+_ROW_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # what norm_rope_cpu.c takes (_DTYPES codes)
+
+
 def _rows_ok(t: torch.Tensor) -> bool:
-    """A 2-D or 3-D fp32 CPU tensor whose rows (dim 0) may be strided but are contiguous inside."""
-    if t.device.type != "cpu" or t.dtype != torch.float32 or t.requires_grad:
+    """A 2-D or 3-D fp32/bf16 CPU tensor whose rows (dim 0) may be strided but are contiguous inside."""
+    if t.device.type != "cpu" or t.dtype not in _ROW_DTYPES or t.requires_grad:
         return False
     if t.dim() == 2:
         return t.stride(1) == 1 or t.shape[1] == 1
@@ -188,77 +193,90 @@ def _rows_ok(t: torch.Tensor) -> bool:
         (t.stride(1) == t.shape[2] or t.shape[1] == 1)
 
 
+def _operand_ok(t: torch.Tensor) -> bool:
+    """A weight, cos/sin table or cache the C ops can read (made contiguous where needed)."""
+    return t.device.type == "cpu" and t.dtype in _ROW_DTYPES
+
+
 def supports_rows(*tensors: torch.Tensor | None) -> bool:
-    """Whether rms_norm / apply_rotary / store_kv / silu_mul below take these tensors (fp32 CPU
-    rows, no autograd) and the library is built; else graft.kernels.dispatch uses the
-    reference. Row strides go to C as they are (a single row's is never used, so any works)."""
-    return all(t is None or _rows_ok(t) for t in tensors) and available()
+    """Whether rms_norm / apply_rotary / store_kv / silu_mul below take these tensors (CPU rows
+    of one dtype, fp32 or bf16, no autograd) and the library is built; else
+    graft.kernels.dispatch uses the reference. Row strides go to C as they are (a single
+    row's is never used, so any works)."""
+    given = [t for t in tensors if t is not None]
+    return all(map(_rows_ok, given)) and len({t.dtype for t in given}) <= 1 and available()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """Same contract as graft.kernels.reference.rms_norm, for fp32 [T, D] CPU rows."""
+    """Same contract and bits as graft.kernels.reference.rms_norm, for fp32/bf16 [T, D] CPU rows
+    (weight fp32 or bf16)."""
     from graft.kernels import reference
 
     if (x.dim() != 2 or weight.shape != x.shape[-1:] or (residual is not None and residual.shape != x.shape)
-            or not supports_rows(x, residual) or weight.dtype != torch.float32):
+            or not supports_rows(x, residual) or not _operand_ok(weight)):
         return reference.rms_norm(x, weight, eps, residual)  # the reference names the bad shape
     rows, d = x.shape
-    out = torch.empty((rows, d), dtype=torch.float32)
-    total = torch.empty((rows, d), dtype=torch.float32) if residual is not None else None
+    out = torch.empty((rows, d), dtype=x.dtype)
+    total = torch.empty((rows, d), dtype=x.dtype) if residual is not None else None
     if rows:
-        _lib().graft_rms_norm_f32(
+        _lib().graft_rms_norm(
             x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
             0 if residual is None else residual.stride(0), weight.contiguous().data_ptr(),
             out.data_ptr(), None if total is None else total.data_ptr(), rows, d, float(eps),
-            torch.get_num_threads())
+            _ROW_DTYPES[x.dtype], _ROW_DTYPES[weight.dtype], torch.get_num_threads())
     return out if residual is None else (out, total)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  interleaved: bool = False) -> torch.Tensor:
-    """Same contract as graft.kernels.reference.apply_rotary, for fp32 x [T, H, D] and fp32 cos/sin."""
+    """Same contract and bits as graft.kernels.reference.apply_rotary, for fp32/bf16 x [T, H, D]
+    and fp32/bf16 cos/sin (one dtype)."""
     from graft.kernels import reference
 
     rot = check_rotary_args(x, cos, sin)
-    if not (supports_rows(x) and cos.dtype == sin.dtype == torch.float32 and cos.device.type == "cpu"):
+    if not (supports_rows(x) and _operand_ok(cos) and sin.dtype == cos.dtype and sin.device == cos.device):
         return reference.apply_rotary(x, cos, sin, interleaved)
     tokens, heads, d = x.shape
-    out = torch.empty((tokens, heads, d), dtype=torch.float32)
+    out = torch.empty((tokens, heads, d), dtype=x.dtype)
     if tokens:
-        _lib().graft_rotary_f32(x.data_ptr(), x.stride(0), cos.contiguous().data_ptr(),
-                                sin.contiguous().data_ptr(), out.data_ptr(), tokens, heads, d, rot,
-                                int(bool(interleaved)), torch.get_num_threads())
+        _lib().graft_rotary(x.data_ptr(), x.stride(0), cos.contiguous().data_ptr(),
+                            sin.contiguous().data_ptr(), out.data_ptr(), tokens, heads, d, rot,
+                            int(bool(interleaved)), _ROW_DTYPES[x.dtype], _ROW_DTYPES[cos.dtype],
+                            torch.get_num_threads())
     return out
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Same contract as graft.kernels.reference.store_kv, for fp32 rows and caches."""
+    """Same contract as graft.kernels.reference.store_kv, for fp32/bf16 rows and caches (rows
+    are converted to the caches' dtype, rounding to nearest even like .to())."""
     from graft.kernels import reference
 
     check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
-    if not (supports_rows(k, v) and k_cache.dtype == v_cache.dtype == torch.float32
-            and k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.device.type == "cpu"):
+    if not (supports_rows(k, v) and _operand_ok(k_cache) and k_cache.dtype == v_cache.dtype
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.device.type == "cpu"):
         return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
     slots = slot_mapping.to(torch.int64).contiguous()
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     width = k_cache.shape[2] * k_cache.shape[3]
-    bad = _lib().graft_store_kv_f32(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-                                    k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
-                                    k.shape[0], width, num_slots)
+    bad = _lib().graft_store_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                                k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                                k.shape[0], width, num_slots, _ROW_DTYPES[k.dtype],
+                                _ROW_DTYPES[k_cache.dtype])
     if bad:
         raise slot_out_of_range(int(slots[bad - 1]), num_slots)
 
 
 def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
-    """Same contract as graft.kernels.reference.silu_mul, for fp32 [T, 2 * intermediate] rows."""
+    """Same contract as graft.kernels.reference.silu_mul, for fp32/bf16 [T, 2 * intermediate]
+    rows (within a few fp32 ulp, or 1 bf16 ulp, of torch's silu: another exp)."""
     from graft.kernels import reference
 
     if not (supports_rows(gate_up) and gate_up.dim() == 2 and gate_up.shape[1] == 2 * intermediate):
         return reference.silu_mul(gate_up, intermediate)
     rows = gate_up.shape[0]
-    out = torch.empty((rows, intermediate), dtype=torch.float32)
+    out = torch.empty((rows, intermediate), dtype=gate_up.dtype)
     if rows:
-        _lib().graft_silu_mul_f32(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows,
-                                  intermediate, torch.get_num_threads())
+        _lib().graft_silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows,
+                              intermediate, _ROW_DTYPES[gate_up.dtype], torch.get_num_threads())
     return out

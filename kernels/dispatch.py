@@ -1,6 +1,6 @@
 """Pick the implementation of each op: Triton on CUDA tensors; on CPU the C kernels of
-graft.kernels.cpu_ops where one exists (paged decode attention; fp32 RMSNorm, rotary, KV
-store, silu * up) and the PyTorch reference for the rest; the reference wherever autograd needs a
+graft.kernels.cpu_ops where one exists (paged decode attention; fp32/bf16 RMSNorm, rotary,
+KV store, silu * up) and the PyTorch reference for the rest; the reference wherever autograd needs a
 backward.
 
 GRAFT_KERNELS=auto (default) | reference (always the reference) | triton (always Triton,
@@ -86,8 +86,9 @@ def backend_name(t: torch.Tensor) -> str:
 
 
 def _rows_implementation(x: torch.Tensor, *others: torch.Tensor | None) -> ModuleType:
-    """Like implementation(), plus the C per-token ops for fp32 CPU rows in auto and cpu modes
-    (other dtypes keep the reference, also in cpu mode: "wherever they apply")."""
+    """Like implementation(), plus the C per-token ops for fp32 or bf16 CPU rows in auto and
+    cpu modes (other dtypes, e.g. fp16, keep the reference, also in cpu mode: "wherever they
+    apply")."""
     mode = kernels_mode()
     if mode == "cpu" and not cpu_ops.available():
         raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")

@@ -1,6 +1,9 @@
-"""The C per-token ops of graft.kernels.cpu_ops (fp32 RMSNorm + residual, rotary, KV store,
-silu(gate) * up):
-equal to the reference on the strided views the model passes, chosen by dispatch on CPU."""
+"""The C per-token ops of graft.kernels.cpu_ops (RMSNorm + residual, rotary, KV store,
+silu(gate) * up) in fp32 and bf16: equal to the reference bit for bit on the strided views the
+model passes, at 1 and 2 threads, and chosen by dispatch for fp32/bf16 CPU rows; a bf16 engine
+gives the reference's logprobs with them."""
+
+import contextlib
 
 import pytest
 import torch
@@ -10,59 +13,80 @@ from graft.kernels import cpu_ops
 from graft.kernels import reference as ref
 
 needs_c = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
+DTYPES = [torch.float32, torch.bfloat16]
 
 
-def _qkv(tokens=7, heads=4, kv_heads=2, d=16, seed=0):
+@contextlib.contextmanager
+def _threads(n):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _qkv(tokens=7, heads=4, kv_heads=2, d=16, seed=0, dtype=torch.float32):
     """q, k, v as the model makes them: strided views of one fused projection output."""
     g = torch.Generator().manual_seed(seed)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=g)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=g).to(dtype)
     q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
     return (q.reshape(tokens, heads, d), k.reshape(tokens, kv_heads, d),
             v.reshape(tokens, kv_heads, d))
 
 
 @needs_c
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("rows", [1, 5, 300])  # 300 x 576 rows: the multi-threaded branch
-def test_rms_norm_with_and_without_residual(rows, threads):
+@pytest.mark.parametrize("rows,d", [(1, 576), (5, 576), (300, 576), (3, 5), (4, 100), (2, 4096)])
+def test_rms_norm_with_and_without_residual(rows, d, threads, dtype):
+    # 300 x 576: the multi-threaded branch; d 5 (torch's scalar sum), 100 (a tail after the
+    # 8-wide vectors) and 4096 (the cascade's second level) cover each step of the sum order
     g = torch.Generator().manual_seed(rows)
-    x, res = torch.randn(rows, 576, generator=g) * 3, torch.randn(rows, 576, generator=g)
-    w = torch.randn(576, generator=g)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        y, total = cpu_ops.rms_norm(x, w, 1e-5, res)
-        plain = cpu_ops.rms_norm(x, w, 1e-6)
-    finally:
-        torch.set_num_threads(before)
-    y_ref, total_ref = ref.rms_norm(x, w, 1e-5, res)
-    assert torch.equal(total, total_ref)  # the residual sum is one exact add
-    # the mean of squares is summed in another order than torch's: within a few ulp
-    torch.testing.assert_close(y, y_ref, atol=0, rtol=1e-6)
-    torch.testing.assert_close(plain, ref.rms_norm(x, w, 1e-6), atol=0, rtol=1e-6)
+    x = (torch.randn(rows, d + 3, generator=g) * 3).to(dtype)[:, 3:]  # strided rows
+    res = torch.randn(rows, d, generator=g).to(dtype)
+    for w in (torch.randn(d, generator=g).to(dtype), torch.randn(d, generator=g)):  # bf16 or fp32
+        with _threads(threads):
+            y, total = cpu_ops.rms_norm(x, w, 1e-5, res)
+            plain = cpu_ops.rms_norm(x, w, 1e-6)
+        y_ref, total_ref = ref.rms_norm(x, w, 1e-5, res)
+        assert y.dtype == total.dtype == dtype
+        assert torch.equal(total, total_ref)  # the residual sum is one add, rounded like torch's
+        # the mean of squares is summed in torch's order: the same bits, not a few ulp apart
+        assert torch.equal(y, y_ref)
+        assert torch.equal(plain, ref.rms_norm(x, w, 1e-6))
 
 
 @needs_c
+@pytest.mark.parametrize("dtype,cos_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                             (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("rot_frac", [1.0, 0.5])  # full and partial (GLM4) rotary
-def test_rotary_is_bitwise_the_reference(interleaved, rot_frac):
-    q, k, _ = _qkv(d=16)
-    half = int(16 * rot_frac) // 2
-    g = torch.Generator().manual_seed(1)
-    cos, sin = torch.randn(7, half, generator=g), torch.randn(7, half, generator=g)
-    for x in (q, k, q[:1]):  # strided views, and a single token
-        out = cpu_ops.apply_rotary(x, cos[:x.shape[0]], sin[:x.shape[0]], interleaved)
-        assert out.is_contiguous()
-        assert torch.equal(out, ref.apply_rotary(x, cos[:x.shape[0]], sin[:x.shape[0]], interleaved))
+def test_rotary_is_bitwise_the_reference(interleaved, rot_frac, dtype, cos_dtype):
+    # bf16 cos: every product and the sum round to bf16 like the reference's bf16 ops; fp32
+    # cos (vision encoders): fp32 arithmetic, one rounding at the end
+    for tokens, threads in ((7, 1), (128, 2)):  # 128 x 8 heads x 64: the multi-threaded branch
+        q, k, _ = _qkv(tokens=tokens, heads=8, d=64, dtype=dtype)
+        half = int(64 * rot_frac) // 2
+        g = torch.Generator().manual_seed(1)
+        cos = torch.randn(tokens, half, generator=g).to(cos_dtype)
+        sin = torch.randn(tokens, half, generator=g).to(cos_dtype)
+        for x in (q, k, q[:1]):  # strided views, and a single token
+            n = x.shape[0]
+            with _threads(threads):
+                out = cpu_ops.apply_rotary(x, cos[:n], sin[:n], interleaved)
+            assert out.is_contiguous() and out.dtype == dtype
+            assert torch.equal(out, ref.apply_rotary(x, cos[:n], sin[:n], interleaved))
 
 
 @needs_c
-def test_store_kv_matches_reference_and_rejects_bad_slots():
-    _, k, v = _qkv()
-    caches = [torch.zeros(3, 4, 2, 16) for _ in range(4)]
+@pytest.mark.parametrize("dtype,cache_dtype", [(a, b) for a in DTYPES for b in DTYPES])
+def test_store_kv_matches_reference_and_rejects_bad_slots(dtype, cache_dtype):
+    _, k, v = _qkv(dtype=dtype)
+    caches = [torch.zeros(3, 4, 2, 16, dtype=cache_dtype) for _ in range(4)]
     slots = torch.tensor([5, -1, 0, 11, 2, -1, 7])  # -1: padding rows are skipped
     cpu_ops.store_kv(k, v, caches[0], caches[1], slots)
-    ref.store_kv(k, v, caches[2], caches[3], slots)
+    ref.store_kv(k, v, caches[2], caches[3], slots)  # fp32 -> bf16: .to() rounding
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
     before = caches[0].clone()
     cpu_ops.store_kv(k[:0], v[:0], caches[0], caches[1], slots[:0])  # an empty batch writes nothing
@@ -73,42 +97,106 @@ def test_store_kv_matches_reference_and_rejects_bad_slots():
 
 
 @needs_c
-@pytest.mark.parametrize("rows", [1, 7, 64])  # 64 x 1536: the multi-threaded branch
-def test_silu_mul_matches_torch(rows):
+@pytest.mark.parametrize("rows,threads", [(1, 1), (7, 1), (64, 2)])  # 64 x 1536: multi-threaded
+def test_silu_mul_matches_torch(rows, threads):
     g = torch.Generator().manual_seed(rows)
     gate_up = torch.randn(rows, 2 * 1536 + 8, generator=g)[:, 8:] * 6  # strided rows
     gate_up[0, :6] = torch.tensor([-200.0, 200.0, 0.0, -0.0, 1e-30, -88.5])  # extremes and zeros
-    out = cpu_ops.silu_mul(gate_up, 1536)
+    with _threads(threads):
+        out = cpu_ops.silu_mul(gate_up, 1536)
+        out_bf16 = cpu_ops.silu_mul(gate_up.bfloat16(), 1536)
     want = torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
     # another exp than torch's: within a few ulp; below x = -87 it flushes exp(x) to zero, so
     # silu(-88.5) is -0 instead of about -3e-37
     torch.testing.assert_close(out, want, atol=1e-35, rtol=5e-7)
     assert torch.equal(out[0, :4], want[0, :4])
+    # bf16: a few fp32 ulp never moved a bf16 rounding here (see the exhaustive test below)
+    want_bf16 = ref.silu_mul(gate_up.bfloat16(), 1536)
+    assert out_bf16.dtype == torch.bfloat16
+    assert torch.equal(out_bf16[:, 6:], want_bf16[:, 6:]) and torch.equal(out_bf16[1:], want_bf16[1:])
     with pytest.raises(ValueError, match="expected 2 \\* intermediate = 3000"):
         K.silu_mul(gate_up, 1500)
 
 
 @needs_c
-def test_dispatch_uses_c_for_fp32_cpu_rows_only(monkeypatch):
+def test_bf16_silu_mul_on_every_bf16_gate():
+    """Every finite bf16 gate value (times up = 1, ragged width): the C silu, rounded to bf16,
+    is torch's except below -87 where exp_neg flushes to zero (-0 instead of ~-1e-37)."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    gate = every[torch.isfinite(every)]
+    gate_up = torch.cat([gate, torch.ones_like(gate)])[None]
+    out = cpu_ops.silu_mul(gate_up, gate.numel())[0]
+    want = ref.silu_mul(gate_up, gate.numel())[0]
+    normal = ~gate.isnan() & (gate.float() >= -87.0)
+    assert torch.equal(out[normal], want[normal])
+    flushed = gate.float() < -87.0
+    assert bool((out[flushed] == 0).all()) and float(want[flushed].float().abs().max()) < 1e-36
+
+
+@needs_c
+def test_dispatch_uses_c_for_fp32_and_bf16_cpu_rows_only(monkeypatch):
     calls = []
     for name in ("rms_norm", "apply_rotary", "store_kv", "silu_mul"):
         fn = getattr(cpu_ops, name)
         monkeypatch.setattr(cpu_ops, name, lambda *a, _fn=fn, _n=name, **kw: calls.append(_n) or _fn(*a, **kw))
-    q, k, v = _qkv()
-    cos = sin = torch.ones(7, 8)
-    x = torch.randn(7, 64)
     monkeypatch.setenv("GRAFT_KERNELS", "auto")
-    K.rms_norm(x, torch.ones(64), 1e-6, x)
-    K.apply_rotary(q, cos, sin)
-    K.store_kv(k, v, torch.zeros(2, 4, 2, 16), torch.zeros(2, 4, 2, 16), torch.arange(7))
-    K.silu_mul(torch.randn(7, 32), 16)
-    assert calls == ["rms_norm", "apply_rotary", "store_kv", "silu_mul"]
-    calls.clear()
+    for dtype in DTYPES:
+        q, k, v = _qkv(dtype=dtype)
+        cos = sin = torch.ones(7, 8, dtype=dtype)
+        x = torch.randn(7, 64).to(dtype)
+        K.rms_norm(x, torch.ones(64, dtype=dtype), 1e-6, x)
+        K.apply_rotary(q, cos, sin)
+        K.store_kv(k, v, torch.zeros(2, 4, 2, 16, dtype=dtype), torch.zeros(2, 4, 2, 16, dtype=dtype),
+                   torch.arange(7))
+        K.silu_mul(torch.randn(7, 32).to(dtype), 16)
+        assert calls == ["rms_norm", "apply_rotary", "store_kv", "silu_mul"]
+        calls.clear()
+    x, cos = torch.randn(7, 64), torch.ones(7, 8)
     K.rms_norm(x.double(), torch.ones(64, dtype=torch.float64), 1e-6)  # fp64: reference
+    K.rms_norm(x.half(), torch.ones(64, dtype=torch.float16), 1e-6)  # fp16: reference
+    K.rms_norm(x.bfloat16(), torch.ones(64), 1e-6, x)  # x and residual of two dtypes: reference
     K.rms_norm(x.requires_grad_(), torch.ones(64), 1e-6)  # autograd: reference
     heads_apart = torch.randn(4, 7, 16).transpose(0, 1)  # [7, 4, 16], heads not adjacent in a row
     torch.testing.assert_close(K.apply_rotary(heads_apart, cos, sin),
                                ref.apply_rotary(heads_apart.contiguous(), cos, sin))
     monkeypatch.setenv("GRAFT_KERNELS", "reference")
-    K.apply_rotary(q, cos, sin)
+    K.apply_rotary(_qkv()[0], cos, sin)
     assert calls == []
+
+
+def _bf16_generate(model_dir, monkeypatch, kernels):
+    from graft.serving import Engine, EngineConfig, SamplingParams
+    from tests.serving.conftest import make_prompts
+
+    monkeypatch.setenv("GRAFT_KERNELS", kernels)
+    engine = Engine.from_pretrained(model_dir, EngineConfig(dtype="bfloat16", num_kv_blocks=32))
+    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=2)
+    prompts = make_prompts((5, 17, 33))  # decode alone and beside prefill chunks
+    with _threads(1):
+        return [(o.token_ids, o.logprobs) for o in engine.generate(prompt_token_ids=prompts,
+                                                                  sampling_params=params)]
+
+
+def _spy(monkeypatch, calls, name, fn):
+    """Replace cpu_ops.<name> by fn, recording (name, dtype of the first argument) per call."""
+    monkeypatch.setattr(cpu_ops, name, lambda *a, **kw: calls.append((name, a[0].dtype)) or fn(*a, **kw))
+
+
+@needs_c
+@pytest.mark.parametrize("family", ["llama", "glm4"])  # glm4: interleaved partial rotary
+def test_bf16_engine_on_the_c_kernels_equals_the_reference(tiny_llm_factory, family, monkeypatch):
+    model_dir = tiny_llm_factory(family)
+    want = _bf16_generate(model_dir, monkeypatch, "reference")
+    calls, decode = [], cpu_ops.paged_attention_decode
+    for name in ("rms_norm", "apply_rotary", "store_kv", "silu_mul"):
+        _spy(monkeypatch, calls, name, getattr(cpu_ops, name))
+    # dispatch picks the C decode attention for the bf16 cache; it sums in another order than
+    # the reference, so run the reference in its place here: with the C per-token ops alone
+    # every bit, and so every logprob, must be the reference's
+    _spy(monkeypatch, calls, "paged_attention_decode", ref.paged_attention_decode)
+    assert _bf16_generate(model_dir, monkeypatch, "auto") == want
+    assert {name for name, dtype in calls if dtype == torch.bfloat16} == {
+        "rms_norm", "apply_rotary", "store_kv", "silu_mul", "paged_attention_decode"}
+    # with the C decode attention too: the same greedy tokens
+    monkeypatch.setattr(cpu_ops, "paged_attention_decode", decode)
+    assert [t for t, _ in _bf16_generate(model_dir, monkeypatch, "auto")] == [t for t, _ in want]

@@ -1,0 +1,60 @@
+/* bf16 <-> fp32 as torch converts them (c10::BFloat16): widening is exact (the high half of
+ * the fp32 bits); narrowing rounds to nearest even in integer arithmetic, so denormals are
+ * kept (AVX512-BF16's vcvtneps2bf16 would flush them) and NaN stays NaN. Scalar and 16-lane
+ * (GCC vector extensions) versions; gcc vectorizes loops over the scalar ones too. */
+#ifndef GRAFT_BF16_H
+#define GRAFT_BF16_H
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_float(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The fp32 bits of f rounded to the nearest bf16 (low 16 bits then zero). */
+static inline uint32_t bf16_round_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return u | 0x400000u; /* quiet NaN stays NaN */
+    return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
+
+static inline uint16_t float_to_bf16(float f) { return (uint16_t)(bf16_round_bits(f) >> 16); }
+
+/* f rounded to bf16 and widened back: the value torch holds after an op on bf16 tensors. */
+static inline float bf16_round(float f) {
+    const uint32_t u = bf16_round_bits(f);
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+typedef float v16f_bf __attribute__((vector_size(64)));
+typedef uint32_t v16u_bf __attribute__((vector_size(64)));
+typedef uint16_t v16h_bf __attribute__((vector_size(32)));
+
+static inline v16f_bf bf16_to_float16(const uint16_t *p) {
+    v16h_bf h;
+    memcpy(&h, p, sizeof h);
+    return (v16f_bf)(__builtin_convertvector(h, v16u_bf) << 16);
+}
+
+static inline v16u_bf bf16_round_bits16(v16f_bf f) {
+    const v16u_bf u = (v16u_bf)f;
+    const v16u_bf nan = (v16u_bf)((u & 0x7fffffffu) > 0x7f800000u);
+    const v16u_bf r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return (nan & (u | 0x400000u)) | (~nan & r);
+}
+
+static inline void float_to_bf16_16(uint16_t *p, v16f_bf f) {
+    const v16h_bf h = __builtin_convertvector(bf16_round_bits16(f) >> 16, v16h_bf);
+    memcpy(p, &h, sizeof h);
+}
+
+static inline v16f_bf bf16_round16(v16f_bf f) { return (v16f_bf)bf16_round_bits16(f); }
+#endif
+#endif
