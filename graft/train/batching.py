@@ -60,12 +60,16 @@ class Batcher:
         return -(-per_rank // self.spec.train.batch_size)
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """Sample indices of this rank's micro-batches; a pure function of (seed, epoch)."""
+        """Sample indices of this rank's micro-batches; a pure function of (seed, epoch).
+        Micro-batch k of every rank together is global batch k of a one-process run."""
         g = torch.Generator().manual_seed(self.spec.train.seed * 1_000_003 + epoch)
         order = torch.randperm(len(self.samples), generator=g).tolist()
         mine = order[self.rank::self.world]
         bs = self.spec.train.batch_size
-        return [mine[i:i + bs] for i in range(0, len(mine), bs)]
+        batches = [mine[i:i + bs] for i in range(0, len(mine), bs)]
+        # every process must take part in every step; one left without samples in the last
+        # global batch gets an empty micro-batch, which the loop runs with zero weight
+        return batches + [[] for _ in range(self.batches_per_epoch - len(batches))]
 
     def features(self, images) -> list[torch.Tensor]:
         """Frozen-encoder features per image, through the cache when configured."""

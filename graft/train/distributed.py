@@ -44,15 +44,17 @@ def label_tokens(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != IGNORE_INDEX).sum()
 
 
-def global_token_loss(loss: torch.Tensor, labels: torch.Tensor, accel) -> tuple[torch.Tensor, float]:
+def global_token_loss(loss: torch.Tensor, labels: torch.Tensor, accel,
+                      weight: float = 1.0) -> tuple[torch.Tensor, float]:
     """(what this process backpropagates, the global batch's per-token mean loss).
 
     `loss` is this process's mean over its own label tokens. With one process both are the
-    loss itself, untouched (so single-process runs stay bit-identical).
+    loss itself, untouched (so single-process runs stay bit-identical). weight=0 marks a
+    stand-in micro-batch that only keeps this process in step: it counts no token.
     """
     if accel.num_processes == 1:
         return loss, loss.item()
-    local = label_tokens(labels).to(loss.device, torch.float64)
+    local = label_tokens(labels).to(loss.device, torch.float64) * weight
     token_sum = loss * local.to(loss.dtype)
     counts = accel.reduce(torch.stack([local, token_sum.detach().double()]), reduction="sum")
     n_global = counts[0].clamp(min=1)

@@ -105,14 +105,15 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
     while step < total_steps:
         batches = batcher.epoch_batches(epoch)
         while micro < len(batches) and step < total_steps:
-            batch = batcher.collate(batches[micro], accel.device)
+            empty = not batches[micro]  # this rank has no sample left in the last global batch
+            batch = batcher.collate(batches[micro] or [0], accel.device)
             micro += 1
             last_micro = micro % spec.train.grad_accum == 0 or micro == len(batches)
             ctx = accel.no_sync(model) if not last_micro else contextlib.nullcontext()
             with ctx, accel.autocast():
                 loss = model(**batch).loss
                 # several processes: the mean over the global batch's label tokens
-                loss, loss_value = global_token_loss(loss, batch["labels"], accel)
+                loss, loss_value = global_token_loss(loss, batch["labels"], accel, weight=0.0 if empty else 1.0)
                 accel.backward(loss / spec.train.grad_accum)
             accum_loss += loss_value
             accum_n += 1

@@ -18,8 +18,9 @@ from tests.graft.conftest import make_dataset
 
 REPO = Path(__file__).resolve().parents[3]
 # answers of very different lengths, so the two halves of a batch hold different token counts
+# 9 samples: the second global batch holds one, so one process runs a stand-in micro-batch
 ANSWERS = ["red", "green", "a blue square in the center of the picture", "red red red red red",
-           "blue", "the colour is green, and it fills the whole image", "yes", "two green triangles"]
+           "blue", "the colour is green, and it fills the whole image", "yes", "two green triangles", "no"]
 
 
 def _uneven_dataset(root: Path) -> Path:
@@ -48,7 +49,7 @@ def test_two_processes_equal_one_on_uneven_answers(make_spec, tmp_path):
     data = _uneven_dataset(tmp_path / "data")
 
     def spec(batch_size, out):
-        s = make_spec(batch_size=batch_size, max_steps=3, lr=1e-2, max_grad_norm=1.0)
+        s = make_spec(batch_size=batch_size, max_steps=4, lr=1e-2, max_grad_norm=1.0)
         s.data.train, s.data.image_root, s.output_dir = str(data), str(data.parent), str(tmp_path / out)
         return s
 
@@ -65,7 +66,7 @@ def test_two_processes_equal_one_on_uneven_answers(make_spec, tmp_path):
     assert "world size 2" in proc.stderr
 
     a, b = _rows(one), _rows(tmp_path / "two")
-    assert [r["step"] for r in b] == [1, 2, 3]  # one writer
+    assert [r["step"] for r in b] == [1, 2, 3, 4]  # one writer, two epochs of a full and a 1-sample batch
     assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-5)
     assert [r["grad_norm"] for r in b] == pytest.approx([r["grad_norm"] for r in a], rel=1e-4)
     wa, wb = load_file(str(one / "adapter.safetensors")), load_file(str(tmp_path / "two" / "adapter.safetensors"))
