@@ -7,6 +7,8 @@ Llava's vision tower is a fixed-resolution HF tower read at one hidden-state ind
 MoonViT are not; MoonViT also changes token counts per image), and its projector is exactly
 Linear -> activation -> Linear per token (no pre-norm, no token merging or resampling).
 Weights are copied tensor by tensor; the LLM is never instantiated unless a LoRA must be merged.
+The processor's chat template is the LLM's, behind a step that turns {"type": "image"} /
+{"type": "text"} content parts into the `<image>`-marker text graft itself builds.
 """
 
 from __future__ import annotations
