@@ -30,26 +30,31 @@ import torch
 import triton
 import triton.language as tl
 
-from graft.kernels.quant import QuantizedWeight
+from graft.kernels.quant import QuantizedWeight, QuantScheme
 from graft.kernels.triton_ops import INTERPRET, _check_device
 
-__all__ = ["quant_linear", "launch_config", "INTERPRET"]
+__all__ = ["quant_linear", "launch_config", "compile_specs", "INTERPRET"]
 
 _KIND = {"fp32": 0, "bf16": 0, "int8": 1, "int4": 2}  # 0: float weights, no scales
+_FLOAT_WEIGHT = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GEMV_MAX_ROWS = 4
+# fp32 dots on the GPU: three TF32 products (~fp32 accuracy; the integer weights are exact in
+# TF32, so only x's rounding is split off) instead of the FMA "ieee" dot, which spills at these
+# tiles; the interpreter computes in fp32 anyway
+_F32_PRECISION = "ieee" if INTERPRET else "tf32x3"
 
 
 @triton.jit
-def _product(x, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
-    """x [BM, BK] @ w [BK, BN] -> fp32 [BM, BN]."""
+def _product(x, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, F32_PRECISION: tl.constexpr):
+    """x [BM, BK] @ w [BN, BK]^T -> fp32 [BM, BN] (w as stored: K contiguous)."""
     if USE_DOT:
         if DOT_F32:
-            p = tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            p = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision=F32_PRECISION)
         else:  # integer / same-dtype weights are exact in x's dtype; the dot accumulates in fp32
-            p = tl.dot(x, w.to(x.dtype))
+            p = tl.dot(x, tl.trans(w.to(x.dtype)))
     else:
-        p = tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        p = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     return p
 
 
@@ -58,6 +63,7 @@ def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
                          M, N, K, k_per_split, stride_xm, stride_wn, stride_sn, stride_split, stride_om,
                          KIND: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                          PARTIAL: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
+                         F32_PRECISION: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # one program: a BLOCK_M x BLOCK_N tile of the output over one K split
     pid_m = tl.program_id(0)
@@ -68,8 +74,8 @@ def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
     m_mask = offs_m < M
     n_mask = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn
-    s_rows = s_ptr + offs_n.to(tl.int64) * stride_sn
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    s_offs = offs_n.to(tl.int64) * stride_sn
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -77,25 +83,21 @@ def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        wk_mask = k_mask[:, None] & n_mask[None, :]
+        w_mask = n_mask[:, None] & k_mask[None, :]
         if KIND == 2:
-            # each byte is read for both of its columns (the second read hits the cache)
-            b = tl.load(w_cols + (offs_k // 2)[:, None], mask=wk_mask, other=0).to(tl.int32)
-            q = (b >> ((offs_k % 2) * 4)[:, None]) & 0xF  # [BK, BN]
-            if USE_DOT:  # the launch keeps BLOCK_K | GROUP: the whole tile is in group k0 // GROUP
-                z = tl.load(z_ptr + offs_n.to(tl.int64) * stride_sn + k0 // GROUP, mask=n_mask, other=0)
-                s = tl.load(s_rows + k0 // GROUP, mask=n_mask, other=0.0).to(tl.float32)
-                acc += _product(x, q - z.to(tl.int32)[None, :], USE_DOT, DOT_F32) * s[None, :]
-            else:  # the GEMV tile may span groups: dequantize per column in fp32
-                g = (offs_k // GROUP)[:, None] + (offs_n.to(tl.int64) * stride_sn)[None, :]
-                z = tl.load(z_ptr + g, mask=wk_mask, other=0).to(tl.int32)
-                s = tl.load(s_ptr + g, mask=wk_mask, other=0.0).to(tl.float32)
-                acc += _product(x, (q - z).to(tl.float32) * s, USE_DOT, DOT_F32)
+            # BLOCK_K / 2 contiguous bytes per row; low nibble = even column (join interleaves)
+            offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            b = tl.load(w_rows + offs_b[None, :], mask=n_mask[:, None] & (offs_b < k_end // 2)[None, :], other=0)
+            q = tl.join(b & 0xF, b >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.int32)  # [BN, BK]
+            # the launch keeps BLOCK_K | GROUP: the whole tile lies in group k0 // GROUP
+            z = tl.load(z_ptr + s_offs + k0 // GROUP, mask=n_mask, other=0).to(tl.int32)
+            s = tl.load(s_ptr + s_offs + k0 // GROUP, mask=n_mask, other=0.0).to(tl.float32)
+            acc += _product(x, q - z[:, None], USE_DOT, DOT_F32, F32_PRECISION) * s[None, :]
         else:
-            w = tl.load(w_cols + offs_k[:, None], mask=wk_mask, other=0)
-            acc += _product(x, w, USE_DOT, DOT_F32)
+            w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0)
+            acc += _product(x, w, USE_DOT, DOT_F32, F32_PRECISION)
     if KIND == 1:  # int8: one scale per output channel
-        acc *= tl.load(s_rows, mask=n_mask, other=0.0)[None, :]
+        acc *= tl.load(s_ptr + s_offs, mask=n_mask, other=0.0)[None, :]
     out_mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:  # split K: fp32 partial sums, the wrapper adds them up (and the bias)
         tl.store(out_ptr + pid_k * stride_split + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :],
@@ -112,40 +114,71 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def launch_config(m: int, n: int, k: int, weight: QuantizedWeight, device: torch.device,
-                  **tuning) -> dict:
-    """Block sizes, split-K and warps for an [m, k] x [k, n] product (not tuned on a GPU yet).
-    tuning overrides any of block_m, block_n, block_k, split_k, num_warps, num_stages."""
+def launch_config(m: int, n: int, k: int, scheme: QuantScheme, x_dtype: torch.dtype,
+                  device: torch.device, **tuning) -> dict:
+    """Block sizes, split-K and warps for an [m, k] x [k, n] product; tuning overrides any of
+    block_m, block_n, block_k, split_k, num_warps, num_stages. The defaults are chosen from
+    sm_90 register/spill counts of the compiled kernels, not from GPU timings (none yet)."""
     gemv = m <= GEMV_MAX_ROWS
-    if gemv:
-        cfg = dict(block_m=triton.next_power_of_2(max(m, 1)), block_n=32, block_k=128,
-                   num_warps=8 if m > 2 else 4, num_stages=3)
+    if gemv:  # 4 rows hold 4x the products in registers: narrower tiles
+        cfg = dict(block_m=triton.next_power_of_2(max(m, 1)), block_n=64 if m <= 2 else 32, block_k=128,
+                   num_warps=4, num_stages=3)
+    elif x_dtype == torch.float32:  # a TF32x3 dot keeps three products of each tile live
+        block_m = min(64, max(16, triton.next_power_of_2(m)))
+        cfg = dict(block_m=block_m, block_n=64, block_k=32, num_warps=8 if block_m == 64 else 4, num_stages=3)
     else:
         block_m = min(128, max(16, triton.next_power_of_2(m)))
-        block_n = 128 if m > 64 else 64
-        cfg = dict(block_m=block_m, block_n=block_n, block_k=64,
-                   num_warps=8 if block_m * block_n >= 128 * 128 else 4, num_stages=3)
-    if weight.scheme.kind == "int4" and not gemv:
-        cfg["block_k"] = min(cfg["block_k"], weight.scheme.group_size)
+        cfg = dict(block_m=block_m, block_n=128 if m > 64 else 64, block_k=64,
+                   num_warps=8 if block_m == 128 else 4, num_stages=3)
+    group = scheme.group_size
+    if scheme.kind == "int4":
+        cfg["block_k"] = min(cfg["block_k"], group)
     unknown = set(tuning) - {*cfg, "split_k"}
     if unknown:
         raise ValueError(f"quant_linear (triton): unknown tuning {sorted(unknown)}; valid: {sorted({*cfg, 'split_k'})}")
     cfg.update({key: val for key, val in tuning.items() if key != "split_k"})
-    group = weight.scheme.group_size
-    if weight.scheme.kind == "int4" and not gemv and group % cfg["block_k"]:
-        raise ValueError(f"quant_linear (triton): block_k={cfg['block_k']} must divide the int4 group "
-                         f"size {group} on the GEMM path")
+    if scheme.kind == "int4" and group % cfg["block_k"]:
+        raise ValueError(f"quant_linear (triton): block_k={cfg['block_k']} must divide the int4 group size {group}")
     k_tiles = triton.cdiv(k, cfg["block_k"])
     split = tuning.get("split_k")
-    if split is None:  # enough programs for about two waves of the GPU's SMs
+    if split is None:  # split K until the programs fill the SMs (GEMV: two waves, to hide latency)
         tiles = triton.cdiv(m, cfg["block_m"]) * triton.cdiv(n, cfg["block_n"])
-        target = 1 if device.type != "cuda" else 2 * _num_sms(device.index or 0)
+        target = 1 if device.type != "cuda" else (2 if gemv else 1) * _num_sms(device.index or 0)
         split = max(1, min(k_tiles, target // max(tiles, 1)))
     tiles_per_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles)))
     cfg["k_per_split"] = tiles_per_split * cfg["block_k"]
     cfg["split_k"] = triton.cdiv(k_tiles, tiles_per_split)  # no empty splits
     cfg["gemv"] = gemv
     return cfg
+
+
+def _constexprs(scheme: QuantScheme, x_dtype: torch.dtype, cfg: dict, has_bias: bool) -> dict:
+    # fp32 dots where an operand is not exact in x's dtype (fp32 x; float weights of another
+    # dtype), and always in the interpreter, whose bf16 arithmetic is wrong
+    dot_f32 = INTERPRET or x_dtype == torch.float32 or _FLOAT_WEIGHT.get(scheme.kind, x_dtype) != x_dtype
+    return dict(KIND=_KIND[scheme.kind], GROUP=max(scheme.group_size, 1), HAS_BIAS=has_bias,
+                PARTIAL=cfg["split_k"] > 1, USE_DOT=not cfg["gemv"], DOT_F32=dot_f32,
+                F32_PRECISION=_F32_PRECISION, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
+                BLOCK_K=cfg["block_k"])
+
+
+def compile_specs(dt: str) -> list[tuple]:
+    """(name, kernel, pointer dtypes, float args, constexprs) of the default launches for
+    activations of dtype dt ("fp16" | "bf16" | "fp32"), in graft.kernels.compile_check's format,
+    so that the kernels can be built for sm_90 on a machine without a GPU."""
+    x_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dt]
+    cpu = torch.device("cpu")
+    specs = []
+    for name, scheme, m, split_k, w_ptr, s_ptr in (
+            ("int8_gemv_split_k", "int8", 1, 4, "i8", "fp32"), ("int4_g32_gemv", "int4-g32", 4, 1, "u8", "fp16"),
+            ("int4_g128_gemm", "int4-g128", 512, 1, "u8", "fp16"), ("int8_gemm", "int8", 64, 1, "i8", "fp32"),
+            ("bf16_gemm", "bf16", 256, 1, "bf16", "bf16")):
+        sc = QuantScheme.parse(scheme)
+        cfg = launch_config(m, 4096, 4096, sc, x_dtype, cpu, split_k=split_k)
+        pointers = dict(x_ptr=dt, w_ptr=w_ptr, s_ptr=s_ptr, z_ptr="u8", b_ptr="fp32",
+                        out_ptr="fp32" if split_k > 1 else dt)
+        specs.append((name, _quant_matmul_kernel, pointers, set(), _constexprs(sc, x_dtype, cfg, True)))
+    return specs
 
 
 def _on_device(weight: QuantizedWeight, device: torch.device) -> list[torch.Tensor]:
@@ -186,21 +219,16 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     scales = tensors[1] if len(tensors) > 1 else qweight  # unused by float weights
     zeros = tensors[2] if len(tensors) > 2 else qweight
     bias_c = None if bias is None else bias.contiguous()
-    cfg = launch_config(m, n, k, weight, x.device, **tuning)
+    cfg = launch_config(m, n, k, weight.scheme, x.dtype, x.device, **tuning)
     partial = cfg["split_k"] > 1
     out_dtype = torch.float32 if partial or (INTERPRET and x.dtype == torch.bfloat16) else x.dtype
     out = torch.empty((cfg["split_k"], m, n) if partial else (m, n), dtype=out_dtype, device=x.device)
-    # fp32 dots where the operands are not exact in x's dtype (and always in the interpreter,
-    # whose bf16 arithmetic is wrong)
-    dot_f32 = INTERPRET or x.dtype == torch.float32 or (kind in ("fp32", "bf16") and qweight.dtype != x.dtype)
     grid = (triton.cdiv(m, cfg["block_m"]), triton.cdiv(n, cfg["block_n"]), cfg["split_k"])
     _quant_matmul_kernel[grid](
         x2, qweight, scales, zeros, qweight if bias_c is None else bias_c, out,
         m, n, k, cfg["k_per_split"], x2.stride(0), qweight.stride(0),
         scales.stride(0) if kind == "int4" else 1, m * n if partial else 0, n,
-        KIND=_KIND[kind], GROUP=max(weight.scheme.group_size, 1), HAS_BIAS=bias_c is not None,
-        PARTIAL=partial, USE_DOT=not cfg["gemv"], DOT_F32=dot_f32,
-        BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+        **_constexprs(weight.scheme, x.dtype, cfg, bias_c is not None),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if partial:
         out = out.sum(0)
