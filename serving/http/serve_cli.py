@@ -23,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="allow image_url file paths under this dir (default: none)")
     p.add_argument("--allow-remote-media", action="store_true",
                    help="allow http(s) image URLs (default: data: URLs only)")
+    p.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="DOMAIN",
+                   help="with --allow-remote-media: fetch only from these hosts and their "
+                        "subdomains (default: any public host)")
+    p.add_argument("--remote-media-timeout-s", type=float, default=10.0,
+                   help="deadline for a whole remote image fetch, redirects included")
     p.add_argument("--limit-images-per-prompt", type=int, default=4)
     p.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
     p.add_argument("--max-image-pixels", type=int, default=4096 * 4096)
@@ -94,7 +99,9 @@ def build(args: argparse.Namespace):
     media = MediaConfig(allowed_local_media_path=args.allowed_local_media_path,
                         allow_remote_media=args.allow_remote_media,
                         max_image_bytes=args.max_image_bytes,
-                        max_image_pixels=args.max_image_pixels)
+                        max_image_pixels=args.max_image_pixels,
+                        remote_timeout_s=args.remote_media_timeout_s,
+                        remote_domains=tuple(args.allowed_media_domains))
     settings = ServerSettings(
         model_name=args.served_model_name or path.resolve().name, media=media,
         limit_images_per_prompt=args.limit_images_per_prompt,

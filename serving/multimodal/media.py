@@ -25,7 +25,9 @@ class MediaConfig:
     allow_remote_media: bool = False  # fetch http(s) URLs (off: a server should not browse)
     max_image_bytes: int = 20 * 1024 * 1024  # encoded size limit per image
     max_image_pixels: int = 4096 * 4096  # width * height limit, checked before decoding
-    remote_timeout_s: float = 10.0  # per remote fetch
+    remote_timeout_s: float = 10.0  # whole remote fetch, redirects and slow bodies included
+    remote_max_redirects: int = 3  # each redirect target is checked like the first URL
+    remote_domains: tuple[str, ...] = ()  # allowed hosts (and their subdomains); empty: any
 
 
 @dataclass
@@ -91,23 +93,10 @@ def _remote_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
         raise APIError("remote image URLs are disabled; start the server with "
                        "--allow-remote-media or send a base64 data URL",
                        param=param, code="remote_media_disabled", status=403)
-    import httpx
+    from graft.serving.multimodal.remote_media import fetch_remote
 
-    buf = bytearray()
-    try:
-        with httpx.stream("GET", url, timeout=cfg.remote_timeout_s,
-                          follow_redirects=True) as resp:
-            if resp.status_code != 200:
-                raise APIError(f"fetching image returned HTTP {resp.status_code}", param=param,
-                               code="image_fetch_failed")
-            for chunk in resp.iter_bytes():
-                buf += chunk
-                if len(buf) > cfg.max_image_bytes:
-                    raise _too_big(len(buf), cfg, param)
-    except httpx.HTTPError as err:
-        raise APIError(f"could not fetch image: {err}", param=param,
-                       code="image_fetch_failed") from None
-    return bytes(buf)
+    return fetch_remote(url, cfg.max_image_bytes, cfg.remote_timeout_s,
+                        cfg.remote_max_redirects, cfg.remote_domains, param)
 
 
 def fetch_bytes(url: str, cfg: MediaConfig, param: str = "image_url.url") -> bytes:

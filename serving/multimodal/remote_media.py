@@ -1,0 +1,134 @@
+"""Fetching http(s) image URLs without letting a client reach the server's own network.
+
+Every hop's host is resolved and each of its addresses must be public (no loopback,
+private, link-local, multicast or reserved space, IPv4 or IPv6, also when embedded in an
+IPv6 address); the connection goes to the address that was checked (no second lookup to
+rebind), redirects are followed by hand so each target is checked, and the whole fetch has
+one deadline and a byte cap. Every refused or failed fetch gets the same message, so
+errors cannot be used to probe which internal hosts or ports exist.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import time
+from urllib.parse import urljoin, urlsplit
+
+from graft.serving.http.protocol import APIError
+
+log = logging.getLogger("graft.serving")
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # IPv4 addresses embedded by NAT64 gateways
+
+
+class _Refused(Exception):
+    """Why a fetch was refused (for the server log; clients get one message for all)."""
+
+
+def is_public_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a server may connect to `ip` on a client's behalf."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = [ip.ipv4_mapped, ip.sixtofour, *(ip.teredo or ())]
+        if ip in _NAT64:
+            embedded.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+        if any(v4 is not None and not is_public_address(v4) for v4 in embedded):
+            return False
+    return ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_private
+                                 or ip.is_loopback or ip.is_link_local or ip.is_unspecified)
+
+
+def resolve(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Every address `host` resolves to (one module function, so tests can stand in for DNS)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+
+
+def http_client(timeout_s: float):
+    """The client fetches go through: no redirects followed for us, no proxies from the
+    environment (a proxy would connect to a name we never checked)."""
+    import httpx
+
+    return httpx.Client(follow_redirects=False, trust_env=False, timeout=timeout_s)
+
+
+def domain_allowed(host: str, domains: tuple[str, ...]) -> bool:
+    """`host` is one of `domains` or a subdomain of one (no domains: any host)."""
+    host = host.lower().rstrip(".")
+    return not domains or any(host == d or host.endswith("." + d)
+                              for d in (d.lower().strip(".") for d in domains))
+
+
+def _target(url: str, domains: tuple[str, ...]) -> tuple[str, str, str]:
+    """(URL to request at a checked address, Host header, TLS server name) for one hop."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _Refused(f"not an http(s) URL with a host: {url[:80]!r}")
+    if parts.username is not None or parts.password is not None:
+        raise _Refused("credentials in the URL")
+    host = parts.hostname
+    if not domain_allowed(host, domains):
+        raise _Refused(f"host {host!r} is not under --allowed-media-domains")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addrs = resolve(host, port)
+    except (OSError, ValueError, UnicodeError) as err:
+        raise _Refused(f"cannot resolve {host!r}: {err}") from None
+    bad = [str(a) for a in addrs if not is_public_address(a)]
+    if not addrs or bad:  # one private record is enough to refuse (rebinding tricks)
+        raise _Refused(f"host {host!r} resolves to non-public address(es) {bad}")
+    ip = addrs[0]
+    netloc = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    host_header = host if parts.port is None else f"{host}:{parts.port}"
+    return parts._replace(netloc=netloc).geturl(), host_header, host
+
+
+def fetch_remote(url: str, max_bytes: int, timeout_s: float, max_redirects: int,
+                 domains: tuple[str, ...], param: str) -> bytes:
+    """The body of a public http(s) URL (after at most `max_redirects` checked redirects),
+    within `timeout_s` in total and `max_bytes`; APIError otherwise."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    refused = APIError(f"the image URL could not be fetched; it must be a public http(s) URL "
+                       f"that answers with the image within {timeout_s:g} s", param=param,
+                       code="image_fetch_failed")
+    try:
+        with http_client(timeout_s) as client:
+            for _ in range(max_redirects + 1):
+                target, host_header, server_name = _target(url, domains)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Refused("deadline passed")
+                request = client.build_request(  # TLS checks the name, not the address
+                    "GET", target, headers={"Host": host_header}, timeout=left,
+                    extensions={"sni_hostname": server_name})
+                resp = client.send(request, stream=True)
+                try:
+                    if resp.is_redirect and "location" in resp.headers:
+                        url = urljoin(url, resp.headers["location"])
+                        continue
+                    if resp.status_code != 200:
+                        raise _Refused(f"HTTP {resp.status_code}")
+                    return _read_capped(resp, max_bytes, deadline, param)
+                finally:
+                    resp.close()
+            raise _Refused(f"more than {max_redirects} redirects")
+    except _Refused as why:
+        log.info("refused image fetch %.120r: %s", url, why)
+    except httpx.HTTPError as err:
+        log.info("image fetch %.120r failed: %s", url, err)
+    raise refused from None
+
+
+def _read_capped(resp, max_bytes: int, deadline: float, param: str) -> bytes:
+    buf = bytearray()
+    for chunk in resp.iter_bytes():
+        buf += chunk
+        if len(buf) > max_bytes:
+            raise APIError(f"image is over the limit of {max_bytes} bytes; send a smaller "
+                           "image", param=param, code="image_too_large", status=413)
+        if time.monotonic() > deadline:  # a server trickling bytes gets no more time
+            raise _Refused("deadline passed while reading")
+    return bytes(buf)
