@@ -73,7 +73,9 @@ def mc_scores(predictions, samples) -> list[dict[str, float]]:
 
 
 def mc_aggregate(columns: dict[str, np.ndarray], groups: np.ndarray) -> dict[str, float]:
-    correct, first = columns["correct"], columns["first_pass"].astype(bool)
+    correct = columns["correct"]
+    # samples files written before first_pass existed: every row counts
+    first = columns.get("first_pass", np.ones_like(correct)).astype(bool)
     # a group (one question, all its rotations) is right only if its worst rotation is right
     order = np.argsort(groups, kind="stable")
     sorted_groups = groups[order]

@@ -63,7 +63,8 @@ def _ratio(num: float, den: float) -> float:
 
 def yes_no_aggregator(definition: str):
     def yes_no_aggregate(columns: dict[str, np.ndarray], groups: np.ndarray) -> dict[str, float]:
-        pred, no, gold = columns["pred_yes"], columns["pred_no"], columns["target_yes"]
+        pred, gold = columns["pred_yes"], columns["target_yes"]
+        no = columns.get("pred_no", 1.0 - pred)  # samples files written before pred_no existed
         tp = float((pred * gold).sum())
         precision = _ratio(tp, float(pred.sum()))
         recall = _ratio(tp, tp + float((no * gold).sum()))
