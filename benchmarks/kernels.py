@@ -1,4 +1,5 @@
-"""Benchmark the paged-attention kernels against the device's copy bandwidth and torch SDPA.
+"""Benchmark the paged-attention kernels against the device's copy bandwidth and torch SDPA,
+and the weight-only quantized linears (graft.kernels.triton_quant) against a dense linear.
 
 `python -m graft.benchmarks.kernels --out bench.json` (or `graft bench kernels`) needs a CUDA GPU;
 on a CPU-only machine it says so and exits 0.
@@ -29,12 +30,22 @@ class BenchConfig:
     copy_mib: int = 2048  # size of the device copy that measures achievable bandwidth
     iters: int = 20  # timed repetitions (median reported)
     sweep: bool = False  # also time the launch settings of DECODE_SWEEP / PREFILL_SWEEP
+    quant_schemes: str = "bf16,int8,int4-g32,int4-g128"  # weight formats of the linear benchmark ("" skips it)
+    quant_rows: str = "1,4,32,512"  # activation rows: decode GEMV to prefill GEMM
+    quant_n: int = 4096  # the linear's output features
+    quant_k: int = 4096  # its input features
 
 
 # launch settings tried by --sweep (the defaults are the first entries)
 DECODE_SWEEP = [dict(tile_n=t, num_warps=w, partition_size=p) for p in (512, 256, 1024)
                 for t in (64, 32, 128) for w in (4, 8)]
 PREFILL_SWEEP = [dict(block_m=m, tile_n=t, num_warps=w) for m in (64, 128) for t in (64, 32) for w in (4, 8)]
+# quantized linear launch settings tried by --sweep (graft.kernels.triton_quant tuning; the
+# defaults come from register counts only): GEMV for <= 4 rows, GEMM above
+QUANT_GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (32, 64, 128) for k in (32, 64, 128, 256)
+                    for w in (4, 8)]
+QUANT_GEMM_SWEEP = [dict(block_m=m, block_n=n, block_k=k, num_warps=w) for m in (64, 128) for n in (64, 128)
+                    for k in (32, 64) for w in (4, 8)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +178,40 @@ def bench_copy(cfg: BenchConfig, device) -> dict:
     return {"ms": ms, "gb_per_s": 2 * src.numel() / ms / 1e6}  # read + write
 
 
+def bench_quant_linear(cfg: BenchConfig, device) -> list[dict]:
+    """Per weight format and row count: the Triton quantized linear vs F.linear on the same
+    weight in cfg.dtype (dense, cuBLAS on a GPU), bytes moved and the error vs the reference."""
+    import torch
+    import torch.nn.functional as F
+
+    from graft.kernels import quant, triton_quant
+
+    dtype = getattr(torch, cfg.dtype)
+    n, k = cfg.quant_n, cfg.quant_k
+    weight = torch.randn(n, k, device=device) * k ** -0.5
+    dense = weight.to(dtype)
+    results = []
+    for name in filter(None, (part.strip() for part in cfg.quant_schemes.split(","))):
+        qw = quant.quantize(weight, quant.QuantScheme.parse(name))
+        for m in (int(r) for r in cfg.quant_rows.split(",") if r.strip()):
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            ms = _time_ms(lambda: triton_quant.quant_linear(x, qw), device, cfg.iters)
+            dense_ms = _time_ms(lambda: F.linear(x, dense), device, cfg.iters)
+            diff = (triton_quant.quant_linear(x, qw).float() - quant.quant_linear(x, qw).float()).abs().max().item()
+            io_bytes = qw.nbytes() + m * (k + n) * x.element_size()  # weight, x in, y out
+            sweep = []
+            for tuning in (QUANT_GEMV_SWEEP if m <= triton_quant.GEMV_MAX_ROWS else QUANT_GEMM_SWEEP) if cfg.sweep else []:
+                if qw.scheme.kind == "int4" and qw.scheme.group_size % tuning["block_k"]:
+                    continue  # an int4 K tile must lie inside one group
+                t_ms = _try_time(lambda: triton_quant.quant_linear(x, qw, **tuning), device, cfg.iters)
+                sweep.append(dict(tuning, ms=t_ms, gb_per_s=io_bytes / t_ms / 1e6 if t_ms else 0.0))
+            results.append({"scheme": name, "rows": m, "ms": ms, "gb_per_s": io_bytes / ms / 1e6,
+                            "tflop_per_s": 2 * m * n * k / ms / 1e9, "dense_ms": dense_ms,
+                            "speedup_vs_dense": dense_ms / ms, "max_abs_diff_vs_reference": diff,
+                            "sweep": sweep})
+    return results
+
+
 def run_benchmarks(cfg: BenchConfig, device, impl) -> dict:
     import torch
 
@@ -204,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     res = run_benchmarks(cfg, torch.device("cuda"), triton_ops)
+    res["quant_linear"] = bench_quant_linear(cfg, torch.device("cuda"))
     d, p, c = res["decode"], res["prefill"], res["copy"]
     print(f"device: {res['device']}   copy bandwidth {c['gb_per_s']:.0f} GB/s")
     print(f"decode  batch {cfg.batch} ctx {cfg.context}: {d['ms']:.3f} ms  {d['gb_per_s']:.0f} GB/s  "
@@ -211,6 +257,16 @@ def run(args: argparse.Namespace) -> int:
           f"(ours x{d['speedup_vs_sdpa']:.2f}); max |diff| {d['max_abs_diff_vs_sdpa']:.2e}")
     print(f"prefill {cfg.prefill_seqs} x {cfg.prefill_len}: {p['ms']:.3f} ms  {p['tflop_per_s']:.1f} TFLOP/s; "
           f"SDPA contiguous {p['sdpa_contiguous_tflop_per_s']:.1f} TFLOP/s; max |diff| {p['max_abs_diff_vs_sdpa']:.2e}")
+    for q in res["quant_linear"]:
+        q["fraction_of_copy_bandwidth"] = q["gb_per_s"] / c["gb_per_s"]
+        print(f"quant linear {q['scheme']:<9} {q['rows']:>4} x {cfg.quant_k} -> {cfg.quant_n}: {q['ms']:.3f} ms  "
+              f"{q['gb_per_s']:.0f} GB/s = {q['fraction_of_copy_bandwidth']:.0%} of copy  {q['tflop_per_s']:.1f} TFLOP/s; "
+              f"dense {cfg.dtype} x{q['speedup_vs_dense']:.2f}; max |diff| {q['max_abs_diff_vs_reference']:.2e}")
+        timed = [r for r in q["sweep"] if r["ms"]]
+        if timed:
+            best = min(timed, key=lambda r: r["ms"])
+            print("    best of sweep: " + ", ".join(f"{k}={v}" for k, v in best.items() if k not in ("ms", "gb_per_s"))
+                  + f" -> {best['ms']:.3f} ms {best['gb_per_s']:.0f} GB/s")
     for label, rows, key in (("decode", d["sweep"], "gb_per_s"), ("prefill", p["sweep"], "tflop_per_s")):
         if rows:
             best = max(rows, key=lambda r: r[key])

@@ -12,12 +12,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 
 echo "== tests on CUDA"
-TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton_cases.py \
+TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton_cases.py tests/kernels/test_triton_quant.py \
     tests/serving/engine/test_cuda_engine.py tests/serving/engine/test_decode_graphs.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
 
 if [ "${GPU_KERNEL_BENCH:-1}" = 1 ]; then
     echo "== kernel benchmark"
-    "$PY" -m graft.cli bench kernels --out "$OUT/kernels.json" 2>&1 | tail -8 || status=1
+    "$PY" -m graft.cli bench kernels --out "$OUT/kernels.json" 2>&1 | tail -40 || status=1
 fi
 
 echo "== engine benchmark (random weights, SmolLM2-135M shapes)"

@@ -154,6 +154,20 @@ def test_dispatch_runs_triton_when_forced(tq, device, monkeypatch):
     assert torch.equal(kernels.quant_linear(x, weight), tq.quant_linear(x, weight))
 
 
+def test_bench_runs_on_tiny_shapes(tq, device, monkeypatch):
+    from graft.benchmarks import kernels as bench
+
+    monkeypatch.setattr(bench, "QUANT_GEMV_SWEEP", [dict(block_n=16, block_k=32, num_warps=4),
+                                                    dict(block_n=16, block_k=64, num_warps=4)])
+    monkeypatch.setattr(bench, "QUANT_GEMM_SWEEP", [dict(block_m=16, block_n=16, block_k=32, num_warps=4)])
+    cfg = bench.BenchConfig(dtype="float32", quant_schemes="int8,int4-g32", quant_rows="1,17", quant_n=N,
+                            quant_k=64, iters=1, sweep=True)
+    rows = bench.bench_quant_linear(cfg, device)
+    assert [(r["scheme"], r["rows"], len(r["sweep"])) for r in rows] == [
+        ("int8", 1, 2), ("int8", 17, 1), ("int4-g32", 1, 1), ("int4-g32", 17, 1)]  # block_k 64 > group 32: skipped
+    assert all(r["max_abs_diff_vs_reference"] < 1e-4 and r["gb_per_s"] > 0 and r["sweep"][0]["ms"] for r in rows)
+
+
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "0",
                                reason="compiled Triton on a GPU (TRITON_INTERPRET=0)")
 
