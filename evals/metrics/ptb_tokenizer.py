@@ -28,7 +28,8 @@ _SPLIT_WORDS = {"cannot": ("can", "not"), "gonna": ("gon", "na"), "gotta": ("got
                 "wanna": ("wan", "na"), "lemme": ("lem", "me"), "gimme": ("gim", "me")}
 _ABBREVIATIONS = ("mr", "mrs", "ms", "dr", "st", "ave", "jr", "sr", "vs", "etc", "inc", "co", "corp",
                   "ltd", "prof", "mt", "ft", "jan", "feb", "aug", "sept", "oct", "nov", "dec")
-_CLITICS = [(re.compile(r"\by'all\b"), "y' all"), (re.compile(r"(\w)'n'(\w)"), r"\1 'n' \2"),
+# splits CoreNLP makes inside a word, done on the text before it is cut into tokens
+_IN_WORD_SPLITS = [(re.compile(r"\by'all\b"), "y' all"), (re.compile(r"(\w)'n'(\w)"), r"\1 'n' \2"),
             (re.compile(r"(\d:\d\d)([ap]m)\b"), r"\1 \2"),  # 3:00pm -> 3:00 pm (but 4pm stays)
             (re.compile(r"(\w)(n't)\b"), r"\1 \2"),
             (re.compile(r"(\w)('(?:s|re|ve|ll|d|m))\b"), r"\1 \2"),
@@ -51,7 +52,7 @@ def ptb_tokenize(caption: str | None) -> list[str]:
     """The tokens pycocoevalcap's PTBTokenizer (then its punctuation filter) makes of a caption."""
     text = "".join(c for c in str(caption or "") if ord(c) <= 0xFFFF)  # CoreNLP drops astral symbols
     text = text.translate(_UNICODE).lower()
-    for pattern, repl in _CLITICS:
+    for pattern, repl in _IN_WORD_SPLITS:
         text = pattern.sub(repl, text)
     tokens: list[str] = []
     for tok in _TOKEN.findall(text):
