@@ -5,17 +5,19 @@ in fp32 / bf16 / fp16 times the dequantized weight, fp32 accumulation, x's dtype
 the canonical tensors as they are (int8 [N, K]; int4 bytes [N, K/2], low nibble = even column,
 fp16 scales and uint8 zeros [N, K/G]), so a weight needs no second copy on the GPU.
 
-One kernel, two inner products:
+One kernel, two inner products, on the same [BN, BK] weight tiles (K contiguous, as stored):
 - GEMM (more than 4 rows): `tl.dot` on tiles. Integer weights enter the dot as integers
   (q for int8, q - z for int4: exact in bf16 and fp16), and the scales multiply the fp32
   partial sums afterwards (int8: once per output channel; int4: once per K tile, the tile
-  lying inside one group). The products are then as exact as the reference's fp32 ones,
-  where dequantizing to bf16 first would round every weight to 8 bits. fp32 activations
-  use an IEEE fp32 dot, not TF32, for the same reason.
-- GEMV (1-4 rows, decode): broadcast multiply and sum in fp32 on the dequantized tile, no
-  padding of the rows to the dot's minimum of 16.
+  lying inside one group, so BLOCK_K divides G). The products are then as exact as the
+  reference's fp32 ones, where dequantizing to bf16 first would round every weight to 8 bits.
+  fp32 activations use a TF32x3 dot on the GPU (not plain TF32) for the same reason.
+- GEMV (1-4 rows, decode): broadcast multiply and sum in fp32, no padding of the rows to the
+  dot's minimum of 16; the same scale placement.
 Both can split K over programs (decode needs it to fill the GPU when N is small); the partial
-sums land in an fp32 buffer summed in a fixed order, so results are deterministic.
+sums land in an fp32 buffer summed in a fixed order, so results are deterministic. A row's
+result can differ in the last bits between the two paths (summation order), as with any
+batch-size-dependent GEMM.
 
 Import it only after deciding about TRITON_INTERPRET (graft.kernels.dispatch does so lazily).
 The interpreter rounds fp32 -> bf16 wrongly (truncates), so there the kernel stores fp32 and
