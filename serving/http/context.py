@@ -27,6 +27,7 @@ class ServerSettings:
     auth_health: bool = False  # /health needs a key too (off: load balancers probe freely)
     auth_metrics: bool = False  # /metrics needs a key too
     max_queued_requests: int | None = None  # waiting for a first token beyond this -> 429
+    request_body_timeout_s: float = 60.0  # a body still arriving after this -> 408
 
 
 class ServerContext:

@@ -64,6 +64,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--header-timeout-s", type=float, default=10.0,
+                   help="close a connection whose request headers are not complete in this "
+                        "time (408)")
+    p.add_argument("--request-body-timeout-s", type=float, default=60.0,
+                   help="answer 408 when a request body takes longer than this to arrive")
+    p.add_argument("--timeout-keep-alive", type=int, default=5,
+                   help="close idle kept-alive connections after this many seconds")
+    p.add_argument("--limit-concurrency", type=int, default=1024,
+                   help="answer 503 beyond this many open connections / requests in flight")
+    p.add_argument("--max-header-bytes", type=int, default=16 * 1024,
+                   help="largest request line + headers accepted")
 
 
 def build(args: argparse.Namespace):
@@ -111,7 +122,8 @@ def build(args: argparse.Namespace):
         shrink_images_to_budget=args.shrink_images_to_budget,
         parse_special_tokens_in_text=args.parse_special_tokens_in_text,
         api_keys=api_keys(args), auth_health=args.auth_health, auth_metrics=args.auth_metrics,
-        max_queued_requests=args.max_queued_requests)
+        max_queued_requests=args.max_queued_requests,
+        request_body_timeout_s=args.request_body_timeout_s)
     return build_app(engine, settings)
 
 
@@ -139,6 +151,17 @@ def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):
     return load_engine_with_grafts(grafts, config, llm=llm, cache_bytes=cache_bytes)
 
 
+def uvicorn_options(args: argparse.Namespace) -> dict:
+    """Connection limits for uvicorn.Config: header deadline, keep-alive, concurrency and
+    header size (also used by tests)."""
+    from graft.serving.http.http_protocol import with_header_timeout
+
+    return {"http": with_header_timeout(args.header_timeout_s),
+            "timeout_keep_alive": args.timeout_keep_alive,
+            "limit_concurrency": args.limit_concurrency,
+            "h11_max_incomplete_event_size": args.max_header_bytes}
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -146,5 +169,6 @@ def run(args: argparse.Namespace) -> int:
     names = ", ".join(map(repr, app.state.ctx.models))
     print(f"graft serve: {args.path or 'grafts'} as {names} on "
           f"http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                **uvicorn_options(args))
     return 0

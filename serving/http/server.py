@@ -26,8 +26,17 @@ __all__ = ["ServerSettings", "build_app"]
 _MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The POST body, refusing (413) before buffering more than `limit` bytes."""
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The POST body within `timeout_s` (408 after), refusing (413) before buffering more than
+    `limit` bytes."""
+    try:
+        return await asyncio.wait_for(_read_capped(request, limit), timeout_s)
+    except asyncio.TimeoutError:
+        raise P.APIError(f"the request body did not arrive within {timeout_s:g} s",
+                         status=408, code="request_timeout") from None
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise P.APIError(f"request body is {declared} bytes, over the limit of {limit}",
@@ -97,7 +106,7 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
         arrival = time.monotonic()
         ctx.metrics.requests.inc()
         ctx.worker.check_queue_room()  # a full queue refuses before any parsing or image work
-        raw = await _read_body(request, ctx.max_body_bytes)
+        raw = await _read_body(request, ctx.max_body_bytes, ctx.settings.request_body_timeout_s)
         # big bodies (base64 images) are parsed off the event loop too
         req = (P.parse_chat_request(raw) if len(raw) < 65536
                else await asyncio.to_thread(P.parse_chat_request, raw))

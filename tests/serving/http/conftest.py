@@ -14,14 +14,15 @@ def _free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, app):
+    def __init__(self, app, **uvicorn_options):
         import uvicorn
 
         self.app = app
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", lifespan="on"))
+                                                    log_level="warning", lifespan="on",
+                                                    **uvicorn_options))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):
