@@ -27,7 +27,8 @@ from graft.kernels.checks import (check_paged_attention_args, check_rotary_args,
                                   slot_out_of_range)
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
-                for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c"))
+                for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
+                             "decode_step_cpu.c"))
 HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
                 for name in ("fast_exp.h", "bf16.h"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU)
@@ -122,6 +123,10 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.graft_quant_linear.argtypes = quant_args + [i64, ctypes.c_int]
     lib.graft_quant_linear_portable.argtypes = quant_args + [ctypes.c_int]
     lib.graft_quant_isa.restype = ctypes.c_int
+    lib.graft_decode_scratch.restype = i64
+    lib.graft_decode_scratch.argtypes = [ptr, i64]
+    lib.graft_decode_layers.restype = i64
+    lib.graft_decode_layers.argtypes = [ptr, i64, ptr, i64] + [ptr] * 7 + [ptr, ctypes.c_int]
     return lib, None
 
 
@@ -184,13 +189,15 @@ _ROW_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # what norm_rope_cpu.c take
 
 
 def _rows_ok(t: torch.Tensor) -> bool:
-    """A 2-D or 3-D fp32/bf16 CPU tensor whose rows (dim 0) may be strided but are contiguous inside."""
-    if t.device.type != "cpu" or t.dtype not in _ROW_DTYPES or t.requires_grad:
+    """A 2-D or 3-D fp32/bf16 CPU tensor whose rows (dim 0) may be strided but are contiguous
+    inside. Checked twice per op call (dispatch, then the op), ~120 ops per batch-1 decode
+    step: is_cpu and one stride() tuple are cheaper than device.type and stride(i) calls."""
+    if not t.is_cpu or t.dtype not in _ROW_DTYPES or t.requires_grad:
         return False
-    if t.dim() == 2:
-        return t.stride(1) == 1 or t.shape[1] == 1
-    return t.dim() == 3 and (t.stride(2) == 1 or t.shape[2] == 1) and \
-        (t.stride(1) == t.shape[2] or t.shape[1] == 1)
+    shape, stride = t.shape, t.stride()
+    if len(shape) == 2:
+        return stride[1] == 1 or shape[1] == 1
+    return len(shape) == 3 and (stride[2] == 1 or shape[2] == 1) and (stride[1] == shape[2] or shape[1] == 1)
 
 
 def _operand_ok(t: torch.Tensor) -> bool:

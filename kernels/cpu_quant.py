@@ -1,4 +1,4 @@
-"""The C weight-only linears (kernels/csrc/quant_linear_cpu.c) for int8, int4 and bf16
+"""The C weight-only linears (kernels/csrc/quant_linear_cpu.c) for int8, int4, bf16 and fp32
 weights with fp32 activations, and the blocked layout they read.
 
 `pack` turns a QuantizedWeight's canonical tensors into 16-lane output blocks once, at load
@@ -16,7 +16,7 @@ import torch
 from graft.kernels import cpu_ops
 from graft.kernels.quant import QuantizedWeight
 
-_KINDS = {"int8": 0, "int4": 1, "bf16": 2}
+KIND_CODES = {"int8": 0, "int4": 1, "bf16": 2, "fp32": 3}  # quant_linear_cpu.c KIND_*
 
 
 @dataclass
@@ -36,7 +36,7 @@ def isa() -> str:
 
 
 def supports(x: torch.Tensor, weight: QuantizedWeight) -> bool:
-    return (weight.scheme.kind in _KINDS and x.device.type == "cpu"
+    return (weight.scheme.kind in KIND_CODES and x.device.type == "cpu"
             and x.dtype in (torch.float32, torch.bfloat16)
             and not (x.requires_grad and torch.is_grad_enabled()) and cpu_ops.available())
 
@@ -54,8 +54,8 @@ def pack(weight: QuantizedWeight) -> CpuPacked:
     if "cpu" in weight.packed:
         return weight.packed["cpu"]
     kind = weight.scheme.kind
-    if kind not in _KINDS:
-        raise ValueError(f"the C quantized linear takes {', '.join(_KINDS)}, not {weight.scheme.name}")
+    if kind not in KIND_CODES:
+        raise ValueError(f"the C quantized linear takes {', '.join(KIND_CODES)}, not {weight.scheme.name}")
     n, _ = weight.shape
     n_pad = -(-n // 32) * 32
     scales = zeros = None
@@ -98,7 +98,7 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     if rows:
         lib = cpu_ops._lib()
         bias_c = None if bias is None else bias.contiguous()
-        args = [_KINDS[weight.scheme.kind], x2.data_ptr(), x2.stride(0), rows, k, p.weight.data_ptr(),
+        args = [KIND_CODES[weight.scheme.kind], x2.data_ptr(), x2.stride(0), rows, k, p.weight.data_ptr(),
                 p.scales.data_ptr() if weight.scheme.kind == "int8" else None,
                 p.scales.data_ptr() if weight.scheme.kind == "int4" else None,
                 None if p.zeros is None else p.zeros.data_ptr(), weight.scheme.group_size,

@@ -1,5 +1,6 @@
 /* Weight-only low-precision linears on CPU: y[M, N] = x[M, K] @ dequant(W)[N, K]^T + bias,
- * x and y in fp32, W in int8 (per-channel scale), int4 (per-group scale and zero) or bf16.
+ * x and y in fp32, W in int8 (per-channel scale), int4 (per-group scale and zero), bf16 or
+ * fp32 (the unquantized modules of a quantized engine, so one decode step runs one kernel).
  *
  * Why our own: at decode sizes (1-32 rows) a linear is a pass over the weight, so its time is
  * the weight's bytes over memory bandwidth; int8 and int4 read 4x and ~7x fewer bytes than
@@ -10,7 +11,7 @@
  *
  * Layout (built by graft.kernels.cpu_quant.pack): output channels in blocks of 16 lanes,
  * N padded to a multiple of 32 (two blocks per tile); per block the K columns follow each
- * other, 16 lanes each: int8 [NB][K][16], bf16 [NB][K][16], int4 [NB][K/2][16] bytes
+ * other, 16 lanes each: int8/bf16/fp32 [NB][K][16], int4 [NB][K/2][16] bytes
  * (low nibble column 2j, high nibble column 2j+1), int4 scales/zeros [NB][G][16] fp16/uint8,
  * int8 scales [NB*16] fp32. A tile is up to MR rows x 2 blocks of accumulators; small M
  * splits the K loop over several accumulator sets so FMA latency is hidden.
@@ -25,7 +26,7 @@
 #define GRAFT_QUANT_AVX512 0
 #endif
 
-enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2 };
+enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2, KIND_F32 = 3 };
 #define MAX_MR 6     /* rows per tile: 6 rows x 2 blocks = 12 accumulators */
 #define M_CHUNK 96   /* rows whose x stays in L2 while every block of W passes over them */
 
@@ -58,6 +59,7 @@ static float weight_at(int kind, const uint8_t *w, const uint16_t *scales, const
                        int64_t K, int64_t group, int64_t o, int64_t k) {
     const int64_t b = o / 16, lane = o % 16;
     if (kind == KIND_INT8) return (float)((const int8_t *)w)[(b * K + k) * 16 + lane];
+    if (kind == KIND_F32) return ((const float *)w)[(b * K + k) * 16 + lane];
     if (kind == KIND_BF16) {
         const uint32_t bits = (uint32_t)((const uint16_t *)w)[(b * K + k) * 16 + lane] << 16;
         float f;
@@ -99,6 +101,7 @@ static void qlinear_portable(int kind, const float *x, int64_t ldx, int64_t M, i
 static inline __m512 load_int8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
+static inline __m512 load_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline __m512 load_bf16(const uint16_t *p) {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
@@ -176,6 +179,12 @@ DEFINE_DENSE_TILE(tile_bf_3, uint16_t, load_bf16, 3, 2)
 DEFINE_DENSE_TILE(tile_bf_4, uint16_t, load_bf16, 4, 1)
 DEFINE_DENSE_TILE(tile_bf_5, uint16_t, load_bf16, 5, 1)
 DEFINE_DENSE_TILE(tile_bf_6, uint16_t, load_bf16, 6, 1)
+DEFINE_DENSE_TILE(tile_f32_1, float, load_f32, 1, 4)
+DEFINE_DENSE_TILE(tile_f32_2, float, load_f32, 2, 2)
+DEFINE_DENSE_TILE(tile_f32_3, float, load_f32, 3, 2)
+DEFINE_DENSE_TILE(tile_f32_4, float, load_f32, 4, 1)
+DEFINE_DENSE_TILE(tile_f32_5, float, load_f32, 5, 1)
+DEFINE_DENSE_TILE(tile_f32_6, float, load_f32, 6, 1)
 
 typedef void (*dense_tile_fn)(const float *, int64_t, int64_t, const void *, const float *,
                               const float *, int64_t, float *, int64_t, int64_t);
@@ -185,6 +194,9 @@ static const dense_tile_fn I8_TILES[MAX_MR + 1] = {
 static const dense_tile_fn BF_TILES[MAX_MR + 1] = {
     0, (dense_tile_fn)tile_bf_1, (dense_tile_fn)tile_bf_2, (dense_tile_fn)tile_bf_3,
     (dense_tile_fn)tile_bf_4, (dense_tile_fn)tile_bf_5, (dense_tile_fn)tile_bf_6};
+static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
+    0, (dense_tile_fn)tile_f32_1, (dense_tile_fn)tile_f32_2, (dense_tile_fn)tile_f32_3,
+    (dense_tile_fn)tile_f32_4, (dense_tile_fn)tile_f32_5, (dense_tile_fn)tile_f32_6};
 
 /* int4: per group, sum x * (q - zero) exactly in integers-then-fp32, then one FMA with the
  * group's scale. S accumulator sets take the group's column pairs in turn (S = 1 or 2). */
@@ -258,7 +270,7 @@ void graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_
     const int64_t pairs = NB / 2;
     const int64_t G = kind == KIND_INT4 ? K / group : 0;
     const int64_t block_elems = kind == KIND_INT4 ? (K / 2) * 16 : K * 16;
-    const int64_t elem = kind == KIND_BF16 ? 2 : 1;
+    const int64_t elem = kind == KIND_F32 ? 4 : kind == KIND_BF16 ? 2 : 1;
     /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */
     for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
         const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
@@ -274,7 +286,7 @@ void graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_
                     I4_TILES[mr](xm, ldx, K, wp, scales4 + 2 * p * G * 16, zeros4 + 2 * p * G * 16,
                                  group, bias, o0, ym, ldy, N);
                 else
-                    (kind == KIND_INT8 ? I8_TILES : BF_TILES)[mr](
+                    (kind == KIND_INT8 ? I8_TILES : kind == KIND_BF16 ? BF_TILES : F32_TILES)[mr](
                         xm, ldx, K, wp, kind == KIND_INT8 ? scale8 : 0, bias, o0, ym, ldy, N);
             }
         }

@@ -57,8 +57,9 @@ class ModelRunner:
         self.quant_plan = quant.plan(linear_shapes(model)) if quant is not None else {}
         model = model.to_empty(device=self.device).to(self.dtype)
         load_weights(model, model_dir)
+        c_layout = self.device.type == "cpu" and cpu_ops.available() and self.dtype == torch.float32
         if self.quant_plan:
-            model.quantize_linears(self.quant_plan)
+            model.quantize_linears(self.quant_plan, fp32_in_c_layout=c_layout)
             if self.device.type == "cpu" and cpu_ops.available():
                 for weight in model.quantized_weights():  # the C layout now, not on the first step
                     if cpu_quant.supports(torch.empty(0, dtype=self.dtype), weight):
@@ -78,6 +79,10 @@ class ModelRunner:
         self.block_size = config.block_size
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
+        if self.quant_plan and c_layout:
+            why_not = model.enable_fused_decode()
+            log.info("decode steps: %s", "one C call per step" if why_not is None
+                     else f"op by op ({why_not})")
         self.decode_graphs = None
         if self.device.type == "cuda" and not config.enforce_eager:
             from graft.serving.engine.cuda_graphs import DecodeGraphs, capture_sizes

@@ -124,3 +124,32 @@ class AdmissionController:
                 param="ttft_budget_ms", code="ttft_budget_exceeded",
                 headers={"Retry-After": str(retry)})
         return raw
+
+
+class QueueLimits:
+    """--max-queued-requests / --max-queued-tokens: requests waiting for their first token,
+    and their prompt tokens, beyond which new requests get 429 + Retry-After."""
+
+    def __init__(self, admission: AdmissionController, max_requests: int | None = None,
+                 max_tokens: int | None = None):
+        self.admission = admission
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+
+    def check(self, queue: list[QueueItem], decode_seqs: int,
+              new: QueueItem | None = None) -> None:
+        """APIError(429) when `queue` (plus `new`, once known) is over a limit."""
+        tokens = sum(q.prefill_tokens for q in queue) + (new.prefill_tokens if new else 0)
+        if self.max_requests is not None and len(queue) >= self.max_requests:
+            what = f"{len(queue)} requests are already waiting (--max-queued-requests " \
+                   f"{self.max_requests})"
+        elif self.max_tokens is not None and queue and tokens > self.max_tokens:
+            what = f"{tokens} prompt tokens would be waiting (--max-queued-tokens " \
+                   f"{self.max_tokens})"
+        else:
+            return  # (one request alone is never refused for its size: the context is its cap)
+        # the queue drains at about the rate admission control estimates for its last job
+        drain = self.admission.estimate_ttft(queue[-1], queue[:-1], decode_seqs) if queue else 1
+        retry = max(1, math.ceil(drain))
+        raise APIError(f"{what}; retry after {retry} s", status=429, type="rate_limit_error",
+                       code="queue_full", headers={"Retry-After": str(retry)})

@@ -27,6 +27,7 @@ class ServerSettings:
     auth_health: bool = False  # /health needs a key too (off: load balancers probe freely)
     auth_metrics: bool = False  # /metrics needs a key too
     max_queued_requests: int | None = None  # waiting for a first token beyond this -> 429
+    max_queued_tokens: int | None = None  # their prompt tokens beyond this -> 429
     request_body_timeout_s: float = 60.0  # a body still arriving after this -> 408
 
 
@@ -74,7 +75,8 @@ class ServerContext:
         self.worker = EngineWorker(engine, self.front, self.metrics,
                                    settings.encoder_tokens_per_step, settings.admission_slack,
                                    fronts=[f for f in self.models.values() if f is not None],
-                                   max_queued=settings.max_queued_requests)
+                                   max_queued=settings.max_queued_requests,
+                                   max_queued_tokens=settings.max_queued_tokens)
 
     def kv_blocks(self) -> tuple[int, int]:
         """(blocks in use, blocks in the pool)."""

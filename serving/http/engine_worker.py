@@ -7,14 +7,14 @@ The HTTP layer never touches the engine; it submits jobs and reads events from a
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from graft.errors import GraftError
-from graft.serving.http.admission import AdmissionController, QueueItem, StepCostModel
+from graft.serving.http.admission import (AdmissionController, QueueItem, QueueLimits,
+                                          StepCostModel)
 from graft.serving.http.protocol import APIError
 
 log = logging.getLogger("graft.serving")
@@ -45,7 +45,7 @@ class Job:
 class EngineWorker:
     def __init__(self, engine, front=None, metrics=None, encoder_tokens_per_step: int = 4096,
                  admission_slack: float = 1.0, fronts: list | None = None,
-                 max_queued: int | None = None):
+                 max_queued: int | None = None, max_queued_tokens: int | None = None):
         self.engine = engine
         self.front = front  # MultimodalFront or None (text-only model)
         # every front whose jobs may come (several grafts); they share one encoder cache
@@ -56,7 +56,7 @@ class EngineWorker:
         self.cost = StepCostModel()
         self.admission = AdmissionController(self.cost, engine.config.max_num_batched_tokens,
                                              admission_slack)
-        self.max_queued = max_queued  # jobs waiting for a first token beyond this -> 429
+        self.limits = QueueLimits(self.admission, max_queued, max_queued_tokens)
         self.pending: list[Job] = []  # admitted, images not yet encoded: EDF order
         self.active: dict[str, Job] = {}  # inside the engine
         self._aborts: list[str] = []
@@ -108,10 +108,8 @@ class EngineWorker:
             raise APIError("the engine thread is not running; see the server log",
                            status=503, type="server_error", code="engine_down")
         with self._cond:
-            self._check_queue_room_locked()
-            queue = [j.queue_item() for j in self.pending]
-            queue += [j.queue_item() for j in self.active.values() if j.first_token_at is None]
-            decoding = sum(1 for j in self.active.values() if j.first_token_at is not None)
+            queue, decoding = self._queue_locked()
+            self.limits.check(queue, decoding, job.queue_item())
             estimate = self.admission.admit(job.queue_item(), budget_s, queue, decoding)
             job.estimate_s = estimate
             self.pending.append(job)
@@ -120,23 +118,16 @@ class EngineWorker:
         return estimate
 
     def check_queue_room(self) -> None:
-        """APIError(429) with a Retry-After when max_queued jobs already wait."""
+        """APIError(429) with a Retry-After when the queue is already at its limits."""
         with self._cond:
-            self._check_queue_room_locked()
+            self.limits.check(*self._queue_locked())
 
-    def _check_queue_room_locked(self) -> None:
-        waiting = [j for j in self.active.values() if j.first_token_at is None] + self.pending
-        if self.max_queued is None or len(waiting) < self.max_queued:
-            return
-        # the queue drains at about the rate admission control estimates for its last job
-        ahead = [j.queue_item() for j in waiting]
-        decoding = len(self.active) - (len(waiting) - len(self.pending))
-        drain = self.admission.estimate_ttft(ahead[-1], ahead[:-1], decoding) if ahead else 1
-        retry = max(1, math.ceil(drain))
-        raise APIError(f"{len(waiting)} requests are already waiting (--max-queued-requests "
-                       f"{self.max_queued}); retry after {retry} s", status=429,
-                       type="rate_limit_error", code="queue_full",
-                       headers={"Retry-After": str(retry)})
+    def _queue_locked(self) -> tuple[list[QueueItem], int]:
+        """(jobs waiting for their first token, number of decoding jobs)."""
+        queue = [j.queue_item() for j in self.pending]
+        queue += [j.queue_item() for j in self.active.values() if j.first_token_at is None]
+        decoding = sum(1 for j in self.active.values() if j.first_token_at is not None)
+        return queue, decoding
 
     def abort(self, request_id: str) -> None:
         with self._cond:

@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued-requests", type=int, default=None,
                    help="refuse (429 + Retry-After) when this many requests already wait for "
                         "their first token (default: no limit)")
+    p.add_argument("--max-queued-tokens", type=int, default=None,
+                   help="refuse (429 + Retry-After) when the waiting requests' prompt tokens "
+                        "would exceed this (default: no limit)")
     p.add_argument("--parse-special-tokens-in-text", action="store_true",
                    help="special-token text typed in messages (e.g. <|im_start|>) becomes "
                         "control tokens; default: plain text (trusted clients only)")
@@ -122,7 +125,7 @@ def build(args: argparse.Namespace):
         shrink_images_to_budget=args.shrink_images_to_budget,
         parse_special_tokens_in_text=args.parse_special_tokens_in_text,
         api_keys=api_keys(args), auth_health=args.auth_health, auth_metrics=args.auth_metrics,
-        max_queued_requests=args.max_queued_requests,
+        max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
         request_body_timeout_s=args.request_body_timeout_s)
     return build_app(engine, settings)
 

@@ -144,8 +144,9 @@ class Attention(nn.Module):
         q = q.reshape(T, self.num_heads, self.head_dim)
         k = k.reshape(T, self.num_kv_heads, self.head_dim)
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.q_norm is not None:  # per head: as [tokens * heads, D] rows (the C norm's shape)
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(T, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(T, self.num_kv_heads, self.head_dim)
         # cos/sin are [T, R/2]: the first R dims rotate (R < head_dim for partial rotary)
         q = apply_rotary(q, cos, sin, self.interleaved)
         k = apply_rotary(k, cos, sin, self.interleaved)

@@ -64,6 +64,7 @@ class CausalLM(nn.Module):
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.head_prepacked = None  # tied head's oneDNN copy (the embedding stays plain)
         self.head_quantized = None  # tied head's low-precision copy
+        self.fused_decode = None  # the CPU one-call decode step (graft.serving.models.fused_decode)
 
     def prepack_linears(self) -> None:
         """Put every projection and the output head not quantized on oneDNN-prepacked weights (CPU)."""
@@ -73,15 +74,25 @@ class CausalLM(nn.Module):
         if self.lm_head is None and self.head_quantized is None:
             self.head_prepacked = pack_weight(self.embed_tokens.weight)
 
-    def quantize_linears(self, plan: dict[str, QuantScheme]) -> None:
-        """Hold each linear in its planned scheme (graft.serving.models.quantize); fp32 ones stay."""
+    def quantize_linears(self, plan: dict[str, QuantScheme], fp32_in_c_layout: bool = False) -> None:
+        """Hold each linear in its planned scheme (graft.serving.models.quantize). fp32 ones
+        stay as they are, or with fp32_in_c_layout (CPU) move to the C kernels' layout too, so
+        a decode step can run in one call (enable_fused_decode)."""
         for name, scheme in plan.items():
-            if scheme.kind == "fp32":
+            if scheme.kind == "fp32" and not fp32_in_c_layout:
                 continue
             if name == "lm_head" and self.lm_head is None:
                 self.head_quantized = quantize(self.embed_tokens.weight, scheme)
             else:
                 self.get_submodule(name).quantize(scheme)
+
+    def enable_fused_decode(self) -> str | None:
+        """Run all-decode steps in one C call when every layer can; returns why not, or None."""
+        from graft.serving.models.fused_decode import FusedDecode, unsupported_reason
+
+        reason = unsupported_reason(self)
+        self.fused_decode = FusedDecode(self) if reason is None else None
+        return reason
 
     def quantized_weights(self) -> list:
         """Every low-precision weight the model holds (graft.kernels.quant.QuantizedWeight)."""
@@ -123,9 +134,13 @@ class CausalLM(nn.Module):
                 embeds_override: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """input_ids [T] -> logits [len(logits_indices), vocab] in fp32."""
         h = embed_tokens(self.embed_tokens, input_ids, embeds_override)  # [T, d_model]
-        residual = None
-        for layer in self.layers:
-            h, residual = layer(h, residual, cos, sin, meta)
+        fused = self.fused_decode
+        if fused is not None and embeds_override is None and fused.applies(meta, h):
+            h, residual = fused(h, cos, sin, meta)
+        else:
+            residual = None
+            for layer in self.layers:
+                h, residual = layer(h, residual, cos, sin, meta)
         # the final norm is per token: only the positions that need logits
         h, _ = self.norm(h[logits_indices], residual[logits_indices])
         if self.lm_head is not None:

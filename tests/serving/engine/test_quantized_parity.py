@@ -107,3 +107,37 @@ def test_bad_configs_fail_before_weights_load(tiny_llm_factory, monkeypatch, val
     with pytest.raises(GraftConfigError, match=message):
         Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(quantization=value))
     assert loader.load_weights is not no_load
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family):
+    """The one-call C decode step gives the per-op path's logits and KV cache bit for bit
+    (same C functions in the same order): mixed schemes, sequences of different lengths."""
+    model_dir = tiny_llm_factory(family)
+    config = {"default": "int4", "modules": {"layers.0.*": "int8", "layers.1.mlp.down_proj": "fp32",
+                                             "layers.1.self_attn.*": "bf16"}}
+    engine = Engine.from_pretrained(model_dir, EngineConfig(quantization=config))
+    model, runner = engine.runner.model, engine.runner
+    assert model.fused_decode is not None
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    for i, p in enumerate(make_prompts((5, 17, 40), seed=7)):
+        engine.add_request(str(i), prompt_token_ids=p, sampling_params=params)
+    engine.step()  # the prompts: the per-op path
+    batch, _ = engine.scheduler.schedule()
+    assert batch.num_decodes == len(batch.seqs) == 3
+    before = runner.kv_cache.clone()
+    fused_logits, _ = runner.execute(batch)
+    fused_cache = runner.kv_cache.clone()
+    runner.kv_cache.copy_(before)
+    keep, model.fused_decode = model.fused_decode, None
+    per_op_logits, _ = runner.execute(batch)
+    model.fused_decode = keep
+    assert torch.equal(fused_logits, per_op_logits)
+    assert torch.equal(fused_cache, runner.kv_cache)
+
+
+def test_fused_decode_is_off_where_it_does_not_apply(tiny_llm_factory):
+    glm = Engine.from_pretrained(tiny_llm_factory("glm4"), EngineConfig(quantization="int8"))
+    assert glm.runner.model.fused_decode is None  # GLM4's extra norms: op by op
+    fp32 = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig())
+    assert fp32.runner.model.fused_decode is None  # no quantization: the oneDNN linears

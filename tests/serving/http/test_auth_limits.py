@@ -122,3 +122,22 @@ def test_openapi_describes_the_chat_route(server):
     # the documented response is the one actually sent
     body = httpx.post(server.url + URL, json=BODY, headers=_auth("key-one"), timeout=60).json()
     ChatCompletion.model_validate(body)
+
+
+def test_queue_limits_on_requests_and_tokens():
+    from graft.serving.http.admission import (AdmissionController, QueueItem, QueueLimits,
+                                              StepCostModel)
+    from graft.serving.http.protocol import APIError
+
+    admission = AdmissionController(StepCostModel(), token_budget=64)
+    item = lambda n: QueueItem(float("inf"), n, 0)  # noqa: E731
+    tokens = QueueLimits(admission, max_tokens=100)
+    tokens.check([item(60)], 0, item(40))  # exactly at the limit
+    with pytest.raises(APIError) as err:
+        tokens.check([item(60)], 0, item(41))
+    assert err.value.status == 429 and int(err.value.headers["Retry-After"]) >= 1
+    tokens.check([], 0, item(10_000))  # alone, a request is never refused for its size
+    requests = QueueLimits(admission, max_requests=2)
+    requests.check([item(1)], 3)
+    with pytest.raises(APIError, match="--max-queued-requests 2"):
+        requests.check([item(1), item(1)], 3)

@@ -1,0 +1,123 @@
+/* Every decoder layer of one all-decode step in one call (fp32 activations, CPU).
+ *
+ * Why: at batch 1 a SmolLM2 step is ~12 small ops per layer (norm, linear, rotary, KV store,
+ * attention, silu * up...) x 30 layers. Each op costs a few microseconds of Python, dispatch
+ * and tensor allocation around a few microseconds of work, so the overhead outweighed the
+ * int8/int4 linears themselves. Here the same C functions the per-op path calls
+ * (norm_rope_cpu.c, paged_decode_cpu.c, quant_linear_cpu.c) run back to back on
+ * preallocated scratch, in the per-op path's order: the result is bit-identical to it.
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    int64_t kind; /* quant_linear_cpu.c KIND_*: 0 int8, 1 int4, 2 bf16, 3 fp32 */
+    const void *w;
+    const float *scale8;
+    const uint16_t *scales4;
+    const uint8_t *zeros4;
+    int64_t group;
+    const float *bias; /* NULL: no bias */
+    int64_t n, k, nb;  /* outputs, inputs, 16-lane blocks */
+} graft_linear_t;
+
+typedef struct {
+    graft_linear_t qkv, o, gate_up, down;
+    const float *in_norm, *post_norm; /* [hidden] */
+    const float *q_norm, *k_norm;     /* [head_dim] or NULL (Qwen3's per-head norms) */
+    void *k_cache, *v_cache;          /* [num_blocks, block_size, Hkv, D] fp32 */
+} graft_layer_t;
+
+typedef struct {
+    int64_t hidden, num_heads, num_kv_heads, head_dim, rot, inter, interleaved;
+    int64_t block_size, num_blocks, max_blocks;
+    float eps, qk_eps, scale;
+} graft_dims_t;
+
+void graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                        const float *scale8, const uint16_t *scales4, const uint8_t *zeros4,
+                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
+                        int64_t NB, int nthreads);
+void graft_rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t res_stride,
+                    const void *weight, void *out, void *sum_out, int64_t rows, int64_t d,
+                    float eps, int dtype, int wdtype, int num_threads);
+void graft_rotary(const void *x, int64_t x_stride, const void *cos_t, const void *sin_t,
+                  void *out, int64_t tokens, int64_t heads, int64_t d, int64_t rot,
+                  int interleaved, int dtype, int cdtype, int num_threads);
+int64_t graft_store_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
+                       void *k_cache, void *v_cache, const int64_t *slots, int64_t tokens,
+                       int64_t width, int64_t num_slots, int dtype, int cache_dtype);
+void graft_silu_mul(const void *gate_up, int64_t stride, void *out, int64_t rows, int64_t inter,
+                    int dtype, int num_threads);
+int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cache,
+                           const int32_t *block_tables, const int32_t *context_lens, void *out,
+                           int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
+                           int64_t head_dim, int64_t block_size, int64_t max_blocks,
+                           int64_t num_blocks, float scale, int dtype, int num_threads);
+
+enum { F32 = 0 };
+
+static void linear(const graft_linear_t *l, const float *x, int64_t rows, float *y, int nt) {
+    graft_quant_linear((int)l->kind, x, l->k, rows, l->k, l->w, l->scale8, l->scales4, l->zeros4,
+                       l->group, l->bias, y, l->n, l->n, l->nb, nt);
+}
+
+/* Scratch floats graft_decode_layers needs for `tokens` rows. */
+int64_t graft_decode_scratch(const graft_dims_t *d, int64_t tokens) {
+    const int64_t q = d->num_heads * d->head_dim, kv = d->num_kv_heads * d->head_dim;
+    return tokens * (2 * d->hidden + (q + 2 * kv) + 3 * q + 2 * kv + 3 * d->inter);
+}
+
+/* h [T, hidden]: the embeddings in, the last layer's MLP output out; residual [T, hidden]
+ * out: the residual stream before the final norm (the model adds and norms the rows it
+ * needs logits for). cos/sin [T, rot/2]; slots [T]; tables [T, max_blocks]; lens [T].
+ * Returns 0, or 1 + layer * 2 + (0: a KV slot out of range, 1: a bad block table) on the
+ * first failure, or -1 when attention scratch could not be allocated. */
+int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, const graft_dims_t *d,
+                            int64_t T, float *h, float *residual, const float *cos_t,
+                            const float *sin_t, const int64_t *slots, const int32_t *tables,
+                            const int32_t *lens, float *scratch, int nt) {
+    const int64_t H = d->hidden, D = d->head_dim, qs = d->num_heads * D, kvs = d->num_kv_heads * D;
+    const int64_t nqkv = qs + 2 * kvs, num_slots = d->num_blocks * d->block_size;
+    float *normed = scratch, *o = normed + T * H, *qkv = o + T * H, *qn = qkv + T * nqkv;
+    float *kn = qn + T * qs, *qr = kn + T * kvs, *attn = qr + T * qs, *kr = attn + T * qs;
+    float *gu = kr + T * kvs, *act = gu + 2 * T * d->inter;
+    for (int64_t i = 0; i < num_layers; ++i) {
+        const graft_layer_t *L = &layers[i];
+        if (i == 0) { /* no residual yet: it starts as the embeddings */
+            memcpy(residual, h, sizeof(float) * (size_t)(T * H));
+            graft_rms_norm(h, H, 0, 0, L->in_norm, normed, 0, T, H, d->eps, F32, F32, nt);
+        } else {
+            graft_rms_norm(h, H, residual, H, L->in_norm, normed, residual, T, H, d->eps, F32, F32, nt);
+        }
+        linear(&L->qkv, normed, T, qkv, nt);
+        const float *qsrc = qkv, *ksrc = qkv + qs;
+        int64_t qstride = nqkv, kstride = nqkv;
+        if (L->q_norm) { /* per-head RMSNorm of q and k before rotary (Qwen3) */
+            for (int64_t t = 0; t < T; ++t) {
+                graft_rms_norm(qkv + t * nqkv, D, 0, 0, L->q_norm, qn + t * qs, 0, d->num_heads, D,
+                               d->qk_eps, F32, F32, 1);
+                graft_rms_norm(qkv + t * nqkv + qs, D, 0, 0, L->k_norm, kn + t * kvs, 0,
+                               d->num_kv_heads, D, d->qk_eps, F32, F32, 1);
+            }
+            qsrc = qn, ksrc = kn, qstride = qs, kstride = kvs;
+        }
+        graft_rotary(qsrc, qstride, cos_t, sin_t, qr, T, d->num_heads, D, d->rot,
+                     (int)d->interleaved, F32, F32, nt);
+        graft_rotary(ksrc, kstride, cos_t, sin_t, kr, T, d->num_kv_heads, D, d->rot,
+                     (int)d->interleaved, F32, F32, nt);
+        if (graft_store_kv(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, slots, T, kvs,
+                           num_slots, F32, F32))
+            return 1 + 2 * i;
+        const int64_t bad = graft_paged_decode(qr, L->k_cache, L->v_cache, tables, lens, attn, T,
+                                               d->num_heads, d->num_kv_heads, D, d->block_size,
+                                               d->max_blocks, d->num_blocks, d->scale, F32, nt);
+        if (bad) return bad < 0 ? -1 : 2 + 2 * i;
+        linear(&L->o, attn, T, o, nt);
+        graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, F32, F32, nt);
+        linear(&L->gate_up, normed, T, gu, nt);
+        graft_silu_mul(gu, 2 * d->inter, act, T, d->inter, F32, nt);
+        linear(&L->down, act, T, h, nt);
+    }
+    return 0;
+}

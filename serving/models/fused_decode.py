@@ -1,0 +1,84 @@
+"""The CPU decode fast path: an all-decode step of a Llama-style model (Llama, Qwen2, Qwen3)
+whose linears are all in the C layout (a quantized engine) runs every layer in one C call
+(graft.kernels.cpu_decode) instead of ~12 Python-dispatched ops per layer. Same C functions,
+same order: the same numbers as the per-op path."""
+
+from __future__ import annotations
+
+import torch
+
+from graft.kernels import cpu_decode, cpu_ops
+from graft.kernels.dispatch import kernels_mode
+from graft.serving.models.layers import AttentionMetadata
+
+
+def unsupported_reason(model) -> str | None:
+    """None when FusedDecode can run `model`, else why not (for the load log)."""
+    from graft.serving.models.llama import DecoderLayer
+
+    if not cpu_ops.available():
+        return f"C kernels unavailable: {cpu_ops.unavailable_reason()}"
+    for i, layer in enumerate(model.layers):
+        if type(layer) is not DecoderLayer:
+            return f"{type(layer).__name__} has its own layer layout"
+        if not layer.mlp.is_silu:
+            return "the MLP activation is not silu"
+        attn = layer.self_attn
+        for lin in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            if lin.quantized is None or "cpu" not in lin.quantized.packed:
+                return f"layer {i} has a linear outside the C layout"
+        if attn.k_cache is None or attn.k_cache.dtype != torch.float32 or not attn.k_cache.is_contiguous():
+            return "the KV cache is not contiguous fp32"
+    if model.embed_tokens.weight.dtype != torch.float32:
+        return "activations are not fp32"
+    return None
+
+
+class FusedDecode:
+    """Descriptors of every layer, built once after the weights are packed and the KV cache
+    is allocated; call it on an all-decode batch."""
+
+    def __init__(self, model):
+        layers = model.layers
+        attn0 = layers[0].self_attn
+        cfg = model.config
+        k_cache = attn0.k_cache
+        self.dims = cpu_decode.Dims(
+            hidden=cfg.hidden_size, num_heads=attn0.num_heads, num_kv_heads=attn0.num_kv_heads,
+            head_dim=attn0.head_dim, rot=0, inter=layers[0].mlp.intermediate,
+            interleaved=int(attn0.interleaved), block_size=k_cache.shape[1],
+            num_blocks=k_cache.shape[0], max_blocks=0, eps=layers[0].input_layernorm.eps,
+            qk_eps=attn0.q_norm.eps if attn0.q_norm is not None else 0.0, scale=attn0.scale)
+        descs = []
+        for layer in layers:
+            a, m = layer.self_attn, layer.mlp
+            lin = [cpu_decode.linear_desc(x.quantized, x.bias)
+                   for x in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
+            descs.append(cpu_decode.LayerDesc(
+                *lin, layer.input_layernorm.weight.data_ptr(),
+                layer.post_attention_layernorm.weight.data_ptr(),
+                None if a.q_norm is None else a.q_norm.weight.data_ptr(),
+                None if a.k_norm is None else a.k_norm.weight.data_ptr(),
+                a.k_cache.data_ptr(), a.v_cache.data_ptr()))
+        self.layers = (cpu_decode.LayerDesc * len(descs))(*descs)
+        self._scratch = torch.empty(0)
+
+    def applies(self, meta: AttentionMetadata, h: torch.Tensor) -> bool:
+        return (meta.num_decodes == h.shape[0] > 0 and h.dtype == torch.float32
+                and kernels_mode() in ("auto", "cpu"))
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(last MLP output, residual), as the per-layer loop returns them."""
+        tables = meta.decode_block_tables.to(torch.int32).contiguous()
+        self.dims.max_blocks = tables.shape[1]
+        self.dims.rot = 2 * cos.shape[1]  # cos/sin [T, R/2]: the first R dims rotate
+        need = cpu_decode.scratch_floats(self.dims, h.shape[0])
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(need)
+        h = h.contiguous()  # the embeddings' fresh tensor: overwritten in place
+        residual = cpu_decode.decode_layers(
+            self.layers, self.dims, h, cos.contiguous(), sin.contiguous(),
+            meta.slot_mapping.to(torch.int64).contiguous(), tables,
+            meta.decode_context_lens.to(torch.int32).contiguous(), self._scratch)
+        return h, residual
