@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extract": ("graft.interop.extract_cli", "take the vision tower / projector out of a Kimi or Llava checkpoint"),
     "export": ("graft.interop.export_cli", "write a run dir as an HF Llava checkpoint + processor (--format hf-llava)"),
     "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list; compare A B"),
+    "quantize": ("graft.quantize.cli", "per-group weight schemes for the LLM, measured end to end: quant.json + Pareto front"),
     "serve": ("graft.serving.http.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
     "bench engine": ("graft.benchmarks.engine", "engine vs HF generate tok/s on a seeded workload, FLOP/s vs matmul roofline"),
     "bench serve": ("graft.benchmarks.serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
