@@ -125,7 +125,7 @@ def launch_config(m: int, n: int, k: int, scheme: QuantScheme, x_dtype: torch.dt
     if gemv:  # 4 rows hold 4x the products in registers: narrower tiles
         cfg = dict(block_m=triton.next_power_of_2(max(m, 1)), block_n=64 if m <= 2 else 32, block_k=128,
                    num_warps=4, num_stages=3)
-    elif x_dtype == torch.float32:  # a TF32x3 dot keeps three products of each tile live
+    elif _dot_in_f32(scheme, x_dtype):  # a TF32x3 dot keeps three products of each tile live
         block_m = min(64, max(16, triton.next_power_of_2(m)))
         cfg = dict(block_m=block_m, block_n=64, block_k=32, num_warps=8 if block_m == 64 else 4, num_stages=3)
     else:
@@ -133,8 +133,11 @@ def launch_config(m: int, n: int, k: int, scheme: QuantScheme, x_dtype: torch.dt
         cfg = dict(block_m=block_m, block_n=128 if m > 64 else 64, block_k=64,
                    num_warps=8 if block_m == 128 else 4, num_stages=3)
     group = scheme.group_size
-    if scheme.kind == "int4":
-        cfg["block_k"] = min(cfg["block_k"], group)
+    if scheme.kind == "int4":  # a K tile must lie inside one group
+        block_k = min(cfg["block_k"], group, 32 if cfg["block_m"] == 128 else group)  # 128x128x64 spills
+        if gemv:  # as many weights per tile as int8's: wider in N when the group narrows K
+            cfg["block_n"] = cfg["block_n"] * cfg["block_k"] // block_k
+        cfg["block_k"] = block_k
     unknown = set(tuning) - {*cfg, "split_k"}
     if unknown:
         raise ValueError(f"quant_linear (triton): unknown tuning {sorted(unknown)}; valid: {sorted({*cfg, 'split_k'})}")
@@ -154,12 +157,17 @@ def launch_config(m: int, n: int, k: int, scheme: QuantScheme, x_dtype: torch.dt
     return cfg
 
 
+def _dot_in_f32(scheme: QuantScheme, x_dtype: torch.dtype) -> bool:
+    """Whether the GEMM dot takes fp32 operands: where one is not exact in x's dtype (fp32 x;
+    float weights of another dtype)."""
+    return x_dtype == torch.float32 or _FLOAT_WEIGHT.get(scheme.kind, x_dtype) != x_dtype
+
+
 def _constexprs(scheme: QuantScheme, x_dtype: torch.dtype, cfg: dict, has_bias: bool) -> dict:
-    # fp32 dots where an operand is not exact in x's dtype (fp32 x; float weights of another
-    # dtype), and always in the interpreter, whose bf16 arithmetic is wrong
-    dot_f32 = INTERPRET or x_dtype == torch.float32 or _FLOAT_WEIGHT.get(scheme.kind, x_dtype) != x_dtype
+    # always fp32 in the interpreter, whose bf16 arithmetic is wrong
     return dict(KIND=_KIND[scheme.kind], GROUP=max(scheme.group_size, 1), HAS_BIAS=has_bias,
-                PARTIAL=cfg["split_k"] > 1, USE_DOT=not cfg["gemv"], DOT_F32=dot_f32,
+                PARTIAL=cfg["split_k"] > 1, USE_DOT=not cfg["gemv"],
+                DOT_F32=INTERPRET or _dot_in_f32(scheme, x_dtype),
                 F32_PRECISION=_F32_PRECISION, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
                 BLOCK_K=cfg["block_k"])
 
