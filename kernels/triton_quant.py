@@ -85,7 +85,6 @@ def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
         x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        w_mask = n_mask[:, None] & k_mask[None, :]
         if KIND == 2:
             # BLOCK_K / 2 contiguous bytes per row; low nibble = even column (join interleaves)
             offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
@@ -96,7 +95,7 @@ def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
             s = tl.load(s_ptr + s_offs + k0 // GROUP, mask=n_mask, other=0.0).to(tl.float32)
             acc += _product(x, q - z[:, None], USE_DOT, DOT_F32, F32_PRECISION) * s[None, :]
         else:
-            w = tl.load(w_rows + offs_k[None, :], mask=w_mask, other=0)
+            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
             acc += _product(x, w, USE_DOT, DOT_F32, F32_PRECISION)
     if KIND == 1:  # int8: one scale per output channel
         acc *= tl.load(s_ptr + s_offs, mask=n_mask, other=0.0)[None, :]
