@@ -41,6 +41,14 @@ class Goal:
             return max(0.0, self.value * base["tokens_per_s"] - p["tokens_per_s"])
         return max(0.0, p["weight_bytes"] - self.value)
 
+    def repaired(self, p: dict, base: dict) -> dict:
+        """p with its constrained quantity moved onto the goal's bound (feasible by force)."""
+        if self.kind == "drop":
+            return {**p, "quality": max(p["quality"], base["quality"] - self.value)}
+        if self.kind == "speedup":
+            return {**p, "tokens_per_s": max(p["tokens_per_s"], self.value * base["tokens_per_s"])}
+        return {**p, "weight_bytes": min(p["weight_bytes"], self.value)}
+
     def rank(self, p: dict, base: dict) -> tuple:
         """Sort key, smaller is better: feasible points by the objective, then the rest by
         how far they miss."""

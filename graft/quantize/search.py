@@ -5,12 +5,15 @@
 3. Anchors: every scheme for the whole model. Seed: the best point, by the goal, on the
    additive greedy path (fp32 -> cheapest, always the move losing the least predicted
    quality, then KL, per byte saved).
-4. Local search with a beam: neighbours (one group to another scheme, or one group one level
-   up and another one level down) of the `beam` best measured points are predicted from their
+4. Local search with a two-sided beam: neighbours (one group to another scheme, or one group
+   one level up and another one level down) of the `beam` best feasible measured points and
+   the `beam` infeasible ones closest to the goal (approaching its boundary from both sides:
+   an aggressive point whose errors partly cancel is one repair away) are predicted from their
    parent's *measured* quality plus the additive deltas of what changed; of the neighbours
    that would beat the incumbent were their change harmless, the best predicted is measured
-   next (early-stopped when it cannot matter), until none is left or the budget is spent. Measured points carry interactions the additive model lacks, so the beam
-   starts from them (docs/quantize.md says why this and not a plain additive optimum).
+   next (early-stopped when it cannot matter), until none is left or the budget is spent.
+   Measured points carry the interactions the additive model lacks, so the beam starts from
+   them (docs/quantize.md says why this and not a plain additive optimum).
 
 The evaluator (graft.quantize.evaluator.Evaluator, or any object with the same attributes)
 measures; this module only decides what to measure.
@@ -32,6 +35,9 @@ class Search:
         self.delta_q: dict = {}  # group -> scheme -> quality change alone
         self.kl: dict = {}  # group -> scheme -> KL alone
         self.additive_ready = False  # the sensitivity pass is complete
+        # points reached by this run, in order: decisions look only at these, so a resumed
+        # run (whose state already holds later points) replays the same decisions
+        self.seen: dict[str, dict] = {}
 
     # --- measuring ------------------------------------------------------------------
     def evaluate(self, assignment: dict, phase: str, early_stop: bool = False) -> dict:
@@ -43,6 +49,7 @@ class Search:
                      **self.ev.measure(assignment, stop)}
             point.update(self._predictions(assignment))
             self.state.add(point)
+        self.seen[key] = point
         if self.progress is not None:
             self.progress(point)
         return point
@@ -50,7 +57,7 @@ class Search:
     def _stop_rule(self):
         """Stop a candidate whose best case (quality upper bound) is dominated by a measured
         point, or (goal drop) cannot meet the quality floor."""
-        done = [p for p in self.state.points.values() if p.get("complete")]
+        done = [p for p in self.seen.values() if p.get("complete")]
 
         def stop(upper_bound: float, tokens_per_s: float, weight_bytes: int) -> bool:
             best = {"quality": upper_bound, "tokens_per_s": tokens_per_s, "weight_bytes": weight_bytes}
@@ -109,7 +116,7 @@ class Search:
                 self.delta_q[g][s] = p["quality"] - self.base["quality"]
                 self.kl[g][s] = p["kl"] or 0.0
         self.additive_ready = True
-        for point in self.state.points.values():  # the first ones predate the deltas
+        for point in self.seen.values():  # the first ones predate the deltas
             point.update(self._predictions(point["assignment"]))
         for s in self.schemes[1:]:
             self.evaluate({g: s for g in self.groups}, "anchor")
@@ -122,16 +129,21 @@ class Search:
                 break
             self.evaluate(child, "search", early_stop=True)
         self.state.save()
-        return list(self.state.points.values())
+        return list(self.seen.values())
 
     def _next_candidate(self) -> dict | None:
-        done = sorted((p for p in self.state.points.values() if p.get("complete")),
+        done = sorted((p for p in self.seen.values() if p.get("complete")),
                       key=lambda p: self.goal.rank(p, self.base))
         incumbent = self.goal.rank(done[0], self.base)
+        # two-sided beam: from the best feasible points down and the closest infeasible ones up
+        feasible = [p for p in done if self.goal.violation(p, self.base) == 0]
+        # (only those that would beat the incumbent, were they repaired: the rest lead nowhere)
+        infeasible = [p for p in done if self.goal.violation(p, self.base) > 0
+                      and self.goal.rank(self.goal.repaired(p, self.base), self.base) < incumbent]
         best, best_key = None, None
-        for parent in done[:self.beam]:
+        for parent in feasible[:self.beam] + infeasible[:self.beam]:
             for child in self._neighbours(parent["assignment"]):
-                if assignment_key(child, self.groups) in self.state.points:
+                if assignment_key(child, self.groups) in self.seen:
                     continue
                 pred = self.predict(child, parent)
                 # worth measuring if it would beat the incumbent were the change harmless

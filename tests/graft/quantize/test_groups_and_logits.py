@@ -1,0 +1,51 @@
+"""Module groups and quant.json round trips; the engine's prefill logits used for KL."""
+
+import pytest
+import torch
+
+from graft.errors import GraftConfigError
+from graft.quantize.groups import module_groups, parse_granularity, to_plan, to_quant_config
+
+NAMES = [f"layers.{i}.{m}" for i in range(5) for m in
+         ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")] + ["lm_head"]
+
+
+def test_granularities():
+    assert parse_granularity("auto", 30) == 10 and parse_granularity("layer", 30) == 1
+    assert list(module_groups(NAMES, 2))[:3] == ["layers.0-1.self_attn", "layers.0-1.mlp",
+                                                 "layers.2-3.self_attn"]
+    blocks = module_groups(NAMES, 2)
+    assert blocks["layers.4.mlp"] == ["layers.4.mlp.gate_up_proj", "layers.4.mlp.down_proj"]
+    assert blocks["lm_head"] == ["lm_head"] and len(module_groups(NAMES, 0)) == len(NAMES)
+    with pytest.raises(GraftConfigError, match="--granularity 'block:0' is not valid; use module"):
+        parse_granularity("block:0", 30)
+
+
+def test_quant_config_round_trip():
+    from graft.serving.models.quantize import QuantConfig
+
+    groups = module_groups(NAMES, 1)
+    assignment = {g: "int8" for g in groups} | {"lm_head": "fp32", "layers.2.mlp": "int4-g64"}
+    config = to_quant_config(assignment, groups, comment="test")
+    assert config["default"] == "int8" and config["modules"]["lm_head"] == "fp32"
+    shapes = {n: (64, 128) for n in NAMES}
+    assert QuantConfig.parse(config).plan(shapes) == to_plan(assignment, groups)
+
+
+@pytest.mark.parametrize("scheme", ["fp32", "int8"])
+def test_prefill_logits_match_hf_on_the_same_weights(tiny_llm_factory, scheme):
+    from transformers import AutoModelForCausalLM
+
+    from graft.quantize.engine import QuantEngine
+    from graft.serving.models.quantize import QuantConfig, dequantize_hf_model
+
+    model_dir = tiny_llm_factory("qwen2")
+    qe = QuantEngine(model_dir)
+    plan = QuantConfig.parse(scheme).plan(qe.shapes)
+    qe.apply(plan)
+    ids = [5, 17, 40, 1, 16, 9, 33, 2, 8, 11] * 3
+    got = qe.prefill_logits(ids)
+    hf = dequantize_hf_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), plan)
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
