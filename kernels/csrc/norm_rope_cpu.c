@@ -103,10 +103,10 @@ INLINE float sum_squares(const void *p, int64_t d, int dt, const int lanes) {
 
 /* One row of graft_rms_norm: x (+ residual) -> out (and sum_out), d values of dtype dt,
  * weight of dtype wdt. HF order: normalize in fp32, round to the input dtype, multiply by the
- * weight, round again. */
-INLINE void rms_norm_row(const void *restrict x, const void *restrict residual,
-                         const void *restrict weight, void *restrict out, void *restrict sum_out,
-                         int64_t d, float eps, int dt, int wdt) {
+ * weight, round again. sum_out may be residual itself (an in-place residual stream, as
+ * decode_step_cpu.c runs it): those two are not restrict. */
+INLINE void rms_norm_row(const void *restrict x, const void *residual, const void *restrict weight,
+                         void *restrict out, void *sum_out, int64_t d, float eps, int dt, int wdt) {
     const void *src = x;
     if (residual) { /* x + residual, rounded to dt like torch's add, is the next residual */
         for (int64_t i = 0; i < d; ++i) st(sum_out, i, ld(x, i, dt) + ld(residual, i, dt), dt);
@@ -121,7 +121,7 @@ INLINE void rms_norm_row(const void *restrict x, const void *restrict residual,
 /* out[r] = rms_norm(x[r] (+ residual[r])) * weight for `rows` rows of d values. x and
  * residual (same dtype) rows start `x_stride` / `res_stride` elements apart; out and sum_out
  * (x's dtype) are contiguous. With residual (non-NULL), sum_out receives x + residual (the
- * next residual). dtype: of x; wdtype: of weight. */
+ * next residual; sum_out == residual updates it in place). dtype: of x; wdtype: of weight. */
 void graft_rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t res_stride,
                     const void *weight, void *out, void *sum_out, int64_t rows, int64_t d,
                     float eps, int dtype, int wdtype, int num_threads) {

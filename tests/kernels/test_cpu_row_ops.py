@@ -58,6 +58,19 @@ def test_rms_norm_with_and_without_residual(rows, d, threads, dtype):
 
 
 @needs_c
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_updates_the_residual_in_place(dtype):
+    """graft_rms_norm with sum_out == residual, as decode_step_cpu.c keeps its residual stream."""
+    g = torch.Generator().manual_seed(3)
+    x, res, w = (torch.randn(5, 576, generator=g).to(dtype) for _ in range(3))
+    y_ref, total_ref = ref.rms_norm(x, w[0], 1e-5, res)
+    out, code = torch.empty_like(x), cpu_ops._ROW_DTYPES[dtype]
+    cpu_ops._lib().graft_rms_norm(x.data_ptr(), 576, res.data_ptr(), 576, w[0].data_ptr(), out.data_ptr(),
+                                  res.data_ptr(), 5, 576, 1e-5, code, code, 1)
+    assert torch.equal(out, y_ref) and torch.equal(res, total_ref)
+
+
+@needs_c
 @pytest.mark.parametrize("dtype,cos_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                              (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("interleaved", [False, True])
