@@ -198,10 +198,10 @@ class EngineWorker:
             elif rid in self.active:
                 job = self.active.pop(rid)
                 self.engine.abort(rid)
+            if job is not None and self.metrics:  # counted before anyone can see it gone
+                self.metrics.aborted.inc()
         if job is not None:
             self._release(rid)
-            if self.metrics:
-                self.metrics.aborted.inc()
 
     def _expire_pending(self) -> None:
         now = time.monotonic()
@@ -312,6 +312,12 @@ class EngineWorker:
             # stopped without a first token (deadline): its elapsed time is a lower bound
             self.admission.observe_ttft(now - job.arrival, job.estimate_s)
         job.n_output = len(out.token_ids)
+        if out.finished:  # bookkeeping first: a client holding its answer sees it counted
+            with self._cond:
+                self.active.pop(out.request_id, None)
+            self._release(out.request_id)
+            if self.metrics:
+                self._record_finish(job, out, now)
         if out.finish_reason == "internal_error":  # logged by the engine; no internals out
             job.sink("error", _internal_error())
         elif out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
@@ -319,12 +325,6 @@ class EngineWorker:
                                        param="messages", code="invalid_prompt"))
         else:
             job.sink("output", out)
-        if out.finished:
-            with self._cond:
-                self.active.pop(out.request_id, None)
-            self._release(out.request_id)
-            if self.metrics:
-                self._record_finish(job, out, now)
 
     def _record_finish(self, job: Job, out, now: float) -> None:
         m = self.metrics

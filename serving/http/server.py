@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from graft.serving.http import openapi_schema
 from graft.serving.http import protocol as P
@@ -76,6 +77,11 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
         elif 400 <= err.status < 500:
             ctx.metrics.errors_4xx.inc()
         return error_response(err)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone_while_sending(request: Request, err: ClientDisconnect):
+        ctx.metrics.aborted.inc()  # hung up before its body arrived: nothing reached the engine
+        return Response(status_code=499)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException):
