@@ -52,3 +52,27 @@ def text_task(tmp_path_factory):
     calib = root / "calib.txt"
     calib.write_text("\n\n".join(PROMPTS))
     return task, calib
+
+
+@pytest.fixture(scope="session")
+def planted_run(tmp_path_factory, planted_llm, tiny_encoder_config):
+    """(run dir over the planted LLM with LLaVA training data, image task YAML)."""
+    from graft.spec import GraftSpec
+    from tests.conftest import _write_run
+    from tests.graft.conftest import make_dataset
+
+    root = tmp_path_factory.mktemp("quant_run")
+    train = make_dataset(root / "data", n=12)
+    run = _write_run(root, "run", tiny_encoder_config("siglip"), planted_llm, 0, record_sha=False)
+    spec = GraftSpec.load(run / "graft.yaml", [f"data.train={train}", f"data.image_root={train.parent}"])
+    spec.save(run / "graft.yaml")
+    rows = json.loads(train.read_text())
+    (root / "data" / "eval").mkdir()
+    (root / "data" / "eval" / "colors.jsonl").write_text("".join(
+        json.dumps({"id": r["id"], "image": r["image"], "question": "What color?",
+                    "answer": r["conversations"][1]["value"]}) + "\n" for r in rows))
+    task = root / "data" / "tiny_colors.yaml"
+    task.write_text("name: tiny_colors\ndata: eval/colors.jsonl\ndata_root: .\n"
+                    "prompt: \"{question}\"\ngeneration: {max_new_tokens: 4, temperature: 0.0}\n"
+                    "metrics: [exact_match]\n")
+    return run, task

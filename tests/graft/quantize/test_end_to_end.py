@@ -102,3 +102,23 @@ def test_bad_inputs_fail_with_one_line(planted_llm, text_task, tmp_path):
         run(goal=Goal("bytes", 10), settings=EvalSettings(calibration=str(calib)))
     with pytest.raises(GraftConfigError, match="--schemes='int3' is not a weight scheme"):
         run(settings=EvalSettings(schemes=("int3",)))
+
+
+def test_run_dir_calibrates_on_its_images_and_encodes_each_image_once(planted_run, tmp_path,
+                                                                      monkeypatch):
+    from graft.quantize import engine as engine_module
+
+    run, task = planted_run
+    engines = []
+
+    class Spy(engine_module.QuantEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    monkeypatch.setattr(engine_module, "QuantEngine", Spy)
+    report = quantize_search(run, [str(task)], tmp_path, goal=Goal("drop", 0.5), settings=SETTINGS,
+                             max_evals=2, n_boot=20, progress=False, log=lambda m: None)
+    n_points = len((tmp_path / "evaluated.jsonl").read_text().splitlines())
+    assert n_points > 5 and engines[0].engine.mm.misses == 12  # every candidate, 12 encodings
+    assert report["chosen"] is not None and (tmp_path / "quant.json").is_file()
