@@ -216,9 +216,13 @@ def supports_rows(*tensors: torch.Tensor | None) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """Same contract and bits as graft.kernels.reference.rms_norm, for fp32/bf16 [T, D] CPU rows
-    (weight fp32 or bf16)."""
+    (weight fp32 or bf16), and [T, H, D] heads without a residual (Qwen3's q/k norms)."""
     from graft.kernels import reference
 
+    if x.dim() == 3 and residual is None and weight.shape == x.shape[-1:]:
+        # the heads are the rows; q/k views of the fused qkv whose tokens are not H * D apart
+        # (T > 1) are copied into [T * H, D] first: one copy against the reference's op chain
+        return rms_norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
     if (x.dim() != 2 or weight.shape != x.shape[-1:] or (residual is not None and residual.shape != x.shape)
             or not supports_rows(x, residual) or not _operand_ok(weight)):
         return reference.rms_norm(x, weight, eps, residual)  # the reference names the bad shape

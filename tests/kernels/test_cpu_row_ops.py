@@ -59,6 +59,18 @@ def test_rms_norm_with_and_without_residual(rows, d, threads, dtype):
 
 @needs_c
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_per_head_rms_norm_of_q_and_k_views(dtype):
+    """Qwen3's q/k norms: [T, H, D] strided views of the fused qkv, and a single token."""
+    q, k, _ = _qkv(dtype=dtype)
+    w = torch.randn(16).to(dtype)
+    for x in (q, k, q[:1], q.contiguous()):
+        out = cpu_ops.rms_norm(x, w, 1e-6)
+        assert out.shape == x.shape and out.is_contiguous()
+        assert torch.equal(out, ref.rms_norm(x, w, 1e-6))
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_updates_the_residual_in_place(dtype):
     """graft_rms_norm with sum_out == residual, as decode_step_cpu.c keeps its residual stream."""
     g = torch.Generator().manual_seed(3)
@@ -195,8 +207,9 @@ def _spy(monkeypatch, calls, name, fn):
     monkeypatch.setattr(cpu_ops, name, lambda *a, **kw: calls.append((name, a[0].dtype)) or fn(*a, **kw))
 
 
+# glm4: interleaved partial rotary; qwen3: per-head q/k norms
 @needs_c
-@pytest.mark.parametrize("family", ["llama", "glm4"])  # glm4: interleaved partial rotary
+@pytest.mark.parametrize("family", ["llama", "glm4", "qwen3"])
 def test_bf16_engine_on_the_c_kernels_equals_the_reference(tiny_llm_factory, family, monkeypatch):
     model_dir = tiny_llm_factory(family)
     want = _bf16_generate(model_dir, monkeypatch, "reference")
