@@ -93,19 +93,18 @@ class QualityMeter:
     def __call__(self, backend, stop=None) -> dict:
         """{"quality", "tasks", "complete", "upper_bound", "answers"}; `stop(upper_bound)` is
         asked after each round and ends the measurement when it says True."""
-        from graft.evals.runner import build_requests, generate_cached
+        from graft.evals.runner import build_requests
         from graft.evals.task import load_hooks
 
         answers: dict[str, list] = {s.spec.name: [] for s in self.splits}
         for chunk in range(self.n_chunks):
-            for split in self.splits:
-                part = _chunk(split.search, chunk, self.n_chunks)
-                if not part:
-                    continue
+            parts = [(split, _chunk(split.search, chunk, self.n_chunks)) for split in self.splits]
+            # every task's part in one call: one continuous batch for the engine
+            requests = [r for split, part in parts for r in build_requests(split.spec, part, 0)]
+            results = iter(backend.generate(requests) if requests else [])
+            for split, part in parts:
                 hooks = load_hooks(split.spec)
-                results = generate_cached(backend, None, split.spec, part,
-                                          build_requests(split.spec, part, 0))
-                preds = [r.prediction for r in results]
+                preds = [next(results).prediction for _ in part]
                 if "process_prediction" in hooks:
                     preds = [p if p is None else hooks["process_prediction"](p, s)
                              for p, s in zip(preds, part)]
