@@ -73,6 +73,33 @@ def pack(weight: QuantizedWeight) -> CpuPacked:
     return packed
 
 
+def _unblocks(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of _blocks: [NB, C, 16] -> [n, C]."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1])[:n].contiguous()
+
+
+def unpack(weight: QuantizedWeight) -> tuple:
+    """The canonical (qweight, scales, zeros) of weight, rebuilt from its C layout."""
+    p, kind = weight.packed["cpu"], weight.scheme.kind
+    n, _ = weight.shape
+    q = _unblocks(p.weight, n)
+    if kind == "bf16":
+        return q.view(torch.bfloat16), None, None
+    if kind == "fp32":
+        return q, None, None
+    if kind == "int8":
+        return q, p.scales[:n].clone(), None
+    return q, _unblocks(p.scales, n).view(torch.float16), _unblocks(p.zeros, n)
+
+
+def pack_only(weight: QuantizedWeight) -> CpuPacked:
+    """pack(weight), then drop the canonical tensors (rebuilt by unpack on demand): one copy
+    of each weight in memory."""
+    packed = pack(weight)
+    weight.drop_canonical(lambda: unpack(weight))
+    return packed
+
+
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
                  portable: bool = False) -> torch.Tensor:
     """Same contract as graft.kernels.quant.quant_linear, for fp32 or bf16 CPU x. portable=True runs

@@ -60,24 +60,55 @@ class QuantScheme:
 
 @dataclass
 class QuantizedWeight:
-    """A weight [out, in] in one scheme; `packed` holds a backend's own layout, built once."""
+    """A weight [out, in] in one scheme; `packed` holds a backend's own layout, built once.
+
+    The canonical tensors may be dropped once a backend layout exists (drop_canonical): they
+    are then rebuilt from it on first use (the reference path, or another device's kernel)."""
 
     scheme: QuantScheme
-    qweight: torch.Tensor  # bf16 [N, K] | int8 [N, K] | int4: uint8 [N, K/2], low nibble = even k
-    scales: torch.Tensor | None = None  # int8: fp32 [N]; int4: fp16 [N, K/G]
-    zeros: torch.Tensor | None = None  # int4: uint8 [N, K/G]
+    _qweight: torch.Tensor | None  # bf16/fp32/int8 [N, K] | int4: uint8 [N, K/2], low nibble = even k
+    _scales: torch.Tensor | None = None  # int8: fp32 [N]; int4: fp16 [N, K/G]
+    _zeros: torch.Tensor | None = None  # int4: uint8 [N, K/G]
     packed: dict = field(default_factory=dict)  # backend name -> its layout (graft.kernels.cpu_quant)
+    shape: tuple[int, int] = (0, 0)  # (out, in)
+    _restore: object = None  # () -> (qweight, scales, zeros), set by drop_canonical
+
+    def __post_init__(self) -> None:
+        if self._qweight is not None:
+            n, k = self._qweight.shape
+            self.shape = (n, k * 2) if self.scheme.kind == "int4" else (n, k)
+
+    def _canonical(self) -> tuple:
+        if self._qweight is None:
+            self._qweight, self._scales, self._zeros = self._restore()
+            self._restore = None
+        return self._qweight, self._scales, self._zeros
 
     @property
-    def shape(self) -> tuple[int, int]:
-        n, k = self.qweight.shape
-        return (n, k * 2) if self.scheme.kind == "int4" else (n, k)
+    def qweight(self) -> torch.Tensor:
+        return self._canonical()[0]
+
+    @property
+    def scales(self) -> torch.Tensor | None:
+        return self._canonical()[1]
+
+    @property
+    def zeros(self) -> torch.Tensor | None:
+        return self._canonical()[2]
+
+    def drop_canonical(self, restore) -> None:
+        """Free the canonical tensors; `restore()` rebuilds them (from a backend layout)."""
+        self._qweight = self._scales = self._zeros = None
+        self._restore = restore
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.qweight, self.scales, self.zeros) if t is not None]
+        """The canonical tensors currently held (none after drop_canonical)."""
+        return [t for t in (self._qweight, self._scales, self._zeros) if t is not None]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
+        """Bytes of the canonical format (whether or not it is held right now)."""
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros)
+                   if t is not None)
 
     def read_bytes(self) -> int:
         """Bytes one matmul reads: a backend's packed layout when there is one, else the canonical."""

@@ -63,7 +63,7 @@ class ModelRunner:
             if self.device.type == "cpu" and cpu_ops.available():
                 for weight in model.quantized_weights():  # the C layout now, not on the first step
                     if cpu_quant.supports(torch.empty(0, dtype=self.dtype), weight):
-                        cpu_quant.pack(weight)
+                        cpu_quant.pack_only(weight)
             log.info("weights: %s (%s; quantized linears on %s)", quant.describe(self.quant_plan),
                      quant.source, quant_backend(self.device))
         if self.device.type == "cpu" and cpu_linear.enabled(self.dtype):

@@ -106,3 +106,18 @@ def test_bf16_activations_are_upcast_and_rounded_back():
 @needs_c
 def test_isa_is_reported():
     assert cpu_quant.isa() in ("avx512", "portable")
+
+
+@needs_c
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_dropped_canonical_tensors_are_rebuilt_from_the_c_layout(scheme):
+    qw = quantize(_weight(40, 128), QuantScheme.parse(scheme))
+    want = [t.clone() for t in (qw.qweight, qw.scales, qw.zeros) if t is not None]
+    x = torch.randn(3, 128)
+    before = cpu_quant.quant_linear(x, qw)
+    cpu_quant.pack_only(qw)
+    assert qw.tensors() == []  # one copy in memory: the C layout
+    assert torch.equal(cpu_quant.quant_linear(x, qw), before)
+    got = [t for t in (qw.qweight, qw.scales, qw.zeros) if t is not None]  # rebuilt on use
+    assert len(got) == len(want) and all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want))
+    assert qw.shape == (40, 128)
