@@ -33,9 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for both engine and HF (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
-    parser.add_argument("--quantization", default=None, metavar="fp32,bf16,int8,int4",
+    parser.add_argument("--quantization", default=None, metavar="none,fp32,bf16,int8,int4",
                         help="instead of the workload: batch-1/batch-32 decode and prefill-512 "
-                        "tok/s of each weight format (or quant.json) vs the measured memory roofline")
+                        "tok/s of each weight format (or quant.json; none: no quantization "
+                        "config) vs the memory roofline measured in the same run")
     parser.add_argument("--decode-tokens", type=int, default=64,
                         help="with --quantization: tokens decoded per measurement")
     parser.add_argument("--bandwidth-mb", type=int, default=1024,

@@ -4,7 +4,10 @@ process, each against the memory roofline measured in the same run.
 Per format: batch-1 decode tok/s (what one chat stream feels), batch-32 decode tok/s,
 prefill-512 tok/s, the linear-weight bytes one decode step reads, and batch-1 decode as a
 fraction of its roofline (measured read bandwidth / those bytes). Whole engine steps are
-timed (scheduler, sampler and Python included), after a warm-up. Writes JSON.
+timed (scheduler, sampler and Python included), after a warm-up. Writes JSON. The name
+`none` is the engine without a quantization config (fp32 on oneDNN-prepacked linears, op by
+op); `fp32` is a quantization config of fp32 everywhere (the C linears, one call per decode
+step).
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     from graft.serving import Engine, EngineConfig
 
     config = EngineConfig(max_num_seqs=max(32, args.concurrency), dtype=args.dtype,
-                          device=args.device, quantization=scheme,
+                          device=args.device, quantization=None if scheme == "none" else scheme,
                           max_num_batched_tokens=max(args.max_num_batched_tokens, 512))
     t0 = time.perf_counter()
     engine = Engine.from_pretrained(model_dir, config)
@@ -106,14 +109,14 @@ def run_formats(args, schemes: list[str]) -> dict:
         gc.collect()
     bw = read_bandwidth(args.bandwidth_mb << 20)  # after the engines: the same machine state the decode ran in
     result["read_bandwidth_bytes_per_s"] = bw
-    base = result["formats"].get("fp32")
+    base = result["formats"].get("none") or result["formats"].get("fp32")
     for f in result["formats"].values():
         roof = bw / f["weight_bytes_per_decode_step"]
         f["batch1_roofline_tokens_per_s"] = roof
         f["batch1_roofline_fraction"] = f["batch1_decode_tokens_per_s"] / roof
         if base:
             for key in ("batch1_decode_tokens_per_s", "batch32_decode_tokens_per_s", "prefill512_tokens_per_s"):
-                f[key.replace("_tokens_per_s", "_vs_fp32")] = f[key] / base[key]
+                f[key.replace("_tokens_per_s", "_vs_base")] = f[key] / base[key]
     return result
 
 

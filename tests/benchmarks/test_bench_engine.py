@@ -19,11 +19,11 @@ def test_bench_engine_cli(tiny_llama, tmp_path):
 
 def test_bench_engine_formats(tiny_llama, tmp_path, capsys):
     out = tmp_path / "formats.json"
-    rc = main(["bench", "engine", str(tiny_llama), "--quantization", "fp32,int8,int4",
+    rc = main(["bench", "engine", str(tiny_llama), "--quantization", "none,fp32,int8,int4",
                "--decode-tokens", "6", "--bandwidth-mb", "64", "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
-    assert list(result["formats"]) == ["fp32", "int8", "int4"] and result["read_bandwidth_bytes_per_s"] > 0
+    assert list(result["formats"]) == ["none", "fp32", "int8", "int4"] and result["read_bandwidth_bytes_per_s"] > 0
     fp32, int8, int4 = (result["formats"][k] for k in ("fp32", "int8", "int4"))
     assert int8["linears"] == {"int8": 9} and fp32["linears"] == {"fp32": 9}  # 2 layers x 4 + the head
     assert int4["weight_bytes_per_decode_step"] < int8["weight_bytes_per_decode_step"] \
@@ -31,5 +31,5 @@ def test_bench_engine_formats(tiny_llama, tmp_path, capsys):
     for f in (fp32, int8, int4):
         assert f["batch1_decode_tokens_per_s"] > 0 and f["batch32_decode_tokens_per_s"] > 0
         assert f["prefill_tokens"] == 511 and 0 < f["batch1_roofline_fraction"]
-    assert int8["batch1_decode_vs_fp32"] > 0
+    assert int8["batch1_decode_vs_base"] > 0 and result["formats"]["none"]["linears"] == {}
     assert "int4" in capsys.readouterr().out
