@@ -1,8 +1,8 @@
 """Triton kernels, each with a pure-PyTorch reference of the same signature.
 
 The engine calls these ops only through this module; graft.kernels.dispatch picks Triton on
-CUDA, and on CPU the C kernels of cpu_ops where they apply (decode attention; fp32 norm,
-rotary, KV store, silu * up) and the reference for the rest (GRAFT_KERNELS=reference forces
+CUDA, and on CPU the C kernels of cpu_ops where they apply (decode attention; fp32/bf16
+norm, rotary, KV store, silu * up) and the reference for the rest (GRAFT_KERNELS=reference forces
 the reference). cpu_linear holds the oneDNN-prepacked
 linears the engine's CPU model runs its projections on.
 """
