@@ -198,8 +198,10 @@ static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
     0, (dense_tile_fn)tile_f32_1, (dense_tile_fn)tile_f32_2, (dense_tile_fn)tile_f32_3,
     (dense_tile_fn)tile_f32_4, (dense_tile_fn)tile_f32_5, (dense_tile_fn)tile_f32_6};
 
-/* int4: per group, sum x * (q - zero) exactly in integers-then-fp32, then one FMA with the
- * group's scale. S accumulator sets take the group's column pairs in turn (S = 1 or 2). */
+/* int4: per group, sum x * (q - zero) with q - zero exact in fp32, then one FMA with the
+ * group's scale. q becomes a float without a convert: the bits 0x4B000000 | q are the float
+ * 2^23 + q, and subtracting 2^23 + zero is exact (one ternary-logic op and one subtract per
+ * 16 nibbles). S accumulator sets take the group's column pairs in turn (S = 1 or 2). */
 #define DEFINE_INT4_TILE(NAME, MR, S)                                                           \
     static void NAME(const float *x, int64_t ldx, int64_t K, const uint8_t *w0p,                \
                      const uint16_t *sc0, const uint8_t *z0, int64_t group, const float *bias,  \
@@ -207,12 +209,13 @@ static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
         const int64_t G = K / group, half = group / 2;                                          \
         const uint8_t *w1p = w0p + (K / 2) * 16, *z1 = z0 + G * 16;                             \
         const uint16_t *sc1 = sc0 + G * 16;                                                     \
-        const __m512i nib = _mm512_set1_epi32(0xf);                                             \
+        const __m512i nib = _mm512_set1_epi32(0xf), magic = _mm512_set1_epi32(0x4B000000);       \
+        const __m512 two23 = _mm512_set1_ps(8388608.0f);                                        \
         __m512 out[MR][2];                                                                      \
         for (int m = 0; m < MR; ++m) out[m][0] = out[m][1] = _mm512_setzero_ps();               \
         for (int64_t g = 0; g < G; ++g) {                                                       \
-            const __m512i zi0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z0 + g * 16))); \
-            const __m512i zi1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z1 + g * 16))); \
+            const __m512 zf0 = _mm512_add_ps(two23, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z0 + g * 16))))); \
+            const __m512 zf1 = _mm512_add_ps(two23, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z1 + g * 16))))); \
             __m512 acc[S][MR][2];                                                               \
             for (int s = 0; s < S; ++s)                                                         \
                 for (int m = 0; m < MR; ++m) acc[s][m][0] = acc[s][m][1] = _mm512_setzero_ps(); \
@@ -222,10 +225,10 @@ static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
                 _Pragma("GCC unroll 2") for (int s = 0; s < S; ++s) {                           \
                     const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p0 + (j + s) * 16))); \
                     const __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p1 + (j + s) * 16))); \
-                    const __m512 lo0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b0, nib), zi0)); \
-                    const __m512 hi0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b0, 4), zi0));  \
-                    const __m512 lo1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b1, nib), zi1)); \
-                    const __m512 hi1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b1, 4), zi1));  \
+                    const __m512 lo0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b0, nib, magic, 0xEA)), zf0); \
+                    const __m512 hi0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b0, 4), magic)), zf0); \
+                    const __m512 lo1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b1, nib, magic, 0xEA)), zf1); \
+                    const __m512 hi1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b1, 4), magic)), zf1); \
                     _Pragma("GCC unroll 6") for (int m = 0; m < MR; ++m) {                      \
                         const __m512 xe = _mm512_set1_ps(xg[m * ldx + 2 * (j + s)]);            \
                         const __m512 xo = _mm512_set1_ps(xg[m * ldx + 2 * (j + s) + 1]);        \
