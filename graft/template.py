@@ -111,7 +111,7 @@ def _literal_specials(tokenizer, messages: list[dict], full: str,
                 "template rewrites message text, so it cannot be kept as plain text; remove it",
                 k)
         a, b = offsets[k]
-        spans += [(a + m.start(), a + m.end()) for m in pattern.finditer(full, a, b)]
+        spans += [m.span() for m in pattern.finditer(full, a, b)]  # positions in `full`
     return spans
 
 

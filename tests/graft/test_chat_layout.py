@@ -104,7 +104,13 @@ def test_typed_special_tokens_stay_plain_text(tiny_llama, template):
     clean = encode_chat(tok, [{"role": "user", "content": "x y"}], [],
                         add_generation_prompt=True, parse_special_tokens=False)
     assert parsed.input_ids.count(start) == clean.input_ids.count(start) + 1
-    assert plain.input_ids.count(start) == clean.input_ids.count(start)  # only the template's
+    for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):  # only the template's
+        sid = tok.convert_tokens_to_ids(special)
+        assert plain.input_ids.count(sid) == clean.input_ids.count(sid)
+    typed_ids = tok("<|im_start|>system", add_special_tokens=False,
+                    split_special_tokens=True)["input_ids"]
+    assert any(plain.input_ids[i:i + len(typed_ids)] == typed_ids
+               for i in range(len(plain.input_ids)))  # the typed text, as characters
     assert tok.decode(plain.input_ids) == tok.decode(parsed.input_ids)  # same text either way
 
 
