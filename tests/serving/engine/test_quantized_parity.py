@@ -141,3 +141,13 @@ def test_fused_decode_is_off_where_it_does_not_apply(tiny_llm_factory):
     assert glm.runner.model.fused_decode is None  # GLM4's extra norms: op by op
     fp32 = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig())
     assert fp32.runner.model.fused_decode is None  # no quantization: the oneDNN linears
+
+
+def test_the_load_log_says_which_paths_run(tiny_llm_factory, caplog):
+    from graft.kernels import cpu_quant
+
+    with caplog.at_level("INFO", logger="graft.serving"):
+        Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(quantization="int4-g64"))
+    text = caplog.text
+    assert "weights: int4-g64 x 9 (int4-g64; quantized linears on the C kernels" in text
+    assert f"({cpu_quant.isa()} path)" in text and "decode steps: one C call per step" in text
