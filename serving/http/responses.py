@@ -27,18 +27,21 @@ def error_response(err: P.APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-async def _wait_disconnect(request: Request, queue: asyncio.Queue) -> None:
-    # After the body, the server's receive() answers only when the client has gone
-    # (uvicorn: http.disconnect); tokens flowing never delay noticing it.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    queue.put_nowait(("gone", None))
+def watch_disconnect(request: Request, on_gone) -> asyncio.Task:
+    """A task that calls on_gone() once the client has gone; cancel it when done answering."""
+    async def watch() -> None:
+        # After the body, the server's receive() answers only when the client has gone
+        # (uvicorn: http.disconnect); tokens flowing never delay noticing it.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        on_gone()
+    return asyncio.create_task(watch())
 
 
 async def complete(ctx, job: Job, queue: asyncio.Queue, model: str, request: Request,
                    top_logprobs: int) -> Response:
     text, n_out, reason, last = "", 0, None, None
-    watcher = asyncio.create_task(_wait_disconnect(request, queue))
+    watcher = watch_disconnect(request, lambda: queue.put_nowait(("gone", None)))
     try:
         while True:
             kind, out = await queue.get()
@@ -65,8 +68,10 @@ async def complete(ctx, job: Job, queue: asyncio.Queue, model: str, request: Req
 
 
 async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage: bool,
-                 top_logprobs: int):
-    """SSE events; Starlette cancels this generator when the client disconnects."""
+                 top_logprobs: int, watcher: asyncio.Task):
+    """SSE events; Starlette cancels this generator when the client disconnects. `watcher`
+    (watch_disconnect, started by the handler) aborts the job should the client go before
+    this generator ever runs; it is cancelled here once the stream is over."""
     created = int(time.time())
     sent, n_out, done = 0, 0, False
     sent_lp = 0  # output tokens whose logprobs went out already
@@ -102,5 +107,6 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage:
                                            len(job.prompt_token_ids), n_out))
         yield P.sse("[DONE]")
     finally:
+        watcher.cancel()
         if not done:  # client went away mid-stream: free its KV blocks and cache pins
             ctx.worker.abort(job.request_id)

@@ -20,7 +20,8 @@ from graft.serving.http import protocol as P
 from graft.serving.http.auth import APIKeys
 from graft.serving.http.context import ServerContext, ServerSettings
 from graft.serving.http.engine_worker import Job
-from graft.serving.http.responses import complete, error_response, sink, stream
+from graft.serving.http.responses import (complete, error_response, sink, stream,
+                                          watch_disconnect)
 
 __all__ = ["ServerSettings", "build_app"]
 
@@ -150,8 +151,9 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
                 ids, prepared = smaller
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            watcher = watch_disconnect(request, lambda: ctx.worker.abort(job.request_id))
             return StreamingResponse(stream(ctx, job, queue, req.model, include_usage,
-                                             req.top_logprobs or 0),
+                                            req.top_logprobs or 0, watcher),
                                      media_type="text/event-stream")
         return await complete(ctx, job, queue, req.model, request, req.top_logprobs or 0)
 
