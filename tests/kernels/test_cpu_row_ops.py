@@ -45,7 +45,7 @@ def test_rms_norm_with_and_without_residual(rows, d, threads, dtype):
     g = torch.Generator().manual_seed(rows)
     x = (torch.randn(rows, d + 3, generator=g) * 3).to(dtype)[:, 3:]  # strided rows
     res = torch.randn(rows, d, generator=g).to(dtype)
-    for w in (torch.randn(d, generator=g).to(dtype), torch.randn(d, generator=g)):  # bf16 or fp32
+    for w in (torch.randn(d, generator=g).to(w_dtype) for w_dtype in DTYPES):  # any of the two
         with _threads(threads):
             y, total = cpu_ops.rms_norm(x, w, 1e-5, res)
             plain = cpu_ops.rms_norm(x, w, 1e-6)
@@ -83,13 +83,12 @@ def test_rms_norm_updates_the_residual_in_place(dtype):
 
 
 @needs_c
-@pytest.mark.parametrize("dtype,cos_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                             (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("dtype,cos_dtype", [(a, b) for a in DTYPES for b in DTYPES])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("rot_frac", [1.0, 0.5])  # full and partial (GLM4) rotary
 def test_rotary_is_bitwise_the_reference(interleaved, rot_frac, dtype, cos_dtype):
-    # bf16 cos: every product and the sum round to bf16 like the reference's bf16 ops; fp32
-    # cos (vision encoders): fp32 arithmetic, one rounding at the end
+    # bf16 x and cos: every product and the sum round to bf16 like the reference's bf16 ops;
+    # fp32 in either (vision encoders upcast cos): fp32 arithmetic, one rounding at the end
     for tokens, threads in ((7, 1), (128, 2)):  # 128 x 8 heads x 64: the multi-threaded branch
         q, k, _ = _qkv(tokens=tokens, heads=8, d=64, dtype=dtype)
         half = int(64 * rot_frac) // 2
