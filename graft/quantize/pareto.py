@@ -91,3 +91,14 @@ def describe_point(p: dict, base: dict) -> str:
     return (f"{p['key']}: quality {p['quality']:.4f} ({p['quality'] - base['quality']:+.4f} vs "
             f"fp32), {p['tokens_per_s']:.1f} tok/s ({speed:.2f}x), "
             f"{p['weight_bytes'] / 1e6:.2f} MB per token")
+
+
+def interaction_summary(points: list[dict]) -> dict:
+    """How far the additive prediction was off on the multi-group configurations measured to
+    the end (sensitivity points equal their prediction by construction)."""
+    multi = [p for p in points if p.get("complete") and p.get("predicted_quality") is not None
+             and p["phase"] not in ("baseline", "sensitivity")]
+    gaps = [p["quality"] - p["predicted_quality"] for p in multi]
+    return {"n": len(gaps), "mean_abs_gap": sum(map(abs, gaps)) / len(gaps) if gaps else None,
+            "max_gap": max(gaps, default=None), "min_gap": min(gaps, default=None),
+            "cancel": sum(g > _EPS for g in gaps), "compound": sum(g < -_EPS for g in gaps)}

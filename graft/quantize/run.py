@@ -87,7 +87,7 @@ def write_outputs(out: Path, points: list[dict], base: dict, goal: Goal, ev, qe,
     from graft.io import atomic_write_json, atomic_write_text
     from graft.quantize.groups import to_quant_config
     from graft.quantize.heldout import pick, rescore
-    from graft.quantize.pareto import choose, describe_point, pareto_front
+    from graft.quantize.pareto import choose, describe_point, interaction_summary, pareto_front
     from graft.quantize.plot import plot_pareto
 
     lines = [json.dumps({k: p.get(k) for k in _POINT_FIELDS}) for p in points]
@@ -95,7 +95,8 @@ def write_outputs(out: Path, points: list[dict], base: dict, goal: Goal, ev, qe,
     front = pareto_front(points)
     report = {"goal": {"kind": goal.kind, "value": goal.value, "text": goal.describe()},
               "split": "search", "groups": ev.modules, "baseline": _slim(base),
-              "front": [_slim(p) for p in front], "chosen": None}
+              "front": [_slim(p) for p in front], "chosen": None,
+              "interactions": interaction_summary(points)}
     try:
         chosen = choose(points, goal, base)
     except GraftConfigError:

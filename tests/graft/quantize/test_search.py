@@ -4,7 +4,7 @@ optimum the additive prediction rules out, stops dominated candidates, and resum
 import pytest
 
 from graft.errors import GraftConfigError
-from graft.quantize.pareto import Goal, choose, pareto_front
+from graft.quantize.pareto import Goal, choose, interaction_summary, pareto_front
 from graft.quantize.search import Search
 from graft.quantize.state import SearchState
 
@@ -60,6 +60,8 @@ def test_finds_the_planted_optimum_the_additive_model_rules_out(tmp_path):
     assert best["quality"] == 1.0 and best["predicted_quality"] == pytest.approx(0.8)
     seed = next(p for p in points if p["phase"] == "seed")  # additive: a, b stay at int8
     assert seed["assignment"]["a"] == seed["assignment"]["b"] == "int8"
+    gaps = interaction_summary(points)
+    assert gaps["cancel"] >= 1 and gaps["max_gap"] == pytest.approx(0.2)
 
 
 class Additive(Planted):
