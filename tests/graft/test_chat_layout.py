@@ -14,7 +14,8 @@ LLAMA3 = (
     " + m['content'] | trim + '<|endoftext|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant<|im_end|>\n\n' }}{% endif %}")
 QWEN2 = (
-    "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}"
+    "{% if messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}"
     "{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] +"
     " '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     "{% endif %}")
@@ -68,7 +69,8 @@ def test_renders_do_not_grow_with_the_turns(tiny_llama, monkeypatch):
     tok = _tok(tiny_llama, CHATML)
     calls = []
     real = tok.apply_chat_template
-    monkeypatch.setattr(tok, "apply_chat_template", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(tok, "apply_chat_template",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
     for turns in (10, 400):
         calls.clear()
         msgs = [{"role": r, "content": f"turn {i}"} for i in range(turns)
