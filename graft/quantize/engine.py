@@ -73,7 +73,7 @@ class QuantEngine:
     def plan_backend(self, plan: dict) -> "PlanBackend":
         return PlanBackend(self, plan)
 
-    def decode_tokens_per_s(self, n_tokens: int = 32, repeats: int = 3) -> float:
+    def decode_tokens_per_s(self, n_tokens: int = 32, repeats: int = 2) -> float:
         """Batch-1 greedy decode speed under the current plan: the best of `repeats` runs of
         n_tokens after a fixed 32-token prompt (the best run is the least disturbed one)."""
         from graft.serving import SamplingParams

@@ -17,7 +17,7 @@ class EvalSettings:
     limit: int | None = None  # first N questions per task (before the split)
     n_chunks: int = 4  # scoring rounds per candidate (early stopping between them)
     decode_tokens: int = 32  # tokens per throughput run
-    decode_repeats: int = 3  # throughput runs per candidate (best kept)
+    decode_repeats: int = 2  # throughput runs per candidate (the faster kept)
     calibration: str | None = None  # text/JSONL/JSON file; None: the run's training data
     calibration_samples: int = 16  # sequences for KL
     calibration_tokens: int = 256  # tokens per sequence at most
