@@ -91,35 +91,42 @@ def fetch_remote(url: str, max_bytes: int, timeout_s: float, max_redirects: int,
     import httpx
 
     deadline = time.monotonic() + timeout_s
-    refused = APIError(f"the image URL could not be fetched; it must be a public http(s) URL "
-                       f"that answers with the image within {timeout_s:g} s", param=param,
-                       code="image_fetch_failed")
     try:
-        with http_client(timeout_s) as client:
-            for _ in range(max_redirects + 1):
-                target, host_header, server_name = _target(url, domains)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise _Refused("deadline passed")
-                request = client.build_request(  # TLS checks the name, not the address
-                    "GET", target, headers={"Host": host_header}, timeout=left,
-                    extensions={"sni_hostname": server_name})
-                resp = client.send(request, stream=True)
-                try:
-                    if resp.is_redirect and "location" in resp.headers:
-                        url = urljoin(url, resp.headers["location"])
-                        continue
-                    if resp.status_code != 200:
-                        raise _Refused(f"HTTP {resp.status_code}")
-                    return _read_capped(resp, max_bytes, deadline, param)
-                finally:
-                    resp.close()
-            raise _Refused(f"more than {max_redirects} redirects")
+        for _ in range(max_redirects + 1):
+            body, location = _hop(url, domains, deadline, max_bytes, param)
+            if body is not None:
+                return body
+            url = urljoin(url, location)
+        raise _Refused(f"more than {max_redirects} redirects")
     except _Refused as why:
         log.info("refused image fetch %.120r: %s", url, why)
     except httpx.HTTPError as err:
         log.info("image fetch %.120r failed: %s", url, err)
-    raise refused from None
+    raise APIError(f"the image URL could not be fetched; it must be a public http(s) URL "
+                   f"that answers with the image within {timeout_s:g} s", param=param,
+                   code="image_fetch_failed") from None
+
+
+def _hop(url: str, domains: tuple[str, ...], deadline: float, max_bytes: int,
+         param: str) -> tuple[bytes | None, str | None]:
+    """One checked request: (body, None) or (None, redirect location). A client per hop, so
+    no connection (nor its TLS name) carries over to another host."""
+    target, host_header, server_name = _target(url, domains)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _Refused("deadline passed")
+    with http_client(left) as client:
+        request = client.build_request(  # TLS checks the name, not the address
+            "GET", target, headers={"Host": host_header}, extensions={"sni_hostname": server_name})
+        resp = client.send(request, stream=True)
+        try:
+            if resp.is_redirect and "location" in resp.headers:
+                return None, resp.headers["location"]
+            if resp.status_code != 200:
+                raise _Refused(f"HTTP {resp.status_code}")
+            return _read_capped(resp, max_bytes, deadline, param), None
+        finally:
+            resp.close()
 
 
 def _read_capped(resp, max_bytes: int, deadline: float, param: str) -> bytes:
