@@ -84,7 +84,8 @@ class EngineBackend:
                 start = out.arrival_time
                 ttft = None if out.first_token_time is None else out.first_token_time - start
                 latency = None if out.finish_time is None else out.finish_time - start
-                error = out.error if out.finish_reason in ("error", "abort", "deadline") else None
+                error = (out.error if out.finish_reason in ("error", "internal_error", "abort", "deadline")
+                         else None)
                 text = None if error else out.text.strip()
                 results[out.request_id] = Result(text, latency=latency, ttft=ttft, error=error)
         return [results[rid] for rid in rids]
