@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -13,20 +12,10 @@ from graft.adapters.base import Projector
 from graft.adapters.config import AdapterConfig
 from graft.adapters.registry import build_adapter
 from graft.errors import GraftConfigError
+from graft.io import atomic_write, atomic_write_json
 
 WEIGHTS_NAME = "adapter.safetensors"
 CONFIG_NAME = "adapter.json"
-
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)  # readers see the old file or the complete new one, never half
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_adapter(proj: Projector, out_dir: str | os.PathLike) -> Path:
@@ -38,8 +27,8 @@ def save_adapter(proj: Projector, out_dir: str | os.PathLike) -> Path:
     # Tensors must be contiguous CPU copies: safetensors refuses views and shared storage.
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in proj.state_dict().items()}
     meta = {"config": proj.config.to_dict(), "d_vision": proj.d_vision, "d_model": proj.d_model}
-    _atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    _atomic_write(out / CONFIG_NAME, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2) + "\n"))
+    atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
+    atomic_write_json(out / CONFIG_NAME, meta)
     return out
 
 

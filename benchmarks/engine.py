@@ -9,12 +9,11 @@ own weight shapes (the faster of torch's F.linear and oneDNN-prepacked weights).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import tempfile
 import time
 from pathlib import Path
+
+from graft.io import atomic_write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +67,7 @@ def run(args) -> int:
         result = run_formats(args, [s for s in args.quantization.split(",") if s])
         print_formats(result)
         if args.out:
-            _write_json(Path(args.out), result)
+            atomic_write_json(Path(args.out), result)
         return 0
     config = EngineConfig(max_num_seqs=args.concurrency, dtype=args.dtype, device=args.device,
                           max_num_batched_tokens=args.max_num_batched_tokens,
@@ -102,7 +101,7 @@ def run(args) -> int:
         result["throughput_ratio"] = e["output_tokens_per_s"] / result["hf"]["output_tokens_per_s"]
     _print(result)
     if args.out:
-        _write_json(Path(args.out), result)
+        atomic_write_json(Path(args.out), result)
     return 0
 
 
@@ -242,10 +241,3 @@ def _print(r: dict) -> None:
         print(f"hf generate: {h['output_tokens_per_s']:.1f} tok/s in {h['seconds']:.1f}s; "
               f"engine/hf = {r['throughput_ratio']:.2f}x")
 
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)

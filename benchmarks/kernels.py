@@ -8,12 +8,11 @@ on a CPU-only machine it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
+
+from graft.io import atomic_write_json
 
 
 @dataclass
@@ -225,15 +224,6 @@ def run_benchmarks(cfg: BenchConfig, device, impl) -> dict:
             "decode": decode, "prefill": prefill}
 
 
-def _write_json(path: str, data: dict) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -274,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                                                                      if k not in ("ms", key))
                   + f" -> {best[key]:.1f} {key}")
     if args.out:
-        _write_json(args.out, res)
+        atomic_write_json(args.out, res)
         print(f"wrote {args.out}")
     return 0
 

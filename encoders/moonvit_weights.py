@@ -16,6 +16,7 @@ import torch
 
 from graft.encoders.moonvit_model import MoonViTConfig
 from graft.errors import GraftConfigError
+from graft.shards import INDEX_NAME, read_weight_map
 
 # Kimi-VL / remote-code config names -> MoonViTConfig fields.
 _CONFIG_ALIASES = {
@@ -38,9 +39,9 @@ class CheckpointReader:
         self.root = Path(root)
         if not self.root.is_dir():
             raise GraftConfigError(f"checkpoint dir {str(self.root)!r} does not exist")
-        index = self.root / "model.safetensors.index.json"
-        if index.is_file():
-            self.weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        weight_map = read_weight_map(self.root)
+        if weight_map is not None:
+            self.weight_map: dict[str, str] = weight_map
         else:
             from safetensors import safe_open
 
@@ -48,7 +49,7 @@ class CheckpointReader:
             files = sorted(self.root.glob("*.safetensors"))
             if not files:
                 raise GraftConfigError(
-                    f"{self.root}: no model.safetensors.index.json and no *.safetensors files")
+                    f"{self.root}: no {INDEX_NAME} and no *.safetensors files")
             for f in files:
                 with safe_open(str(f), framework="pt") as handle:
                     self.weight_map.update({k: f.name for k in handle.keys()})

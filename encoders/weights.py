@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
+from graft.digests import sha256_file as _sha256_file
 from graft.errors import GraftConfigError
-
-# (abs path, size, mtime_ns) -> sha256: hashing a multi-GB checkpoint once per process is enough.
-_SHA_CACHE: dict[tuple[str, int, int], str] = {}
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    p = Path(path).resolve()
-    st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns)
-    if key not in _SHA_CACHE:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        _SHA_CACHE[key] = h.hexdigest()
-    return _SHA_CACHE[key]
+    """Cached per file version: hashing a multi-GB checkpoint once per process is enough."""
+    return _sha256_file(path, cached=True)
 
 
 def load_state_dict_file(path: str | os.PathLike, field_name: str = "encoder.path") -> dict:

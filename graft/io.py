@@ -1,27 +1,45 @@
-"""Atomic file writes and weight digests: nothing half-written is ever trusted."""
+"""Atomic file and dir writes (temp, then rename: nothing half-written is ever trusted), YAML reading.
+
+The digests that used to live here are in graft.digests (re-exported)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from pathlib import Path
+from typing import Callable
+
+from graft.digests import sha256_file, weights_sha256  # noqa: F401 - re-exported (old home)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+def atomic_write(path: str | Path, write: Callable[[Path], None], suffix: str = ".tmp") -> Path:
+    """`write(tmp)` fills a temp file beside `path`, then it is renamed onto `path`: readers
+    see the old file or the complete new one, never half. `suffix`: the temp file's ending
+    (a writer that picks its format from the name needs the real one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        write(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    atomic_write(path, write)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -42,28 +60,28 @@ def atomic_torch_save(obj, path: str | Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def weights_sha256(model_dir: str | Path) -> str:
-    """One digest over every weight file of an HF model dir (name + content, sorted)."""
-    model_dir = Path(model_dir)
-    files = sorted(p for p in model_dir.iterdir()
-                   if p.suffix in (".safetensors", ".bin", ".gguf") and p.is_file())
-    if not files:
-        from graft.errors import GraftConfigError
-
-        raise GraftConfigError(f"llm.path {model_dir}: no weight files (*.safetensors/*.bin)")
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.name.encode())
-        h.update(sha256_file(p).encode())
-    return h.hexdigest()
+def atomic_write_dir(path: str | Path, write: Callable[[Path], None],
+                     prefix: str | None = None) -> Path:
+    """`write(tmp)` fills a fresh sibling dir, which then takes the place of `path` (an old
+    `path` is moved aside first and removed after): no half-written dir is ever at `path`.
+    `prefix`: the temp dirs' name start (default `.<name>.`), for callers that sweep leftovers."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{prefix or f'.{path.name}.'}{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        write(tmp)
+        if path.exists():
+            old = tmp.with_name(tmp.name + ".old")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
 
 
 def read_yaml(path: str | Path, what: str = "config file"):

@@ -8,10 +8,7 @@ adapter. Tensors are read key by key, so the donor's language model is never loa
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -19,7 +16,7 @@ import torch
 from graft.encoders.moonvit_weights import (CheckpointReader, load_projector_state,
                                             load_vision_state, read_vision_config)
 from graft.errors import GraftConfigError
-from graft.io import atomic_write_json
+from graft.io import atomic_write_dir, atomic_write_json
 
 PARTS = ("vision", "projector", "both")
 MARKER = "graft_extract.json"  # written into every extracted encoder dir
@@ -115,16 +112,7 @@ def write_dir_atomically(out: Path, write, marker: str) -> None:
     if out.exists() and any(out.iterdir()) and not (out / marker).is_file():
         raise GraftConfigError(f"{out} exists and was not written by graft (no {marker}); "
                                "choose an empty or new output dir")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    atomic_write_dir(out, write)
 
 
 def _write_encoder_dir(out: Path, tensors: dict, config: dict, processor: dict, donor: Path) -> None:

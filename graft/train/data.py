@@ -7,13 +7,13 @@ is reported with its index (or skipped and counted, with `on_bad_sample: skip`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
+from graft.digests import pixel_hash
 from graft.errors import GraftDataError
 from graft.template import EncodedChat, encode_chat, llava_to_messages
 
@@ -37,12 +37,9 @@ def load_image(path: str | Path) -> Image.Image:
         raise GraftDataError(f"image file {path} cannot be decoded: {err}") from None
 
 
-def image_content_hash(image: Image.Image) -> str:
-    """Hash of the decoded pixels (plus size and mode), so re-encoded files still hit."""
-    h = hashlib.sha256()
-    h.update(f"{image.mode}:{image.size[0]}x{image.size[1]}:".encode())
-    h.update(image.tobytes())
-    return h.hexdigest()
+# Hash of the decoded pixels (plus size), so re-encoded files still hit; images here are RGB
+# (load_image), for which this is the hash it always was.
+image_content_hash = pixel_hash
 
 
 def read_json_samples(path: str | Path) -> list[dict]:

@@ -7,11 +7,12 @@ reusing it across epochs and runs removes the encoder from the training step.
 from __future__ import annotations
 
 import hashlib
-import uuid
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from graft.io import atomic_write
 
 
 class FeatureCache:
@@ -42,8 +43,5 @@ class FeatureCache:
         return feats
 
     def put(self, content_hash: str, features: torch.Tensor) -> None:
-        path = self._path(content_hash)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")  # never touch torch RNG state
-        save_file({"features": features.detach().cpu().contiguous()}, str(tmp))
-        tmp.replace(path)
+        atomic_write(self._path(content_hash), lambda tmp: save_file(
+            {"features": features.detach().cpu().contiguous()}, str(tmp)))

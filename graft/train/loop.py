@@ -21,7 +21,7 @@ from graft.train.checkpoint import latest_checkpoint, load_checkpoint, save_chec
 from graft.train.distributed import check_launch, global_token_loss
 from graft.errors import GraftConfigError
 from graft.integrity import params_digest
-from graft.io import atomic_write_json, weights_sha256
+from graft.io import atomic_write, atomic_write_json, weights_sha256
 from graft.spec import GraftSpec
 
 log = logging.getLogger("graft.train.loop")
@@ -195,7 +195,5 @@ def _plot_losses(run_dir: Path) -> None:
     ax.set_ylabel("train loss")
     ax.set_title(run_dir.name)
     fig.tight_layout()
-    tmp = run_dir / ".loss_curve.tmp.png"
-    fig.savefig(tmp)
+    atomic_write(run_dir / "loss_curve.png", fig.savefig, suffix=".png")
     plt.close(fig)
-    tmp.replace(run_dir / "loss_curve.png")

@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from graft.serving.models.layers import PackedLinear
+from graft.shards import safetensors_files
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def safetensors_files(model_dir: str | Path) -> list[Path]:
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / s for s in shards]
-    single = model_dir / "model.safetensors"
-    if single.is_file():
-        return [single]
-    found = sorted(model_dir.glob("*.safetensors"))
-    if not found:
-        raise ValueError(f"{model_dir}: no model.safetensors or model.safetensors.index.json; "
-                         "save the checkpoint with save_pretrained(safe_serialization=True)")
-    return found
 
 
 def load_weights(model: nn.Module, model_dir: str | Path) -> None:

@@ -7,13 +7,13 @@ budgets and cache room are known at admission.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from graft.digests import sha256_file
 from graft.errors import GraftConfigError, GraftDataError
 from graft.serving.multimodal.encoder_cache import EncoderCache, cache_key
 from graft.serving.multimodal.media import LoadedImage
@@ -46,14 +46,6 @@ def unique_bytes(images: list[PreparedImage]) -> int:
     return sum(im.nbytes for im in {im.key: im for im in images}.values())
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class MultimodalFront:
     """Frozen encoder + projector + tokenizer of a run dir, with a byte-bounded embedding cache."""
 
@@ -68,7 +60,7 @@ class MultimodalFront:
         self.encoder_id = model.encoder.identity()
         adapter_file = Path(run_dir, "adapter.safetensors") if run_dir else None
         if adapter_file is not None and adapter_file.is_file():
-            self.adapter_id = _file_digest(adapter_file)
+            self.adapter_id = sha256_file(adapter_file)
         else:  # unsaved projector: identity from its weights
             from graft.integrity import params_digest
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from urllib.parse import unquote, urlparse
 
 from PIL import Image
 
+from graft.digests import pixel_hash  # noqa: F401 - re-exported: callers import it from here
 from graft.serving.http.protocol import APIError
 
 
@@ -36,13 +36,6 @@ class LoadedImage:
     content_hash: str  # sha256 over size + RGB pixels: same picture, same hash, any encoding
     width: int
     height: int
-
-
-def pixel_hash(image: Image.Image) -> str:
-    rgb = image if image.mode == "RGB" else image.convert("RGB")
-    h = hashlib.sha256(f"RGB:{rgb.width}x{rgb.height}:".encode())
-    h.update(rgb.tobytes())
-    return h.hexdigest()
 
 
 def _too_big(n: int, cfg: MediaConfig, param: str) -> APIError:
