@@ -16,24 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "fast_exp.h"
 
 enum { F32 = 0, BF16 = 1, F16 = 2 };
-
-static inline float bf16_to_float(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even, as torch does */
-    return (uint16_t)(u >> 16);
-}
 
 static inline float f16_to_float(uint16_t x) {
     _Float16 h;
