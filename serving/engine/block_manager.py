@@ -146,6 +146,26 @@ class BlockManager:
             seq.block_table.append(self._take_block())
         return True
 
+    def rollback(self, seq: Sequence) -> None:
+        """Release the blocks past seq's computed tokens: after a verify step they hold only
+        rejected proposals. Called before commit, so no block with a rejected token is ever
+        registered; a kept, partly valid tail block is overwritten by the next tokens."""
+        keep = self.blocks_for(seq.num_computed_tokens)
+        for bid in reversed(seq.block_table[keep:]):
+            self._unref(bid)
+        del seq.block_table[keep:]
+
+    def _unref(self, bid: int, keep: bool = False) -> None:
+        """Drop one reference; an unreferenced block stays cached (evictable) if it is
+        registered or `keep`, else it is plain free."""
+        self.ref_counts[bid] -= 1
+        if self.ref_counts[bid] == 0:
+            if self.block_key[bid] is not None or keep:
+                self.evictable[bid] = None
+                self.evictable.move_to_end(bid)
+            else:
+                self.free_ids.append(bid)
+
     def _take_block(self) -> int:
         if self.free_ids:
             bid = self.free_ids.popleft()
@@ -183,15 +203,9 @@ class BlockManager:
         """Drop seq's references; tail blocks first so LRU evicts a prefix's end first."""
         tail = self._tail_block(seq)
         for bid in reversed(seq.block_table):
-            self.ref_counts[bid] -= 1
-            if self.ref_counts[bid] == 0:
-                if bid == tail:
-                    self._add_tail(seq, bid)
-                if self.block_key[bid] is not None or bid == tail:
-                    self.evictable[bid] = None
-                    self.evictable.move_to_end(bid)
-                else:
-                    self.free_ids.append(bid)
+            if bid == tail and self.ref_counts[bid] == 1:
+                self._add_tail(seq, bid)
+            self._unref(bid, keep=bid == tail)
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0

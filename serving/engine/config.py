@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from graft.errors import GraftConfigError
 
 _DTYPES = ("float32", "float16", "bfloat16")
+SPECULATIVE_MODES = ("off", "ngram")
 
 
 @dataclass
@@ -27,9 +28,16 @@ class EngineConfig:
     # how the LLM's linears are held: None/fp32 | bf16 | int8 | int4[-g32|-g64|-g128] for all,
     # or a quantization config JSON path/dict per module (graft.serving.models.quantize)
     quantization: str | dict | None = None
+    # speculative decoding: off | ngram (prompt lookup over the sequence's own tokens); a
+    # request may override it (SamplingParams.speculative)
+    speculative: str = "off"
+    num_speculative_tokens: int = 4  # most proposed tokens verified per step and sequence
+    ngram_min: int = 2  # shortest suffix n-gram looked up ...
+    ngram_max: int = 4  # ... and the longest (tried first)
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "num_speculative_tokens", "ngram_min", "ngram_max"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise GraftConfigError(f"EngineConfig.{name} must be a positive int, got {value!r}")
@@ -38,6 +46,12 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise GraftConfigError(
                     f"EngineConfig.{name} must be a positive int or None, got {value!r}")
+        if self.speculative not in SPECULATIVE_MODES:
+            raise GraftConfigError(f"EngineConfig.speculative must be one of {SPECULATIVE_MODES}, "
+                                   f"got {self.speculative!r}")
+        if self.ngram_min > self.ngram_max:
+            raise GraftConfigError(f"EngineConfig.ngram_min={self.ngram_min} exceeds ngram_max="
+                                   f"{self.ngram_max}; lower ngram_min or raise ngram_max")
         if self.dtype not in _DTYPES:
             raise GraftConfigError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.quantization is not None:

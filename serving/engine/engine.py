@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from graft.run_dir import model_dir_kind
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.mm_inputs import MultiModalInputs
@@ -18,6 +19,7 @@ from graft.serving.engine.outputs import Detokenizer, RequestOutput, find_stop_s
 from graft.serving.engine.sampling_params import SamplingParams
 from graft.serving.engine.scheduler import Scheduler
 from graft.serving.engine.sequence import Sequence
+from graft.serving.engine.spec_decode.controller import SpecDecoder
 
 log = logging.getLogger("graft.serving")
 _EMA = 0.2  # weight of the newest timing sample in the moving averages
@@ -36,6 +38,9 @@ class EngineStats:
     total_kv_blocks: int
     prefix_cache_hit_rate: float  # prompt tokens served from cache / prompt tokens admitted
     num_preemptions: int
+    spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed ...
+    spec_accepted_tokens: int = 0  # ... and accepted
+    spec_verify_steps: int = 0  # (sequence, step) pairs that verified proposals
 
 
 class Engine:
@@ -50,6 +55,8 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
+        # always present: a request may turn speculation on while the engine default is off
+        self.spec = self.scheduler.spec = SpecDecoder(self.config, self.max_model_len)
         self.sampler = Sampler(self.runner.device, self.config.seed)
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(self.model_dir)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -65,7 +72,7 @@ class Engine:
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None, **kwargs):
         """An LLM dir (text only) or a run dir with graft.yaml (encoder + projector + LLM;
         the multimodal front is then `engine.mm`)."""
-        if (Path(path) / "graft.yaml").is_file():
+        if model_dir_kind(path) == "run":  # neither a run dir nor an LLM dir: GraftConfigError
             from graft.serving.multimodal.front import load_engine
 
             return load_engine(path, config, **kwargs)
@@ -164,7 +171,7 @@ class Engine:
         t0 = time.perf_counter()
         try:
             logits, sampling = self.runner.execute(batch)
-            tokens, logprobs = self.sampler(logits, sampling) if sampling else ([], [])
+            tokens, logprobs = self._sample(logits, sampling)
             self._record_timing(batch, time.perf_counter() - t0)
         except Exception:  # noqa: BLE001 - the batch failed; find whose request did it
             sampling, tokens, logprobs = self._run_each_alone(batch)
@@ -173,12 +180,12 @@ class Engine:
                 self.seqs.pop(seq.request_id, None)
                 outputs.append(make_output(seq, final=True))
                 continue
-            seq.num_computed_tokens += n
+            seq.num_computed_tokens += n - len(seq.spec_tokens)  # proposals: once accepted
             self.block_manager.commit(seq)
         now = time.monotonic()
-        for seq, token, lp in zip(sampling, tokens, logprobs):
+        for seq, toks, lps in zip(sampling, tokens, logprobs):
             try:
-                self._append_token(seq, token, lp, now)
+                self._append_tokens(seq, toks, lps, now)
             except Exception as err:  # noqa: BLE001 - e.g. detokenizing; this request only
                 self._fail(seq, err)
             outputs.append(make_output(seq, final=seq.is_finished))
@@ -198,7 +205,7 @@ class Engine:
             try:
                 logits, sampled = self.runner.execute(ScheduledBatch([seq], [n], int(n == 1)))
                 if sampled:
-                    got, lps = self.sampler(logits, sampled)
+                    got, lps = self._sample(logits, sampled)
                     sampling += sampled
                     tokens += got
                     logprobs += lps
@@ -236,6 +243,33 @@ class Engine:
             batch.seqs, batch.num_tokens = [s for s, _ in keep], [n for _, n in keep]
         return bad
 
+    def _sample(self, logits, sampling: list[Sequence]) -> tuple[list[list[int]], list[list]]:
+        """New tokens (and logprob entries) per sampling sequence: one each, or up to
+        1 + len(seq.spec_tokens) for a sequence verifying proposals."""
+        if not sampling:
+            return [], []
+        if any(s.spec_tokens for s in sampling):
+            from graft.serving.engine.spec_decode.verify import sample_with_proposals
+
+            return sample_with_proposals(self.sampler, logits, sampling)
+        tokens, logprobs = self.sampler(logits, sampling)
+        return [[t] for t in tokens], [[lp] for lp in logprobs]
+
+    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list, now: float) -> None:
+        """Append a step's tokens; after a verify step, drop the rejected proposals' KV."""
+        draft, seq.spec_tokens = seq.spec_tokens, []
+        for j, (token, lp) in enumerate(zip(tokens, logprobs)):
+            self._append_token(seq, token, lp, now)
+            if seq.is_finished:
+                break
+            if j < len(tokens) - 1:  # an accepted proposal: its KV was computed this step
+                seq.num_computed_tokens += 1
+        if draft:
+            self.spec.record(seq, len(draft), len(tokens) - 1)
+            if not seq.is_finished:
+                self.block_manager.rollback(seq)
+                self.block_manager.commit(seq)
+
     def _append_token(self, seq: Sequence, token: int, logprob, now: float) -> None:
         seq.token_ids.append(token)
         if logprob is not None:
@@ -261,7 +295,8 @@ class Engine:
             self.scheduler.finish(seq, reason)
 
     def _record_timing(self, batch, seconds: float) -> None:
-        prefill_tokens = batch.total_tokens - batch.num_decodes
+        verified = sum(n for s, n in zip(batch.seqs, batch.num_tokens) if s.spec_tokens)
+        prefill_tokens = batch.total_tokens - batch.num_decodes - verified
         if prefill_tokens == 0:
             self._decode_step = _ema(self._decode_step, seconds)
             return
@@ -281,6 +316,9 @@ class Engine:
             total_kv_blocks=bm.num_blocks,
             prefix_cache_hit_rate=bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
             num_preemptions=self.scheduler.num_preemptions,
+            spec_proposed_tokens=self.spec.proposed,
+            spec_accepted_tokens=self.spec.accepted,
+            spec_verify_steps=self.spec.steps,
         )
 
     # --- offline --------------------------------------------------------------------

@@ -132,7 +132,8 @@ class ModelRunner:
     # --- one forward ----------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Run batch; return logits [B, vocab] fp32 and the B sequences they belong to."""
+        """Run batch; return logits fp32 and the B sequences they belong to: one row per
+        sequence, or 1 + len(seq.spec_tokens) rows for a sequence verifying proposals."""
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -147,13 +148,15 @@ class ModelRunner:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             table = seq.block_table
             ids.extend(seq.token_ids[start:end])
+            draft = seq.spec_tokens  # proposals after the last token: their logits verify them
+            ids.extend(draft)
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             tables.append(table)
             ctx_lens.append(end)
             cu.append(cu[-1] + n)
-            if end == len(seq):
-                logits_idx.append(len(ids) - 1)
+            if end == len(seq) + len(draft):
+                logits_idx.extend(range(len(ids) - 1 - len(draft), len(ids)))
                 sampling.append(seq)
             if seq.mm_inputs is not None:
                 rows = seq.mm_inputs.rows_for(start, end)

@@ -22,6 +22,9 @@ class RequestOutput:
     error: str | None = None  # what went wrong, for finish_reason "error" / "internal_error"
     logprobs: list[dict[int, float]] | None = None  # per output token: {token id: logprob}
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed for this request ...
+    spec_accepted_tokens: int = 0  # ... and accepted
+    spec_verify_steps: int = 0  # steps that verified proposals
     arrival_time: float = 0.0  # time.monotonic() seconds
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -81,6 +84,9 @@ def make_output(seq: Sequence, final: bool) -> RequestOutput:
         error=seq.error,
         logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         num_cached_tokens=seq.num_cached_tokens,
+        spec_proposed_tokens=seq.spec.proposed if seq.spec else 0,
+        spec_accepted_tokens=seq.spec.accepted if seq.spec else 0,
+        spec_verify_steps=seq.spec.steps if seq.spec else 0,
         arrival_time=seq.arrival_time,
         first_token_time=seq.first_token_time,
         finish_time=seq.finish_time,

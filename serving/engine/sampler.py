@@ -32,14 +32,30 @@ class Sampler:
         if want:
             lp = torch.log_softmax(logits[want], dim=-1)  # raw model distribution
             for j, i in enumerate(want):
-                k = seqs[i].params.logprobs
-                top = torch.topk(lp[j], k) if k > 0 else None
-                entry = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
-                entry[token_list[i]] = float(lp[j, token_list[i]])
-                logprobs[i] = entry
+                logprobs[i] = logprob_entry(lp[j], seqs[i].params.logprobs, token_list[i])
         return token_list, logprobs
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        probs = self.probs(logits, seqs)
+        noise = torch.empty_like(probs)
+        seeded = [j for j, s in enumerate(seqs) if s.params.seed is not None]
+        if len(seeded) < len(seqs):
+            noise.exponential_(generator=self.generator)  # unseeded rows share one draw
+        for j in seeded:  # a seeded row draws only from its own generator
+            noise[j].exponential_(generator=self.generator_for(seqs[j]))
+        return (probs / noise).argmax(dim=-1)
+
+    def generator_for(self, seq: Sequence) -> torch.Generator:
+        """seq's own generator when it has a seed, else the engine's shared one."""
+        if seq.params.seed is None:
+            return self.generator
+        if seq.generator is None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+        return seq.generator
+
+    @staticmethod
+    def probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The distribution each row samples from: temperature, then top-k, then top-p."""
         vocab = logits.shape[-1]
         temps = torch.tensor([s.params.temperature for s in seqs], device=logits.device)
         logits = logits / temps[:, None]  # [b, V]
@@ -59,14 +75,12 @@ class Sampler:
             drop = (probs.cumsum(-1) - probs) >= top_ps[:, None]
             sorted_logits = sorted_logits.masked_fill(drop, -float("inf"))
             logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
-        probs = torch.softmax(logits, dim=-1)
-        noise = torch.empty_like(probs)
-        seeded = [j for j, s in enumerate(seqs) if s.params.seed is not None]
-        if len(seeded) < len(seqs):
-            noise.exponential_(generator=self.generator)  # unseeded rows share one draw
-        for j in seeded:  # a seeded row draws only from its own generator
-            seq = seqs[j]
-            if seq.generator is None:
-                seq.generator = torch.Generator(device=self.device).manual_seed(seq.params.seed)
-            noise[j].exponential_(generator=seq.generator)
-        return (probs / noise).argmax(dim=-1)
+        return torch.softmax(logits, dim=-1)
+
+
+def logprob_entry(lp: torch.Tensor, k: int, token: int) -> dict[int, float]:
+    """{token id: logprob} of the k most likely tokens of one row, plus the chosen token."""
+    top = torch.topk(lp, k) if k > 0 else None
+    entry = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
+    entry[token] = float(lp[token])
+    return entry

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graft.errors import GraftConfigError
+from graft.serving.engine.config import SPECULATIVE_MODES
 
 # the seeds a torch.Generator takes (int64 min .. uint64 max); outside them manual_seed raises
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
@@ -24,6 +25,7 @@ class SamplingParams:
     stop: list[str] | str | None = None  # finish when the text contains one (cut before it)
     logprobs: int | None = None  # return this many top logprobs per token (plus the sampled)
     skip_special_tokens: bool = True  # for the decoded text
+    speculative: str | None = None  # off | ngram for this request; None = the engine's default
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -50,6 +52,9 @@ class SamplingParams:
             raise GraftConfigError(
                 f"SamplingParams.seed must be None or an int in [{SEED_MIN}, {SEED_MAX}], "
                 f"got {self.seed!r}")
+        if self.speculative is not None and self.speculative not in SPECULATIVE_MODES:
+            raise GraftConfigError(f"SamplingParams.speculative must be None or one of "
+                                   f"{SPECULATIVE_MODES}, got {self.speculative!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise GraftConfigError(f"SamplingParams.stop must hold non-empty strings, got {self.stop!r}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):

@@ -21,6 +21,7 @@ from graft.serving.engine.sequence import Sequence, SequenceStatus
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)  # single-token chunks first
     num_tokens: list[int] = field(default_factory=list)  # tokens computed per sequence
+    # (a speculating decode's count includes its proposals, seq.spec_tokens)
     num_decodes: int = 0  # leading entries with exactly one token
 
     @property
@@ -39,6 +40,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
         self._preempted_now = False
+        self.spec = None  # spec_decode.SpecDecoder when the engine may speculate
 
     # --- queues ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -96,8 +98,13 @@ class Scheduler:
                     continue
                 if (seq.num_uncomputed == 1) != want_decode:
                     continue
-                n = self._grow(seq, min(seq.num_uncomputed, budget), scheduled, finished)
+                # a decode may carry proposals to verify (spec_decode): its chunk is then
+                # 1 + len(draft) tokens, shrunk like a prefill chunk when blocks are short
+                draft = self.spec.propose(seq, budget) if want_decode and self.spec else []
+                n = self._grow(seq, min(seq.num_uncomputed + len(draft), budget), scheduled,
+                               finished)
                 if n:
+                    seq.spec_tokens = draft[:n - seq.num_uncomputed]
                     (decodes if n == 1 else chunks).append((seq, n))
                     scheduled.add(id(seq))
                     budget -= n

@@ -46,6 +46,8 @@ class Sequence:
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] = []
         self.generator = None  # torch.Generator when params.seed is set
+        self.spec_tokens: list[int] = []  # proposals verified in this step (after the last token)
+        self.spec = None  # spec_decode.controller.SpecState once the sequence has speculated
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
