@@ -78,6 +78,7 @@ def make_synthetic_grafts(llm: Path, n: int, root: Path, shared_encoder: bool,
     from graft.adapters import AdapterConfig, build_adapter, save_adapter
     from graft.encoders import EncoderConfig, build_encoder
     from graft.io import weights_sha256
+    from graft.run_dir import RunDir
     from graft.spec import GraftSpec
 
     d_model, sha = AutoConfig.from_pretrained(str(llm)).hidden_size, weights_sha256(llm)
@@ -90,7 +91,7 @@ def make_synthetic_grafts(llm: Path, n: int, root: Path, shared_encoder: bool,
         run = root / f"graft{i}"
         save_adapter(proj, run)
         GraftSpec.from_dict({"encoder": enc.to_dict(), "adapter": proj.config.to_dict(),
-                             "llm": {"path": str(llm), "sha256": sha}}).save(run / "graft.yaml")
+                             "llm": {"path": str(llm), "sha256": sha}}).save(RunDir(run).spec_file)
         runs[f"graft{i}"] = str(run)
     return runs
 

@@ -22,16 +22,17 @@ def _variant(config: str, overrides: list[str], queue) -> None:
 
     import torch
 
+    from graft.run_dir import RunDir
     from graft.spec import GraftSpec
     from graft.train.loop import train
 
     spec = GraftSpec.load(config, overrides)
     run = train(spec)
-    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln]
+    rows = [json.loads(ln) for ln in RunDir(run).metrics_file.read_text().splitlines() if ln]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     if torch.cuda.is_available():
         peak = torch.cuda.max_memory_allocated()
-    summary = json.loads((run / "train_summary.json").read_text())
+    summary = json.loads(RunDir(run).train_summary.read_text())
     queue.put({"samples_per_s": rows[-1]["samples_per_s"], "peak_memory_bytes": peak,
                "feature_cache": summary["feature_cache"], "steps": summary["steps"]})
 

@@ -15,6 +15,7 @@ from torch import nn
 from graft.answer_loss import answer_loss, answer_loss_applies
 from graft.errors import GraftConfigError
 from graft.inject import embed_with_images
+from graft.run_dir import RunDir
 from graft.spec import GraftSpec
 
 log = logging.getLogger("graft")
@@ -31,12 +32,9 @@ def _llm_dir(path: str) -> str:
 
 def build_spec_encoder(spec: GraftSpec):
     """The spec's frozen encoder, with ~ and ${ENV} in its path expanded."""
-    from graft.encoders import EncoderConfig, build_encoder
+    from graft.encoders import build_encoder
 
-    cfg = EncoderConfig.from_dict(dict(spec.encoder))
-    if cfg.path:
-        cfg.path = GraftSpec.expand(cfg.path)
-    return build_encoder(cfg)
+    return build_encoder(spec.encoder_config())
 
 
 def load_llm(path: str, dtype: str = "float32"):
@@ -72,7 +70,7 @@ class GraftedModel(nn.Module):
         """Build from a spec. with_llm=False loads only the image path (encoder, projector,
         tokenizer), for a serving engine that runs the LLM itself; `encoder`/`tokenizer`
         may be passed in when several grafts share them."""
-        from graft.adapters import AdapterConfig, build_adapter, load_adapter
+        from graft.adapters import build_adapter, load_adapter
 
         encoder = encoder if encoder is not None else build_spec_encoder(spec)
         if with_llm:
@@ -93,22 +91,18 @@ class GraftedModel(nn.Module):
                     f"but encoder gives {encoder.hidden_size} and the LLM takes {d_model}")
             spec.adapter = projector.config.to_dict()  # the loaded adapter is the truth
         else:
-            projector = build_adapter(AdapterConfig.from_dict(dict(spec.adapter)),
-                                      encoder.hidden_size, d_model)
+            projector = build_adapter(spec.adapter_config(), encoder.hidden_size, d_model)
         return cls(spec, encoder, projector, llm, tokenizer)
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: str = "cpu", with_llm: bool = True) -> "GraftedModel":
         """Load a training run dir (graft.yaml + adapter.safetensors [+ lora/])."""
-        run_dir = Path(run_dir)
-        if not (run_dir / "graft.yaml").is_file():
-            raise GraftConfigError(f"{run_dir} is not a run dir: graft.yaml is missing")
-        spec = GraftSpec.load(run_dir / "graft.yaml")
-        model = cls.from_spec(spec, adapter_dir=run_dir, with_llm=with_llm)
-        if with_llm and (run_dir / "lora").is_dir():
+        run = RunDir.open(run_dir)
+        model = cls.from_spec(run.load_spec(), adapter_dir=run.path, with_llm=with_llm)
+        if with_llm and run.has_lora:
             from peft import PeftModel
 
-            model.llm = PeftModel.from_pretrained(model.llm, str(run_dir / "lora"))
+            model.llm = PeftModel.from_pretrained(model.llm, str(run.lora_dir))
             model.llm.eval()
         return model.to(device)
 

@@ -10,11 +10,15 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from graft.errors import GraftConfigError, check_fields
+
+if TYPE_CHECKING:
+    from graft.adapters.config import AdapterConfig
+    from graft.encoders.config import EncoderConfig
 
 
 @dataclass
@@ -66,6 +70,8 @@ class TrainConfig:
 
 @dataclass
 class GraftSpec:
+    # encoder/adapter stay the mappings as written: that is what graft.yaml saves and what the
+    # encoder-cache and eval identities hash; encoder_config()/adapter_config() are their typed form.
     encoder: dict = field(default_factory=dict)  # graft.encoders.EncoderConfig fields
     adapter: dict = field(default_factory=lambda: {"kind": "mlp", "depth": 2})  # AdapterConfig fields
     adapter_init: str | None = None  # start the projector from this adapter dir (e.g. `graft extract --part projector`)
@@ -94,6 +100,23 @@ class GraftSpec:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    # ---- typed blocks ----------------------------------------------------------------
+    def encoder_config(self, expand_path: bool = True) -> "EncoderConfig":
+        """The `encoder:` block as a checked EncoderConfig (defaults filled in; ~ and ${ENV}
+        in its path expanded unless expand_path=False). A fresh object: editing it leaves the spec."""
+        from graft.encoders.config import EncoderConfig
+
+        cfg = EncoderConfig.from_dict(dict(self.encoder))
+        if expand_path and cfg.path:
+            cfg.path = self.expand(cfg.path)
+        return cfg
+
+    def adapter_config(self) -> "AdapterConfig":
+        """The `adapter:` block as a checked AdapterConfig (defaults filled in); a fresh object."""
+        from graft.adapters.config import AdapterConfig
+
+        return AdapterConfig.from_dict(dict(self.adapter))
 
     def save(self, path: str | Path) -> None:
         from graft.io import atomic_write_text

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from graft.errors import GraftConfigError
 from graft.evals.backends.base import Request, Result
+from graft.run_dir import model_dir_kind
 
 BACKEND_KINDS = ("hf", "engine")
 
@@ -30,14 +31,12 @@ def make_backend(target, kind: str = "hf", device: str = "cpu", quantization=Non
         raise GraftConfigError(f"--quantization {quantization} needs --backend engine (the HF backend "
                                "runs the checkpoint as saved)")
     path = Path(text).expanduser()
-    if not (path / "graft.yaml").is_file() and not (path / "config.json").is_file():
-        raise GraftConfigError(
-            f"--model {path}: neither a run dir (graft.yaml) nor an HF LLM dir (config.json)")
+    dir_kind = model_dir_kind(path, what="--model")
     if kind == "engine":
         from graft.evals.backends.engine import EngineBackend
 
         return EngineBackend(path, device=device, quantization=quantization)
-    if (path / "graft.yaml").is_file():
+    if dir_kind == "run":
         from graft.evals.backends.hf import GraftedBackend
 
         return GraftedBackend(path, device=device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from graft.evals.backends.base import Request, Result, load_images
+from graft.run_dir import model_dir_kind
 
 
 class EngineBackend:
@@ -19,7 +20,7 @@ class EngineBackend:
         self.chunk = chunk
         path = Path(path)
         config = config or EngineConfig(device=device, quantization=quantization)
-        if (path / "graft.yaml").is_file():
+        if model_dir_kind(path) == "run":
             from graft.serving.multimodal.front import load_engine
 
             self.engine = load_engine(path, config)

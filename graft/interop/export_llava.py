@@ -134,12 +134,11 @@ def export_llava(run_dir: str | Path, out: str | Path) -> dict:
     from graft.adapters import load_adapter
     from graft.interop.extract import write_dir_atomically
     from graft.io import atomic_write_json
+    from graft.run_dir import RunDir
     from graft.spec import GraftSpec
 
-    run_dir, out = Path(run_dir), Path(out)
-    if not (run_dir / "graft.yaml").is_file():
-        raise GraftConfigError(f"{run_dir} is not a run dir: graft.yaml is missing")
-    spec = GraftSpec.load(run_dir / "graft.yaml")
+    run, out = RunDir.open(run_dir), Path(out)
+    run_dir, spec = run.path, run.load_spec()
     llm_path = Path(GraftSpec.expand(spec.llm.path))
     text = AutoConfig.from_pretrained(str(llm_path))
     adapter = load_adapter(run_dir)
@@ -149,7 +148,7 @@ def export_llava(run_dir: str | Path, out: str | Path) -> dict:
         raise GraftConfigError("cannot export to hf-llava: " + "; ".join(problems))
 
     vision, tower = _tower(encoder)
-    lora = run_dir / "lora" if (run_dir / "lora").is_dir() else None
+    lora = run.lora_dir if run.has_lora else None
     llm = _llm_tensors(llm_path, lora)
     if "model.embed_tokens.weight" not in llm:
         raise GraftConfigError(f"llm.path {llm_path}: no model.embed_tokens.weight; Llava wraps "

@@ -39,6 +39,7 @@ def run_quickstart(opts: QuickstartOptions, log=_say) -> dict:
     from graft.io import atomic_write_json, weights_sha256
     from graft.quickstart.models import prepare_models
     from graft.quickstart.data import data_is_current, write_quickstart_data
+    from graft.run_dir import RunDir
     from graft.spec import GraftSpec
 
     timings: dict[str, float] = {}
@@ -91,7 +92,7 @@ def run_quickstart(opts: QuickstartOptions, log=_say) -> dict:
     # graft's own engine: the same greedy tokens as HF generate (parity-tested), batched,
     # so the held-out eval takes ~30 s instead of ~90 s and the time goes to training
     results = run_eval(str(run_dir), list(EVAL_TASKS), data_root=str(data_dir), backend="engine",
-                       out_dir=str(run_dir / "eval"), limit=opts.eval_limit, cache=False,
+                       out_dir=str(RunDir(run_dir).eval_dir), limit=opts.eval_limit, cache=False,
                        base_llm=str(paths["llm"]), log=lambda m: log(f"    {m}"))
     llm_sha_after = weights_sha256(paths["llm"])
     if llm_sha_after != llm_sha_before:
@@ -113,7 +114,7 @@ def run_quickstart(opts: QuickstartOptions, log=_say) -> dict:
                "accuracy": {k: v.get("accuracy") for k, v in results["tasks"].items()},
                "n": {k: v.get("n") for k, v in results["tasks"].items()}, "chat": chat}
     atomic_write_json(Path(run_dir) / "quickstart.json", summary)
-    log(f"done in {timings['total'] / 60:.1f} min; results: {run_dir / 'eval' / 'results.json'}")
+    log(f"done in {timings['total'] / 60:.1f} min; results: {RunDir(run_dir).eval_dir / 'results.json'}")
     return summary
 
 

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from graft.io import atomic_torch_save, atomic_write_dir
+from graft.run_dir import TRAINER_STATE, RunDir
 
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = TRAINER_STATE  # old name, kept for importers
 
 
 def rng_state() -> dict:
@@ -39,7 +40,7 @@ def save_trainable(model, out_dir: Path) -> None:
 
     save_adapter(model.projector, out_dir)
     if hasattr(model.llm, "peft_config"):
-        model.llm.save_pretrained(str(out_dir / "lora"))
+        model.llm.save_pretrained(str(RunDir(out_dir).lora_dir))
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, position: dict) -> Path:
@@ -47,16 +48,16 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, posit
         save_trainable(model, tmp)
         atomic_torch_save({"step": step, "optimizer": optimizer.state_dict(),
                            "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                           "position": position}, tmp / STATE_FILE)
+                           "position": position}, tmp / TRAINER_STATE)
 
-    return atomic_write_dir(run_dir / "checkpoints" / f"step_{step:08d}", write)
+    return atomic_write_dir(RunDir(run_dir).checkpoints_dir / f"step_{step:08d}", write)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    root = run_dir / "checkpoints"
+    root = RunDir(run_dir).checkpoints_dir
     if not root.is_dir():
         return None
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+    done = sorted(p for p in root.glob("step_*") if (p / TRAINER_STATE).is_file())
     return done[-1] if done else None
 
 
@@ -64,13 +65,14 @@ def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict:
     """Restore trainable weights, optimizer, scheduler and RNG; return the saved state."""
     from safetensors.torch import load_file
 
-    model.projector.load_state_dict(load_file(str(ckpt / "adapter.safetensors")))
-    if (ckpt / "lora").is_dir():
+    saved = RunDir(ckpt)  # a checkpoint holds what a run dir holds, plus trainer_state.pt
+    model.projector.load_state_dict(load_file(str(saved.adapter_weights)))
+    if saved.has_lora:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file as load_lora
 
-        set_peft_model_state_dict(model.llm, load_lora(str(ckpt / "lora" / "adapter_model.safetensors")))
-    state = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+        set_peft_model_state_dict(model.llm, load_lora(str(saved.lora_dir / "adapter_model.safetensors")))
+    state = torch.load(ckpt / TRAINER_STATE, map_location="cpu", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])

@@ -22,6 +22,7 @@ from graft.train.distributed import check_launch, global_token_loss
 from graft.errors import GraftConfigError
 from graft.integrity import params_digest
 from graft.io import atomic_write, atomic_write_json, weights_sha256
+from graft.run_dir import RunDir
 from graft.spec import GraftSpec
 
 log = logging.getLogger("graft.train.loop")
@@ -58,6 +59,7 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
     from transformers import get_cosine_schedule_with_warmup
 
     run_dir = Path(GraftSpec.expand(spec.output_dir))
+    run = RunDir(run_dir)
     llm_path = GraftSpec.expand(spec.llm.path)
     sha = weights_sha256(llm_path)
     if spec.llm.sha256 and spec.llm.sha256 != sha:
@@ -87,14 +89,14 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
-            raise GraftConfigError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
+            raise GraftConfigError(f"--resume: no complete checkpoint under {run.checkpoints_dir}")
         state = load_checkpoint(ckpt, core, optimizer, scheduler)
         step, epoch, micro = state["step"], state["position"]["epoch"], state["position"]["micro"]
         log.info("resumed from %s at step %d", ckpt, step)
     if accel.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        spec.save(run_dir / "graft.yaml")
-        _trim_metrics(run_dir / "metrics.jsonl", step)
+        spec.save(run.spec_file)
+        _trim_metrics(run.metrics_file, step)
         for reason in batcher.skipped:
             log.warning("skipped: %s", reason)
 
@@ -134,7 +136,7 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
             bar.update(1)
             bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
             if accel.is_main_process and (step % spec.train.log_every == 0 or step == total_steps):
-                _append_metrics(run_dir / "metrics.jsonl", {
+                _append_metrics(run.metrics_file, {
                     "step": step, "epoch": epoch, "loss": step_loss, "lr": lr,
                     "grad_norm": grad_norm, "samples_per_s": rate,
                     "skipped_samples": len(batcher.skipped),
@@ -163,7 +165,7 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
                    "feature_cache": {"hits": batcher.cache_hits, "misses": batcher.cache_misses}}
         if spec.data.val:
             summary["val_loss"] = batcher.val_loss(core, accel)
-        atomic_write_json(run_dir / "train_summary.json", summary)
+        atomic_write_json(run.train_summary, summary)
         _plot_losses(run_dir)
     accel.wait_for_everyone()
     return run_dir
@@ -188,12 +190,13 @@ def _plot_losses(run_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln]
+    run = RunDir(run_dir)
+    rows = [json.loads(ln) for ln in run.metrics_file.read_text().splitlines() if ln]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("train loss")
     ax.set_title(run_dir.name)
     fig.tight_layout()
-    atomic_write(run_dir / "loss_curve.png", fig.savefig, suffix=".png")
+    atomic_write(run.loss_curve, fig.savefig, suffix=".png")
     plt.close(fig)

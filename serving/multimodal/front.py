@@ -15,6 +15,7 @@ import torch
 
 from graft.digests import sha256_file
 from graft.errors import GraftConfigError, GraftDataError
+from graft.run_dir import RunDir
 from graft.serving.multimodal.encoder_cache import EncoderCache, cache_key
 from graft.serving.multimodal.media import LoadedImage
 from graft.serving.engine.mm_inputs import ImageRange, MultiModalInputs
@@ -58,7 +59,7 @@ class MultimodalFront:
         self.hits = 0  # this front's encoder-cache lookups (the cache's own counters sum all)
         self.misses = 0
         self.encoder_id = model.encoder.identity()
-        adapter_file = Path(run_dir, "adapter.safetensors") if run_dir else None
+        adapter_file = RunDir(run_dir).adapter_weights if run_dir else None
         if adapter_file is not None and adapter_file.is_file():
             self.adapter_id = sha256_file(adapter_file)
         else:  # unsaved projector: identity from its weights
@@ -74,14 +75,14 @@ class MultimodalFront:
                  device: str = "cpu") -> "MultimodalFront":
         from graft.model import GraftedModel
 
-        run_dir = Path(run_dir)
-        if (run_dir / "lora").is_dir():
+        run = RunDir(run_dir)
+        if run.has_lora:
             raise GraftConfigError(
-                f"{run_dir}/lora: the serving engine runs the base LLM weights only; merge the "
+                f"{run.lora_dir}: the serving engine runs the base LLM weights only; merge the "
                 "LoRA into a copy of the LLM and point llm.path at it to serve this run")
         # image path only: the engine loads its own copy of the LLM from spec.llm.path
-        model = GraftedModel.from_run(run_dir, device=device, with_llm=False)
-        return cls(model, run_dir, cache_bytes)
+        model = GraftedModel.from_run(run.path, device=device, with_llm=False)
+        return cls(model, run.path, cache_bytes)
 
     @property
     def llm_path(self) -> str:
@@ -220,7 +221,7 @@ def generate_chats(engine, chats: dict[str, tuple], sampling_params) -> dict:
 
 def load_engine(path: str | Path, config=None, cache_bytes: int = DEFAULT_CACHE_BYTES, **kwargs):
     """Engine for a run dir: the LLM from spec.llm.path, with `engine.mm` = this front.
-    `Engine.from_pretrained` delegates here when the dir holds graft.yaml."""
+    `Engine.from_pretrained` delegates here for a run dir (graft.run_dir.is_run_dir)."""
     from graft.serving.engine.engine import Engine
 
     front = MultimodalFront.from_run(path, cache_bytes, device=getattr(config, "device", "cpu"))

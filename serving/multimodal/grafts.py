@@ -82,8 +82,9 @@ def check_name(name: str, where: str) -> None:
 
 
 def read_runs(grafts: dict[str, str | Path]) -> list[GraftRun]:
-    """GraftRun per (name, run dir); a missing graft.yaml or a LoRA run is refused here."""
+    """GraftRun per (name, run dir); a dir that is not a run dir or a LoRA run is refused here."""
     from graft.io import weights_sha256
+    from graft.run_dir import RunDir
     from graft.spec import GraftSpec
 
     if not grafts:
@@ -92,15 +93,13 @@ def read_runs(grafts: dict[str, str | Path]) -> list[GraftRun]:
     runs = []
     for name, run_dir in grafts.items():
         check_name(name, f"graft {name!r}")
-        run_dir = Path(run_dir)
-        if not (run_dir / "graft.yaml").is_file():
-            raise GraftConfigError(f"graft {name!r}: {run_dir} is not a run dir (graft.yaml is "
-                                   "missing); pass the output_dir of `graft train`")
-        if (run_dir / "lora").is_dir():
+        run = RunDir.open(run_dir, what=f"graft {name!r}: ")
+        run_dir = run.path
+        if run.has_lora:
             raise GraftConfigError(
-                f"graft {name!r}: {run_dir}/lora changes the LLM, so it cannot share one frozen "
+                f"graft {name!r}: {run.lora_dir} changes the LLM, so it cannot share one frozen "
                 "LLM with other grafts; merge the LoRA into a copy of the LLM and serve it alone")
-        spec = GraftSpec.load(run_dir / "graft.yaml")
+        spec = run.load_spec()
         llm_path = Path(GraftSpec.expand(spec.llm.path)).resolve()
         sha = spec.llm.sha256
         if not sha:
@@ -159,8 +158,7 @@ def load_grafts(grafts: dict[str, str | Path], llm: str | Path | None = None,
     An encoder two grafts share (same config, or same identity()) is built once."""
     from transformers import AutoTokenizer
 
-    from graft.encoders import EncoderConfig, build_encoder
-    from graft.spec import GraftSpec
+    from graft.encoders import build_encoder
 
     runs = read_runs(grafts)
     llm_path, sha = check_same_llm(runs, llm)
@@ -170,9 +168,9 @@ def load_grafts(grafts: dict[str, str | Path], llm: str | Path | None = None,
     by_identity: dict[str, object] = {}
     fronts: dict[str, MultimodalFront] = {}
     for run in runs:
-        cfg = EncoderConfig.from_dict(dict(run.spec.encoder))
+        cfg = run.spec.encoder_config()
         if cfg.path:
-            cfg.path = str(Path(GraftSpec.expand(cfg.path)).resolve())
+            cfg.path = str(Path(cfg.path).resolve())
         key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
         if key not in by_config:
             encoder = build_encoder(cfg).to(device)

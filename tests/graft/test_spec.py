@@ -53,3 +53,23 @@ def test_missing_llm_path(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(GraftConfigError, match="does not exist"):
         GraftSpec.load(tmp_path / "nope.yaml")
+
+
+def test_typed_encoder_and_adapter_blocks_leave_the_mappings_as_written(tmp_path, monkeypatch):
+    from graft.adapters import AdapterConfig
+    from graft.encoders import EncoderConfig
+
+    monkeypatch.setenv("CKPTS", "/models")
+    spec = GraftSpec.load(write(tmp_path, BASE.replace("ckpts/siglip", "'${CKPTS}/siglip'")))
+    enc, ad = spec.encoder_config(), spec.adapter_config()
+    assert isinstance(enc, EncoderConfig) and isinstance(ad, AdapterConfig)
+    assert (enc.kind, enc.path, enc.drop_prefix) == ("siglip", "/models/siglip", True)  # defaults filled
+    assert spec.encoder_config(expand_path=False).path == "${CKPTS}/siglip"
+    assert (ad.kind, ad.depth, ad.ratio) == ("mlp", 2, 2)
+    enc.feature_layer = 5  # a fresh object: the spec keeps what was written
+    assert spec.encoder == {"kind": "siglip", "path": "${CKPTS}/siglip", "feature_layer": -2}
+    spec.save(tmp_path / "out.yaml")
+    assert "drop_prefix" not in (tmp_path / "out.yaml").read_text()  # graft.yaml unchanged
+    spec.adapter["depth"] = 0
+    with pytest.raises(GraftConfigError, match="adapter.depth"):
+        spec.adapter_config()

@@ -1,0 +1,105 @@
+"""The run dir `graft train` writes and everything downstream reads: its file names, and the
+"run dir or LLM dir?" question every loader asks, answered in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from graft.errors import GraftConfigError
+
+SPEC_FILE = "graft.yaml"  # the resolved GraftSpec
+ADAPTER_WEIGHTS = "adapter.safetensors"  # the trained projector (graft.adapters.save_adapter)
+ADAPTER_CONFIG = "adapter.json"  # its config, d_vision and d_model
+LORA_DIR = "lora"  # LoRA weights of a finetune run (peft's save_pretrained)
+TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler, RNG and data position, per checkpoint
+CHECKPOINTS_DIR = "checkpoints"  # step_NNNNNNNN/ folders for --resume
+METRICS_FILE = "metrics.jsonl"  # one row per logged optimizer step
+TRAIN_SUMMARY = "train_summary.json"  # written when training ends
+LOSS_CURVE = "loss_curve.png"
+EVAL_DIR = "eval"  # results of `graft eval` on this run
+LLM_CONFIG = "config.json"  # what makes a dir an HF LLM dir
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """Whether `path` holds a graft.yaml (a training run dir)."""
+    return (Path(path) / SPEC_FILE).is_file()
+
+
+def is_llm_dir(path: str | Path) -> bool:
+    """Whether `path` holds an HF config.json (a bare LLM dir)."""
+    return (Path(path) / LLM_CONFIG).is_file()
+
+
+def model_dir_kind(path: str | Path, what: str = "model path") -> str:
+    """"run" for a run dir, "llm" for an HF LLM dir; GraftConfigError naming both when neither."""
+    if is_run_dir(path):
+        return "run"
+    if is_llm_dir(path):
+        return "llm"
+    raise GraftConfigError(
+        f"{what} {path}: neither a run dir ({SPEC_FILE}) nor an HF LLM dir ({LLM_CONFIG})")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run dir; `RunDir.open` also checks that it is one."""
+
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @classmethod
+    def open(cls, path: str | Path, what: str = "") -> "RunDir":
+        """The run dir at `path`, or GraftConfigError: `what` prefixes the message (e.g. a graft name)."""
+        if not is_run_dir(path):
+            raise GraftConfigError(f"{what}{path} is not a run dir: {SPEC_FILE} is missing; pass "
+                                   "the output_dir of `graft train`")
+        return cls(path)
+
+    @property
+    def spec_file(self) -> Path:
+        return self.path / SPEC_FILE
+
+    @property
+    def adapter_weights(self) -> Path:
+        return self.path / ADAPTER_WEIGHTS
+
+    @property
+    def adapter_config(self) -> Path:
+        return self.path / ADAPTER_CONFIG
+
+    @property
+    def lora_dir(self) -> Path:
+        return self.path / LORA_DIR
+
+    @property
+    def has_lora(self) -> bool:
+        return self.lora_dir.is_dir()
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / CHECKPOINTS_DIR
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def train_summary(self) -> Path:
+        return self.path / TRAIN_SUMMARY
+
+    @property
+    def loss_curve(self) -> Path:
+        return self.path / LOSS_CURVE
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / EVAL_DIR
+
+    def load_spec(self):
+        """The GraftSpec saved in graft.yaml."""
+        from graft.spec import GraftSpec
+
+        return GraftSpec.load(self.spec_file)
