@@ -7,13 +7,14 @@ Only the chosen command's module is imported, so `graft --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 
 # "name" or "group name" -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("graft.train.cli", "train a projector (stage align) or projector + LoRA (finetune)"),
-    "chat": ("graft.chat_cli", "ask a grafted run dir about an image (HF generate path)"),
+    "chat": ("graft.chat_cli", "chat with a run dir (images + text) or an LLM dir: one answer, or a REPL"),
     "inspect": ("graft.inspect_cli", "components, parameter counts, frozen vs trainable, image tokens"),
     "extract": ("graft.interop.extract_cli", "take the vision tower / projector out of a Kimi or Llava checkpoint"),
     "export": ("graft.interop.export_cli", "write a run dir as an HF Llava checkpoint + processor (--format hf-llava)"),
@@ -47,6 +48,40 @@ def _top_help() -> str:
     return "\n".join(lines)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after an option's help (not for flags, empty lists or none); epilogs
+    (examples) keep their line breaks."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, [], "") or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An unknown flag gets a "did you mean" from the parser's own flags."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            flags = [o for a in self._actions for o in a.option_strings]
+            for word in message.split(":", 1)[1].split():
+                hint = _did_you_mean(word.split("=")[0], flags)
+                if hint:
+                    message += f" ({word}:{hint})"
+        super().error(message)
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f" Did you mean {' or '.join(close)}?" if close else ""
+
+
+def _choose_sub(head: str, subs: dict) -> str:
+    lines = [f"usage: graft {head} SUBCOMMAND [ARGS...]", "", "subcommands:"]
+    lines += [f"  {sub:<10} {help_text}" for sub, (_, help_text) in sorted(subs.items())]
+    return "\n".join(lines + ["", f"Run `graft {head} SUBCOMMAND --help` for its options."])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     groups = _groups()
@@ -60,22 +95,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     head = argv.pop(0)
     if head not in groups:
-        print(f"graft: unknown command {head!r}\n\n{_top_help()}", file=sys.stderr)
+        print(f"graft: unknown command {head!r}.{_did_you_mean(head, groups)}\n\n{_top_help()}",
+              file=sys.stderr)
         return 2
     subs = groups[head]
     sub = ""
     if "" not in subs:
-        if not argv or argv[0] not in subs:
-            names = ", ".join(sorted(subs))
-            print(f"graft {head}: choose one of: {names}", file=sys.stderr)
+        if not argv or argv[0] in ("-h", "--help"):  # `graft bench`: the list is the answer
+            print(_choose_sub(head, subs))
+            return 0
+        if argv[0] not in subs:
+            print(f"graft {head}: unknown subcommand {argv[0]!r}.{_did_you_mean(argv[0], subs)}"
+                  f"\n\n{_choose_sub(head, subs)}", file=sys.stderr)
             return 2
         sub = argv.pop(0)
     module_name, help_text = subs[sub]
     prog = f"graft {head} {sub}".strip()
-    parser = argparse.ArgumentParser(prog=prog, description=help_text)
     module = importlib.import_module(module_name)
+    parser = _Parser(prog=prog, description=help_text, formatter_class=_HelpFormatter,
+                     epilog=getattr(module, "EXAMPLES", None))
     module.add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # `PATH --image X "question"` works too
+    _quiet_loading_bars(getattr(args, "verbose", False))
     from graft.errors import GraftError
 
     try:
@@ -83,6 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     except GraftError as err:  # our own errors already say what to fix: no traceback
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+
+
+def _quiet_loading_bars(verbose: bool) -> None:
+    """transformers draws a "Loading weights" bar per model; one CLI command needs none of
+    them unless asked (`--verbose` where a command has it). Set before transformers loads."""
+    import os
+
+    if verbose:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # already imported (e.g. in-process callers): tell it
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from graft.errors import GraftConfigError, check_fields
 if TYPE_CHECKING:
     from graft.adapters.config import AdapterConfig
     from graft.encoders.config import EncoderConfig
+from graft.spec_paths import INPUT_PATHS, absolutize, resolve_file_paths
 
 
 @dataclass
@@ -94,6 +95,8 @@ class GraftSpec:
         from graft.io import read_yaml
 
         raw = read_yaml(path) or {}
+        if isinstance(raw, dict):  # the file's relative input paths: against its folder
+            resolve_file_paths(raw, Path(path).resolve().parent)
         for item in overrides or []:
             apply_override(raw, item)
         return cls.from_dict(raw, source=str(path))
@@ -128,23 +131,51 @@ class GraftSpec:
             raise GraftConfigError("llm.path is required: a local HF model directory")
         if not self.encoder.get("kind"):
             raise GraftConfigError("encoder.kind is required (timm, siglip, clip, moonvit)")
-        if self.train.stage not in ("align", "finetune"):
-            raise GraftConfigError(f"train.stage={self.train.stage!r}: use align or finetune")
-        if self.train.precision not in ("fp32", "bf16"):
-            raise GraftConfigError(f"train.precision={self.train.precision!r}: use fp32 or bf16")
-        if self.data.on_bad_sample not in ("error", "skip"):
-            raise GraftConfigError(
-                f"data.on_bad_sample={self.data.on_bad_sample!r}: use error or skip")
-        for name in ("batch_size", "grad_accum", "epochs"):
-            if getattr(self.train, name) < 1:
-                raise GraftConfigError(f"train.{name} must be >= 1")
-        if self.train.max_steps is not None and self.train.max_steps < 1:
-            raise GraftConfigError("train.max_steps must be >= 1 or null")
+        for dotted, allowed in _CHOICES.items():
+            value = self._get(dotted)
+            if value not in allowed:
+                raise GraftConfigError(f"{dotted}={value!r}: use one of {', '.join(allowed)}")
+        for dotted, (ok, hint) in _RANGES.items():
+            value = self._get(dotted)
+            if value is not None and not ok(value):
+                raise GraftConfigError(f"{dotted}={value!r}: must be {hint}")
 
-    # Paths in the spec may use ~ and ${ENV}; resolved at use, saved as written.
+    def _get(self, dotted: str):
+        node = self
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        return node
+
+    # Paths in the spec may use ~ and ${ENV}; resolved at use, saved as written. Relative
+    # input paths were made absolute by `load` (graft.spec_paths).
     @staticmethod
     def expand(path: str | None) -> str | None:
         return None if path is None else os.path.expandvars(os.path.expanduser(path))
+
+
+# Enum fields and their values; numeric fields as (test, wording for the message).
+_CHOICES = {
+    "train.stage": ("align", "finetune"),
+    "train.precision": ("fp32", "bf16"),
+    "data.on_bad_sample": ("error", "skip"),
+    "llm.dtype": ("float32", "bfloat16", "float16"),
+}
+_RANGES = {
+    "train.lr": (lambda v: v > 0, "> 0"),
+    "train.weight_decay": (lambda v: v >= 0, ">= 0"),
+    "train.batch_size": (lambda v: v >= 1, ">= 1"),
+    "train.grad_accum": (lambda v: v >= 1, ">= 1"),
+    "train.epochs": (lambda v: v >= 1, ">= 1"),
+    "train.max_steps": (lambda v: v >= 1, ">= 1 or null"),
+    "train.warmup_ratio": (lambda v: 0 <= v <= 1, "between 0 and 1"),
+    "train.max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
+    "train.save_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
+    "train.log_every": (lambda v: v >= 1, ">= 1"),
+    "train.num_workers": (lambda v: v >= 0, ">= 0"),
+    "train.lora.r": (lambda v: v >= 1, ">= 1"),
+    "train.lora.dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "data.max_length": (lambda v: v >= 1, ">= 1"),
+}
 
 
 def _build(cls, raw: dict, prefix: str):
@@ -161,23 +192,43 @@ def _build(cls, raw: dict, prefix: str):
     return cls(**kwargs)
 
 
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
 def _coerce(value, f: dataclasses.Field, dotted: str):
+    """`value` as field `f`'s type, strictly: `ture` or `2.5` for an int is an error naming
+    the key and what it accepts, never a silent default."""
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if value is None:
-        return None
-    try:
-        if kind.startswith("int"):
+        if "None" in kind:
+            return None
+        raise GraftConfigError(f"{dotted}: null is not allowed; expected {kind.split(' ')[0]}")
+    if kind.startswith("bool"):
+        text = str(value).lower() if isinstance(value, (str, int)) else None
+        if isinstance(value, bool) or text in _TRUE + _FALSE:
+            return value if isinstance(value, bool) else text in _TRUE
+        raise GraftConfigError(f"{dotted}={value!r}: expected a boolean (true or false)")
+    if kind.startswith("int"):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
             return int(value)
-        if kind.startswith("float"):
+        raise GraftConfigError(f"{dotted}={value!r}: expected an integer")
+    if kind.startswith("float"):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if kind == "bool":
-            if isinstance(value, str):
-                return value.lower() in ("1", "true", "yes", "on")
-            return bool(value)
-        if kind.startswith("dict") and not isinstance(value, dict):
-            raise TypeError("expected a mapping")
-    except (TypeError, ValueError):
-        raise GraftConfigError(f"{dotted}={value!r}: expected {kind}") from None
+        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise GraftConfigError(f"{dotted}={value!r}: expected a number (e.g. 1e-4)")
+    if kind.startswith("str") and not isinstance(value, str):
+        raise GraftConfigError(f"{dotted}={value!r}: expected a string")
+    if kind.startswith("list") and not isinstance(value, list):
+        raise GraftConfigError(f"{dotted}={value!r}: expected a list, e.g. [a, b]")
+    if kind.startswith("dict") and not isinstance(value, dict):
+        raise GraftConfigError(f"{dotted}={value!r}: expected a mapping, e.g. {{kind: mlp}}")
     return value
 
 
@@ -193,4 +244,4 @@ def apply_override(raw: dict, item: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise GraftConfigError(f"--set {key}: {part} is not a mapping")
-    node[parts[-1]] = value
+    node[parts[-1]] = absolutize(value, Path.cwd()) if key.strip() in INPUT_PATHS else value

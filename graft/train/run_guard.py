@@ -1,0 +1,66 @@
+"""Before `graft train` loads anything: never replace a run the user did not ask to replace,
+and resume only a run trained with the same spec (naming every field that differs)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from graft.errors import GraftConfigError
+from graft.spec import GraftSpec
+
+# Fields a resumed run may change: how often it logs and saves, and where it reads from;
+# the LLM itself is pinned by llm.sha256 instead of its path.
+RESUME_MAY_CHANGE = {"output_dir", "llm.path", "llm.sha256", "train.save_every",
+                     "train.log_every", "train.num_workers", "train.feature_cache"}
+
+
+def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> Path:
+    """The run dir, checked: refused when it holds a run that is neither resumed nor to be
+    overwritten; emptied when `overwrite` (a run dir only); compared with the spec on resume."""
+    run_dir = Path(GraftSpec.expand(spec.output_dir))
+    if resume:
+        check_resume(spec, run_dir)
+        return run_dir
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return run_dir
+    if not (run_dir / "graft.yaml").is_file():
+        raise GraftConfigError(
+            f"output_dir {run_dir} is not empty and is not a run dir (no graft.yaml); pick a "
+            "new one with --set output_dir=PATH")
+    if not overwrite:
+        raise GraftConfigError(
+            f"output_dir {run_dir} already holds a run; --resume continues it, --overwrite "
+            "replaces it, --set output_dir=PATH trains into a new dir")
+    shutil.rmtree(run_dir)  # stale checkpoints would otherwise be found by a later --resume
+    return run_dir
+
+
+def check_resume(spec: GraftSpec, run_dir: Path) -> None:
+    from graft.train.checkpoint import latest_checkpoint
+
+    if not (run_dir / "graft.yaml").is_file() or latest_checkpoint(run_dir) is None:
+        raise GraftConfigError(f"--resume: {run_dir} has no graft.yaml and complete checkpoint "
+                               "to resume; drop --resume to start a new run")
+    saved = GraftSpec.load(run_dir / "graft.yaml")
+    diffs = [f"{k} ({saved_v!r} in the run, {new_v!r} now)"
+             for k, saved_v, new_v in spec_diff(saved.to_dict(), spec.to_dict())
+             if k not in RESUME_MAY_CHANGE]
+    if diffs:
+        raise GraftConfigError(
+            f"--resume: the spec differs from {run_dir / 'graft.yaml'} in {'; '.join(diffs)}; "
+            "resume with the same values, or train a new run with --set output_dir=PATH")
+    if spec.llm.sha256 is None:  # train() then checks the weights are the ones trained on
+        spec.llm.sha256 = saved.llm.sha256
+
+
+def spec_diff(a: dict, b: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted key, value in a, value in b) for every leaf that differs."""
+    out = []
+    for key in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += spec_diff(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append((f"{prefix}{key}", va, vb))
+    return out

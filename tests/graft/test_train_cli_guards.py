@@ -1,0 +1,108 @@
+"""`graft train` keeps what a user made (no silent overwrite, resume checked against the run),
+parses values strictly and checks paths before weights load: one-line errors, no traceback."""
+
+import yaml
+
+from graft.cli import main
+
+
+def _config(tmp_path, spec, **edits):
+    raw = spec.to_dict()
+    for dotted, value in edits.items():
+        *parents, leaf = dotted.split(".")
+        node = raw
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    cfg = tmp_path / "spec.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    return str(cfg)
+
+
+def _fails(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_run_dir_is_never_replaced_silently(make_spec, tmp_path, capsys):
+    spec = make_spec(max_steps=1)
+    cfg = _config(tmp_path, spec)
+    run = spec.output_dir
+    assert main(["train", cfg]) == 0
+    first = (tmp_path / "run" / "metrics.jsonl").read_text()
+
+    _fails(capsys, ["train", cfg], f"output_dir {run} already holds a run", "--overwrite",
+           "--resume")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == first
+    # --resume with another adapter kind: named before any state_dict is touched
+    changed = _config(tmp_path, spec, **{"adapter.kind": "linear", "train.lr": 0.1})
+    _fails(capsys, ["train", changed, "--resume"], "--resume: the spec differs",
+           "adapter.kind ('mlp' in the run, 'linear' now)", "train.lr (0.005 in the run, 0.1 now)")
+    (tmp_path / "run" / "checkpoints" / "step_00000099").mkdir()  # stale, from the old run
+    assert main(["train", cfg, "--overwrite"]) == 0
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not (tmp_path / "run" / "checkpoints" / "step_00000099").exists()
+    assert main(["train", cfg, "--resume", "--set", "train.max_steps=1"]) == 0
+
+
+def test_non_run_dir_and_missing_checkpoint(make_spec, tmp_path, capsys):
+    spec = make_spec(max_steps=1)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    cfg = _config(tmp_path, spec)
+    _fails(capsys, ["train", cfg, "--overwrite"], "is not empty and is not a run dir")
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+    _fails(capsys, ["train", cfg, "--resume"], "no graft.yaml and complete checkpoint")
+
+
+def test_strict_values(make_spec, tmp_path, capsys):
+    cfg = _config(tmp_path, make_spec())
+    _fails(capsys, ["train", cfg, "--set", "train.gradient_checkpointing=ture"],
+           "train.gradient_checkpointing='ture': expected a boolean (true or false)")
+    _fails(capsys, ["train", cfg, "--set", "train.batch_size=2.5"],
+           "train.batch_size=2.5: expected an integer")
+    _fails(capsys, ["train", cfg, "--set", "train.warmup_ratio=2"],
+           "train.warmup_ratio=2.0: must be between 0 and 1")
+    _fails(capsys, ["train", cfg, "--set", "llm.dtype=fp8"],
+           "llm.dtype='fp8': use one of float32, bfloat16, float16")
+    _fails(capsys, ["train", cfg, "--set", "train.lr=-1"], "train.lr=-1.0: must be > 0")
+
+
+def test_paths_checked_before_weights_load(make_spec, tmp_path, capsys):
+    cfg = _config(tmp_path, make_spec())
+    _fails(capsys, ["train", cfg, "--set", f"llm.path={tmp_path / 'no-llm'}"],
+           f"llm.path: {tmp_path / 'no-llm'} does not exist")
+    _fails(capsys, ["train", cfg, "--set", f"llm.path={tmp_path}"],
+           "llm.path:", "has no config.json")
+    _fails(capsys, ["train", cfg, "--set", "data.val=missing-val.json"], "data.val:",
+           "missing-val.json does not exist")
+
+
+def test_yaml_paths_are_relative_to_its_folder(make_spec, tmp_path, monkeypatch):
+    from graft.spec import GraftSpec
+
+    spec = make_spec()
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    raw = spec.to_dict()
+    raw["data"]["val"] = "val.json"
+    (folder / "g.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    loaded = GraftSpec.load(folder / "g.yaml", ["data.image_root=imgs"])
+    assert loaded.data.val == str(folder / "val.json")
+    assert loaded.data.image_root == str(tmp_path / "imgs")  # --set: the current directory
+    assert loaded.llm.path == spec.llm.path  # absolute paths stay as written
+
+
+def test_dry_run_reports_without_training(make_spec, tmp_path, capsys):
+    cfg = _config(tmp_path, make_spec())
+    assert main(["train", cfg, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "resolved spec:" in out and "kind: mlp" in out
+    assert "data.train: 12 samples (0 skipped), 12 images, image tokens per image [16]" in out
+    assert "memory estimate:" in out and "GiB" in out
+    assert not (tmp_path / "run").exists()
