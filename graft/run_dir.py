@@ -41,6 +41,10 @@ def model_dir_kind(path: str | Path, what: str = "model path") -> str:
         f"{what} {path}: neither a run dir ({SPEC_FILE}) nor an HF LLM dir ({LLM_CONFIG})")
 
 
+def _inside(name: str) -> property:
+    return property(lambda self: self.path / name, doc=f"<run dir>/{name}")
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Paths inside one run dir; `RunDir.open` also checks that it is one."""
@@ -58,45 +62,19 @@ class RunDir:
                                    "the output_dir of `graft train`")
         return cls(path)
 
-    @property
-    def spec_file(self) -> Path:
-        return self.path / SPEC_FILE
-
-    @property
-    def adapter_weights(self) -> Path:
-        return self.path / ADAPTER_WEIGHTS
-
-    @property
-    def adapter_config(self) -> Path:
-        return self.path / ADAPTER_CONFIG
-
-    @property
-    def lora_dir(self) -> Path:
-        return self.path / LORA_DIR
+    spec_file = _inside(SPEC_FILE)
+    adapter_weights = _inside(ADAPTER_WEIGHTS)
+    adapter_config = _inside(ADAPTER_CONFIG)
+    lora_dir = _inside(LORA_DIR)
+    checkpoints_dir = _inside(CHECKPOINTS_DIR)
+    metrics_file = _inside(METRICS_FILE)
+    train_summary = _inside(TRAIN_SUMMARY)
+    loss_curve = _inside(LOSS_CURVE)
+    eval_dir = _inside(EVAL_DIR)
 
     @property
     def has_lora(self) -> bool:
         return self.lora_dir.is_dir()
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.path / CHECKPOINTS_DIR
-
-    @property
-    def metrics_file(self) -> Path:
-        return self.path / METRICS_FILE
-
-    @property
-    def train_summary(self) -> Path:
-        return self.path / TRAIN_SUMMARY
-
-    @property
-    def loss_curve(self) -> Path:
-        return self.path / LOSS_CURVE
-
-    @property
-    def eval_dir(self) -> Path:
-        return self.path / EVAL_DIR
 
     def load_spec(self):
         """The GraftSpec saved in graft.yaml."""
