@@ -1,7 +1,39 @@
 """graft: join a vision encoder to a frozen LLM through a trainable projector.
 
 Kept import-light on purpose: subpackages (graft.kernels, graft.encoders, ...) import
-`graft` first, so nothing heavy may load here.
+`graft` first, so nothing heavy may load here. The main classes are still one import away
+(`from graft import GraftedModel, Engine`): each loads on first use (module __getattr__).
 """
 
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "GraftSpec": "graft.spec",
+    "GraftedModel": "graft.model",
+    "RunDir": "graft.run_dir",
+    "GraftError": "graft.errors",
+    "GraftConfigError": "graft.errors",
+    "GraftDataError": "graft.errors",
+    "Engine": "graft.serving",
+    "EngineConfig": "graft.serving",
+    "SamplingParams": "graft.serving",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'graft' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -31,6 +31,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# An example per command for its --help epilog (a module's own EXAMPLES text wins).
+EXAMPLES: dict[str, str] = {
+    "inspect": "graft inspect runs/quickstart --image-size 128x128",
+    "extract": "graft extract ~/models/kimi-vl donors/kimi --part both",
+    "export": "graft export runs/quickstart exports/quickstart-llava --format hf-llava",
+    "eval": "graft eval --model runs/quickstart --tasks quickstart_shape_color --limit 50\n"
+            "  graft eval --list",
+    "quantize": "graft quantize runs/quickstart --tasks quickstart_shape_color --out quant/ "
+                "--max-accuracy-drop 0.01",
+    "serve": "graft serve runs/quickstart --port 8000",
+    "bench engine": "graft bench engine ~/.cache/graft/smollm2-135m-instruct --num-requests 32",
+    "bench serve": "graft bench serve http://127.0.0.1:8000 --num-requests 64 --concurrency 8",
+    "bench grafts": "graft bench grafts --synthetic 3 --num-requests 24",
+    "bench kernels": "graft bench kernels --out kernels.json",
+    "bench train": "graft bench train graft/quickstart/quickstart.yaml --steps 20",
+    "models prepare": "graft models prepare --cache-dir ~/.cache/graft",
+    "data quickstart": "graft data quickstart --out data/quickstart",
+}
+
+
 def _groups() -> dict[str, dict[str, tuple[str, str]]]:
     groups: dict[str, dict[str, tuple[str, str]]] = {}
     for name, entry in COMMANDS.items():
@@ -53,7 +73,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
     (examples) keep their line breaks."""
 
     def _get_help_string(self, action):
-        if action.default in (None, False, [], "") or "%(default)" in (action.help or ""):
+        if action.default is None or action.default is False or action.default in ([], "") \
+                or "%(default)" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -112,10 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     module_name, help_text = subs[sub]
     prog = f"graft {head} {sub}".strip()
     module = importlib.import_module(module_name)
+    example = EXAMPLES.get(f"{head} {sub}".strip())
     parser = _Parser(prog=prog, description=help_text, formatter_class=_HelpFormatter,
-                     epilog=getattr(module, "EXAMPLES", None))
+                     epilog=getattr(module, "EXAMPLES", None) or f"example:\n  {example}")
     module.add_arguments(parser)
-    args = parser.parse_intermixed_args(argv)  # `PATH --image X "question"` works too
+    try:
+        args = parser.parse_intermixed_args(argv)  # `PATH --image X "question"` works too
+    except SystemExit as exit_:  # --help (0) or a usage error (2): a return code for callers
+        return int(exit_.code or 0)
     _quiet_loading_bars(getattr(args, "verbose", False))
     from graft.errors import GraftError
 

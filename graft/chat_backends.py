@@ -1,0 +1,88 @@
+"""What `graft chat` answers with: a run dir or plain LLM dir on HF generate, or either on
+graft's engine (`--quantization`). Each is `answer(messages, images) -> str`."""
+
+from __future__ import annotations
+
+from graft.errors import GraftConfigError
+
+
+def open_backend(path: str, args):
+    """The answering function for `path` (run dir or LLM dir), loaded once for a REPL."""
+    from graft.run_dir import model_dir_kind
+
+    kind = model_dir_kind(path, "PATH")
+    if args.quantization is not None:
+        return _engine_backend(path, args)
+    if kind == "run":
+        from graft.model import GraftedModel
+
+        model = GraftedModel.from_run(path, device=args.device)
+        if args.dtype:
+            model.llm.to(_dtype(args.dtype))
+        return lambda messages, images: model.chat(
+            messages, images, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, seed=args.seed)
+    return _llm_backend(path, args)
+
+
+def _dtype(name: str):
+    from graft.model import DTYPES
+
+    return DTYPES[name]
+
+
+def _text_only(path: str, images) -> None:
+    if images:
+        raise GraftConfigError(f"{path} is a plain LLM dir (no vision encoder): drop --image "
+                               "or pass a run dir written by `graft train`")
+
+
+def _llm_backend(path: str, args):
+    """A bare LLM on HF generate: text only, the same chat template as training."""
+    import torch
+
+    from graft.model import load_llm
+    from graft.template import encode_chat
+
+    llm, tokenizer = load_llm(path, args.dtype or "float32")
+    llm.to(args.device).eval()
+
+    def answer(messages, images):
+        _text_only(path, images)
+        ids = encode_chat(tokenizer, messages, [], add_generation_prompt=True).input_ids
+        kwargs = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+        if args.temperature > 0:
+            if args.seed is not None:
+                torch.manual_seed(args.seed)
+            kwargs.update(do_sample=True, temperature=args.temperature, top_p=1.0, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with torch.no_grad():
+            out = llm.generate(torch.tensor([ids], device=llm.device), **kwargs)
+        return tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True).strip()
+
+    return answer
+
+
+def _engine_backend(path: str, args):
+    from graft.serving import Engine, EngineConfig, SamplingParams
+    from graft.serving.multimodal.front import generate_chats
+    from graft.template import encode_chat
+
+    engine = Engine.from_pretrained(path, EngineConfig(
+        quantization=args.quantization, device=args.device, dtype=args.dtype or "float32"))
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_new_tokens,
+                            seed=args.seed)
+
+    def answer(messages, images):
+        if engine.mm is not None:
+            out = generate_chats(engine, {"chat": (messages, images)}, params)["chat"]
+        else:
+            _text_only(path, images)
+            ids = encode_chat(engine.tokenizer, messages, [], add_generation_prompt=True).input_ids
+            out = engine.generate(prompt_token_ids=[ids], sampling_params=params)[0]
+        if out.finish_reason in ("error", "internal_error"):
+            raise GraftConfigError(f"graft chat: {out.error}")
+        return out.text
+
+    return answer

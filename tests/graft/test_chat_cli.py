@@ -1,0 +1,77 @@
+"""`graft chat`: ranges on sampling flags, plain LLM dirs, --system, the REPL; one-line errors."""
+
+import io
+import sys
+
+from PIL import Image
+
+from graft.chat_cli import Conversation, repl
+from graft.cli import main
+
+
+def _fails(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_sampling_flags_have_ranges(tiny_run_dir, capsys):
+    _fails(capsys, ["chat", str(tiny_run_dir), "hi", "--max-new-tokens", "0"],
+           "argument --max-new-tokens: 0 is out of range: use >= 1")
+    _fails(capsys, ["chat", str(tiny_run_dir), "hi", "--temperature", "-1"],
+           "argument --temperature: -1 is out of range: use 0.0 <= value <= 2.0")
+    _fails(capsys, ["chat", str(tiny_run_dir), "hi", "--temperature", "hot"],
+           "argument --temperature: 'hot' is not a number")
+
+
+def test_neither_run_nor_llm_dir(tmp_path, capsys):
+    _fails(capsys, ["chat", str(tmp_path), "hi"], "neither a run dir (graft.yaml) nor an HF "
+           "LLM dir (config.json)")
+
+
+def test_plain_llm_dir_answers_text_and_refuses_images(tiny_llama, tmp_path, capsys):
+    assert main(["chat", str(tiny_llama), "hi", "--system", "Be brief.",
+                 "--max-new-tokens", "2"]) == 0
+    capsys.readouterr()
+    img = tmp_path / "q.png"
+    Image.new("RGB", (32, 32)).save(img)
+    _fails(capsys, ["chat", str(tiny_llama), "--image", str(img), "hi"],
+           "is a plain LLM dir (no vision encoder)")
+
+
+def test_missing_image_fails_before_loading(tiny_run_dir, tmp_path, capsys):
+    _fails(capsys, ["chat", str(tiny_run_dir), "--image", str(tmp_path / "no.png"), "hi"],
+           "no.png does not exist")
+
+
+def test_repl_turns_images_reset(tmp_path):
+    img = tmp_path / "q.png"
+    Image.new("RGB", (32, 32), (255, 0, 0)).save(img)
+    seen = []
+
+    def answer(messages, images):
+        seen.append(([dict(m) for m in messages], len(images)))
+        return f"answer {len(seen)}"
+
+    lines = [f"/image {img}", "what colour?", "and now?", "/image nope.png", "/bogus", "/reset",
+             "fresh", "/quit", "never read"]
+    out = io.StringIO()
+    assert repl(answer, Conversation("Be brief."), [], io.StringIO("\n".join(lines)), out) == 0
+    assert [n for _, n in seen] == [1, 1, 0]
+    first, second, third = (m for m, _ in seen)
+    assert first == [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": "<image>\nwhat colour?"}]
+    assert second[2:] == [{"role": "assistant", "content": "answer 1"},
+                          {"role": "user", "content": "and now?"}]
+    assert third == [first[0], {"role": "user", "content": "fresh"}]  # /reset: a new chat
+    text = out.getvalue()
+    assert "nope.png does not exist" in text and "unknown command /bogus" in text
+    assert "never read" not in text
+
+
+def test_repl_on_a_run_dir(tiny_run_dir, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert main(["chat", str(tiny_run_dir), "--max-new-tokens", "2"]) == 0
+    assert "/image PATH" in capsys.readouterr().out
