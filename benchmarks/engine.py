@@ -1,5 +1,6 @@
 """`graft bench engine MODEL_DIR`: graft engine vs HF `generate` on one seeded workload
-(`--quantization a,b,...`: the weight formats instead, graft.benchmarks.formats).
+(`--quantization a,b,...`: the weight formats instead, graft.benchmarks.formats;
+`--speculative ngram`: with vs without speculative decoding, graft.benchmarks.speculative).
 
 Reports output tokens/s of both (same checkpoint, same process), the ratio, and the
 engine's achieved FLOP/s as a fraction of a matmul roofline measured here on the model's
@@ -36,8 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the workload: batch-1/batch-32 decode and prefill-512 "
                         "tok/s of each weight format (or quant.json; none: no quantization "
                         "config) vs the memory roofline measured in the same run")
+    parser.add_argument("--speculative", default=None, choices=["ngram"],
+                        help="instead of the workload: decode tok/s with and without "
+                        "speculative decoding, copy-heavy and open chats, batch 1 and 8")
+    parser.add_argument("--num-speculative-tokens", type=int, default=4,
+                        help="with --speculative: most proposed tokens per verify step")
     parser.add_argument("--decode-tokens", type=int, default=64,
-                        help="with --quantization: tokens decoded per measurement")
+                        help="with --quantization/--speculative: tokens decoded per request")
     parser.add_argument("--bandwidth-mb", type=int, default=1024,
                         help="with --quantization: buffer read to measure memory bandwidth")
     parser.add_argument("--out", default=None, help="write the JSON result here")
@@ -61,6 +67,14 @@ def run(args) -> int:
         raise ValueError("--num-requests and --concurrency must be positive")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.speculative:
+        from graft.benchmarks.speculative import print_speculative, run_speculative
+
+        result = run_speculative(args)
+        print_speculative(result)
+        if args.out:
+            atomic_write_json(Path(args.out), result)
+        return 0
     if args.quantization:
         from graft.benchmarks.formats import print_formats, run_formats
 

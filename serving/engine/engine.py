@@ -20,6 +20,7 @@ from graft.serving.engine.sampling_params import SamplingParams
 from graft.serving.engine.scheduler import Scheduler
 from graft.serving.engine.sequence import Sequence
 from graft.serving.engine.spec_decode.controller import SpecDecoder
+from graft.serving.engine.spec_decode.verify import sample_step
 
 log = logging.getLogger("graft.serving")
 _EMA = 0.2  # weight of the newest timing sample in the moving averages
@@ -183,9 +184,10 @@ class Engine:
             seq.num_computed_tokens += n - len(seq.spec_tokens)  # proposals: once accepted
             self.block_manager.commit(seq)
         now = time.monotonic()
+        decoding = batch.num_decodes + sum(1 for s in batch.seqs if s.spec_tokens)
         for seq, toks, lps in zip(sampling, tokens, logprobs):
             try:
-                self._append_tokens(seq, toks, lps, now)
+                self._append_tokens(seq, toks, lps, now, decoding)
             except Exception as err:  # noqa: BLE001 - e.g. detokenizing; this request only
                 self._fail(seq, err)
             outputs.append(make_output(seq, final=seq.is_finished))
@@ -244,19 +246,13 @@ class Engine:
         return bad
 
     def _sample(self, logits, sampling: list[Sequence]) -> tuple[list[list[int]], list[list]]:
-        """New tokens (and logprob entries) per sampling sequence: one each, or up to
-        1 + len(seq.spec_tokens) for a sequence verifying proposals."""
-        if not sampling:
-            return [], []
-        if any(s.spec_tokens for s in sampling):
-            from graft.serving.engine.spec_decode.verify import sample_with_proposals
+        """New tokens (and logprob entries) per sampling sequence (spec_decode.verify)."""
+        return sample_step(self.sampler, logits, sampling)
 
-            return sample_with_proposals(self.sampler, logits, sampling)
-        tokens, logprobs = self.sampler(logits, sampling)
-        return [[t] for t in tokens], [[lp] for lp in logprobs]
-
-    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list, now: float) -> None:
-        """Append a step's tokens; after a verify step, drop the rejected proposals' KV."""
+    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list, now: float,
+                       decoding: int = 1) -> None:
+        """Append a step's tokens; after a verify step, drop the rejected proposals' KV
+        (`decoding`: sequences that decoded in this step, for the adaptive rule)."""
         draft, seq.spec_tokens = seq.spec_tokens, []
         for j, (token, lp) in enumerate(zip(tokens, logprobs)):
             self._append_token(seq, token, lp, now)
@@ -265,7 +261,7 @@ class Engine:
             if j < len(tokens) - 1:  # an accepted proposal: its KV was computed this step
                 seq.num_computed_tokens += 1
         if draft:
-            self.spec.record(seq, len(draft), len(tokens) - 1)
+            self.spec.record(seq, len(draft), len(tokens) - 1, decoding)
             if not seq.is_finished:
                 self.block_manager.rollback(seq)
                 self.block_manager.commit(seq)

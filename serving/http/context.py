@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from graft.errors import GraftError
 from graft.serving.http import protocol as P
 from graft.serving.http.engine_worker import EngineWorker
-from graft.serving.http.metrics import ServerMetrics
+from graft.serving.http.metrics import ServerMetrics, speculation_gauges
 from graft.serving.multimodal.media import MediaConfig, load_image
 
 
@@ -61,6 +61,7 @@ class ServerContext:
                                            lambda: self._cache_stat("misses")),
             "graft_encoder_cache_evictions": ("Encoder cache evictions.",
                                               lambda: self._cache_stat("evictions")),
+            **speculation_gauges(engine),
         })
         self.grafts = getattr(engine, "grafts", None)  # several grafts over one LLM, or None
         # served model name -> its multimodal front (None: the bare LLM, text only)
@@ -164,6 +165,7 @@ class ServerContext:
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
                 top_k=req.top_k or 0, max_tokens=limit or room, seed=req.seed,
-                stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs())
+                stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
+                speculative=req.speculative)
         except GraftError as err:
             raise P.APIError(str(err), code="invalid_value") from None

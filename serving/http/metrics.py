@@ -155,3 +155,24 @@ class ServerMetrics:
                 lines += m.render(header=name not in seen)
                 seen.add(name)
         return "\n".join(lines) + "\n"
+
+
+def speculation_gauges(engine) -> dict[str, tuple[str, Callable[[], float]]]:
+    """Speculative decoding series, read from the engine's counters (zero while it is off)."""
+    spec = engine.spec  # plain int reads: safe beside the engine thread
+
+    def rate() -> float:
+        return spec.accepted / spec.proposed if spec.proposed else 0.0
+
+    def length() -> float:
+        return (spec.accepted + spec.steps) / spec.steps if spec.steps else 0.0
+
+    return {
+        "graft_spec_decode_proposed_tokens": ("Speculative tokens proposed.", lambda: spec.proposed),
+        "graft_spec_decode_accepted_tokens": ("Speculative tokens accepted.", lambda: spec.accepted),
+        "graft_spec_decode_verify_steps": ("Sequence steps that verified proposals.",
+                                           lambda: spec.steps),
+        "graft_spec_decode_acceptance_rate": ("Accepted / proposed speculative tokens.", rate),
+        "graft_spec_decode_mean_accepted_length": (
+            "Tokens emitted per verify step (accepted proposals + the step's own token).", length),
+    }

@@ -110,6 +110,8 @@ class ChatCompletionRequest(_Strict):
     # graft extension: on a budget refusal, downscale native-resolution images and retry
     shrink_images_to_budget: bool | None = None
     ignore_eos: bool = False
+    # graft extension: speculative decoding for this request (None: the server's --speculative)
+    speculative: Literal["off", "ngram"] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -241,9 +243,20 @@ def new_completion_id() -> str:
     return "chatcmpl-" + uuid.uuid4().hex[:24]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, out=None) -> dict[str, Any]:
+    """OpenAI usage; a request that speculated also reports its proposals the way OpenAI's
+    predicted outputs do (completion_tokens_details.accepted/rejected_prediction_tokens)."""
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if out is not None and out.spec_verify_steps:
+        accepted = out.spec_accepted_tokens
+        body["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": out.spec_proposed_tokens - accepted,
+            # graft: tokens emitted per verify step (accepted + the step's own token)
+            "mean_accepted_length": round((accepted + out.spec_verify_steps)
+                                          / out.spec_verify_steps, 3)}
+    return body
 
 
 def logprobs_body(token_ids: list[int], entries: list[dict[int, float]], top: int,
@@ -263,12 +276,12 @@ def logprobs_body(token_ids: list[int], entries: list[dict[int, float]], top: in
 
 def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
                     prompt_tokens: int, completion_tokens: int,
-                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+                    logprobs: dict[str, Any] | None = None, out=None) -> dict[str, Any]:
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "logprobs": logprobs, "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, out),
     }
 
 
@@ -280,9 +293,9 @@ def chunk_body(cid: str, model: str, delta: dict[str, Any], finish_reason: str |
 
 
 def usage_chunk_body(cid: str, model: str, created: int, prompt_tokens: int,
-                     completion_tokens: int) -> dict[str, Any]:
+                     completion_tokens: int, out=None) -> dict[str, Any]:
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": [], "usage": usage(prompt_tokens, completion_tokens, out)}
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

@@ -64,7 +64,7 @@ async def complete(ctx, job: Job, queue: asyncio.Queue, model: str, request: Req
         watcher.cancel()
     logprobs = ctx.logprobs(last, 0, top_logprobs) if last is not None else None
     return JSONResponse(P.completion_body(job.request_id, model, text, reason,
-                                          len(job.prompt_token_ids), n_out, logprobs))
+                                          len(job.prompt_token_ids), n_out, logprobs, last))
 
 
 async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage: bool,
@@ -73,7 +73,7 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage:
     (watch_disconnect, started by the handler) aborts the job should the client go before
     this generator ever runs; it is cancelled here once the stream is over."""
     created = int(time.time())
-    sent, n_out, done = 0, 0, False
+    sent, n_out, done, last = 0, 0, False, None
     sent_lp = 0  # output tokens whose logprobs went out already
     try:
         yield P.sse(P.chunk_body(job.request_id, model, {"role": "assistant", "content": ""},
@@ -88,7 +88,7 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage:
                 yield P.sse(P.chunk_body(job.request_id, model, {}, "deadline", created))
                 done = True
                 break
-            n_out = len(out.token_ids)
+            n_out, last = len(out.token_ids), out
             delta = out.text[sent:]
             sent = len(out.text)
             # logprobs ride with the text they belong to (stop-string hold-back delays both)
@@ -104,7 +104,7 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage:
                 break
         if include_usage:
             yield P.sse(P.usage_chunk_body(job.request_id, model, created,
-                                           len(job.prompt_token_ids), n_out))
+                                           len(job.prompt_token_ids), n_out, last))
         yield P.sse("[DONE]")
     finally:
         watcher.cancel()

@@ -15,6 +15,17 @@ from graft.serving.engine.sampler import Sampler, logprob_entry
 from graft.serving.engine.sequence import Sequence
 
 
+def sample_step(sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence]):
+    """New tokens and logprob entries per sampling sequence: one each from the sampler, or up
+    to 1 + len(seq.spec_tokens) for a sequence verifying proposals."""
+    if not seqs:
+        return [], []
+    if any(s.spec_tokens for s in seqs):
+        return sample_with_proposals(sampler, logits, seqs)
+    tokens, logprobs = sampler(logits, seqs)
+    return [[t] for t in tokens], [[lp] for lp in logprobs]
+
+
 def sample_with_proposals(sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence]):
     """logits [sum(1 + len(spec_tokens)), V] -> (tokens per seq, logprob entries per seq).
 
