@@ -6,6 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from graft.cli_types import number_in
+
+
+EXAMPLES = """examples:
+  graft serve runs/quickstart                       # chat page at http://127.0.0.1:8000/
+  graft serve ~/models/smollm2 --port 8001          # a bare LLM, text only
+  graft serve ~/models/smollm2 --graft colors=runs/colors --graft digits=runs/digits
+"""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", nargs="?", default=None,
@@ -15,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve this run dir as model NAME (repeat it: every graft shares one "
                         "LLM, KV pool and batch; the bare LLM stays listed, text only)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=number_in(int, low=1, high=65535), default=8000,
+                   help="checked free before the model loads")
     p.add_argument("--served-model-name", default=None,
                    help="model name clients send (default: the dir's name; with --graft: "
                         "the bare LLM's name)")
@@ -64,6 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--quantization", default=None, metavar="SCHEME|quant.json", help="weights of the LLM's linears: fp32 | bf16 | int8 | int4 | int4-g32/-g64/-g128, or a quant.json per module (graft quantize)")
+    p.add_argument("--speculative", default="off", choices=["off", "ngram"],
+                   help="speculative decoding default (a request may override it): ngram = "
+                        "prompt lookup over the request's own tokens, verified losslessly")
+    p.add_argument("--num-speculative-tokens", type=int, default=4,
+                   help="most proposed tokens verified per step and request")
+    p.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram looked up")
+    p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram looked up (first)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     p.add_argument("--log-level", default="warning")
@@ -86,6 +103,7 @@ def build(args: argparse.Namespace):
     from graft.serving.multimodal.media import MediaConfig
     from graft.serving.multimodal.front import load_engine
     from graft.serving.http.server import ServerSettings, build_app
+    from graft.run_dir import model_dir_kind
 
     config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           max_num_seqs=args.max_num_seqs,
@@ -93,7 +111,9 @@ def build(args: argparse.Namespace):
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
                           dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager,
-                          quantization=args.quantization)
+                          quantization=args.quantization, speculative=args.speculative,
+                          num_speculative_tokens=args.num_speculative_tokens,
+                          ngram_min=args.ngram_min, ngram_max=args.ngram_max)
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
     path = Path(args.path) if args.path else None
     if args.graft:
@@ -104,7 +124,7 @@ def build(args: argparse.Namespace):
 
         raise GraftConfigError("graft serve needs PATH (a run dir or LLM dir) or at least one "
                                "--graft NAME=RUN_DIR")
-    elif (path / "graft.yaml").is_file():
+    elif model_dir_kind(path, "PATH") == "run":
         engine = load_engine(path, config, cache_bytes)
     else:
         from graft.serving import Engine
@@ -168,10 +188,34 @@ def uvicorn_options(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    check_port_free(args.host, args.port)  # before minutes of loading, not after
     app = build(args)
     names = ", ".join(map(repr, app.state.ctx.models))
     print(f"graft serve: {args.path or 'grafts'} as {names} on "
-          f"http://{args.host}:{args.port}/v1", flush=True)
+          f"http://{args.host}:{args.port}/v1 (chat page: http://{args.host}:{args.port}/)",
+          flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 **uvicorn_options(args))
     return 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """GraftConfigError when `host:port` cannot be bound (in use, or not ours to bind).
+    SO_REUSEADDR as uvicorn sets it, so a port in TIME_WAIT is not refused here."""
+    import socket
+
+    from graft.errors import GraftConfigError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise GraftConfigError(f"--host {host}: cannot resolve it ({err.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as err:
+            raise GraftConfigError(f"--port {port}: cannot listen on {host}:{port} "
+                                   f"({err.strerror}); stop what uses it or pick another "
+                                   "--port") from None

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import (FileResponse, JSONResponse, PlainTextResponse, Response,
+                               StreamingResponse)
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -26,6 +29,7 @@ from graft.serving.http.responses import (complete, error_response, sink, stream
 __all__ = ["ServerSettings", "build_app"]
 
 _MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands
+_STATIC = Path(__file__).with_name("static")  # the chat page at / (package data)
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -157,5 +161,11 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
                                      media_type="text/event-stream")
         return await complete(ctx, job, queue, req.model, request, req.top_logprobs or 0)
 
+    # the chat page (static files shipped in the package; it calls the API above)
+    @app.get("/", include_in_schema=False)
+    async def chat_page():
+        return FileResponse(_STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=_STATIC), name="static")
     openapi_schema.install(app)
     return app

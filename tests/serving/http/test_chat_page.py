@@ -1,0 +1,51 @@
+"""The chat page at / (static, offline, package data) and `graft serve`'s checks before the
+model loads: a busy port, a dir that is neither a run dir nor an LLM dir."""
+
+import re
+import socket
+
+import httpx
+
+from graft.cli import main
+
+PAGE_FILES = {"static/app.js": "javascript", "static/app.css": "text/css"}
+
+
+def test_page_and_assets_are_served(live_server):
+    page = httpx.get(live_server.url + "/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for path, kind in PAGE_FILES.items():
+        assert f'"{path}"' in page.text
+        asset = httpx.get(f"{live_server.url}/{path}")
+        assert asset.status_code == 200 and kind in asset.headers["content-type"]
+        # offline: nothing is fetched from another host
+        assert not re.search(r"https?://", asset.text), path
+    assert not re.search(r"(src|href)=\"https?://", page.text)
+    js = httpx.get(live_server.url + "/static/app.js").text
+    for api in ("v1/models", "v1/chat/completions", "metrics"):  # the same OpenAI API
+        assert f'"{api}"' in js
+    assert httpx.get(live_server.url + "/static/nope.js").status_code == 404
+
+
+def test_page_is_not_in_the_api_schema(live_server):
+    paths = httpx.get(live_server.url + "/openapi.json").json()["paths"]
+    assert "/" not in paths and not any(p.startswith("/static") for p in paths)
+
+
+def test_busy_port_fails_before_loading(tiny_run_dir, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", str(tiny_run_dir), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_neither_run_dir_nor_llm_dir(tmp_path, capsys):
+    from tests.serving.http.conftest import _free_port
+
+    assert main(["serve", str(tmp_path), "--port", str(_free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "neither a run dir (graft.yaml) nor an HF LLM dir (config.json)" in err, err
+    assert "Traceback" not in err
