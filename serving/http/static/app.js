@@ -193,9 +193,4 @@ $("reset").addEventListener("click", () => {
 });
 $("key").addEventListener("change", loadModels);
 
-// `/?q=question` sends one question on load (a shareable link; also how the docs'
-// screenshot is taken in a headless browser).
-loadModels().then(() => {
-  const q = new URLSearchParams(location.search).get("q");
-  if (q) { $("prompt").value = q; $("composer").requestSubmit(); }
-});
+loadModels();

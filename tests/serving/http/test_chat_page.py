@@ -49,3 +49,45 @@ def test_neither_run_dir_nor_llm_dir(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "neither a run dir (graft.yaml) nor an HF LLM dir (config.json)" in err, err
     assert "Traceback" not in err
+
+
+# a 32x32 red PNG made in the page, handed over as the file/paste handlers do: a data: URL
+_RED_IMAGE = """(() => { const c = document.createElement("canvas"); c.width = c.height = 32;
+  const g = c.getContext("2d"); g.fillStyle = "#d22"; g.fillRect(0, 0, 32, 32);
+  setImage(c.toDataURL("image/png")); return true; })()"""
+
+
+def _ask(browser, text: str, n_answers: int) -> None:
+    browser.js(f"document.getElementById('prompt').value = {text!r}; "
+               "document.getElementById('composer').requestSubmit(); true")
+    browser.wait_for(f"document.querySelectorAll('.stats').length >= {n_answers} "
+                     "|| document.querySelector('.msg.error')")
+
+
+def test_page_chats_about_an_image_in_chromium(live_server, tmp_path):
+    """A real headless Chromium: the model list, an image, two streamed turns (the second
+    resends the image, which then comes from the encoder cache), TTFT and tokens/s shown."""
+    import os
+
+    import pytest
+
+    from tests.serving.http.cdp import Browser, find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("no Chromium installed (apt-get install chromium) to drive the page")
+    browser = Browser()
+    try:
+        browser.goto(live_server.url + "/")
+        assert browser.wait_for("document.getElementById('model')?.value") == "tiny"
+        browser.js("document.getElementById('max-tokens').value = 8; true")
+        assert browser.js(_RED_IMAGE)
+        _ask(browser, "What colour is it?", 1)
+        _ask(browser, "And the border?", 2)
+        assert browser.js("document.querySelector('.msg.error')") is None
+        stats = browser.js("[...document.querySelectorAll('.stats')].map(s => s.textContent)")
+        assert re.match(r"TTFT \d+ ms · [\d.]+ tokens/s · \d+ tokens · image encoded$", stats[0])
+        assert stats[1].endswith("image from the encoder cache"), stats
+        assert browser.js("document.querySelectorAll('.msg.user img').length") == 1
+        browser.screenshot(os.environ.get("GRAFT_CHAT_SCREENSHOT") or tmp_path / "chat.png")
+    finally:
+        browser.close()
