@@ -13,9 +13,10 @@ from graft.serving.engine.spec_decode.ngram import NgramProposer
 # SmolLM2-135M: ~1.3x at batch 1; at batch 8 one verifying sequence makes the whole step
 # ~1.5x), while it gains only that sequence's accepted tokens. So every WINDOW verify steps a
 # sequence must have accepted at least MIN_ACCEPTED_PER_STEP tokens per step, times the
-# number of sequences decoding beside it (capped at the proposal length), or it pauses
-# speculation for `pause` output tokens (doubling each time, up to MAX_PAUSE): a non-copying
-# answer pays for a few failed verify steps, then decodes plainly
+# number of sequences decoding in the step (capped at 0.75 k), or it pauses speculation for
+# `pause` output tokens times that number of sequences (the pause doubling each time, up to
+# MAX_PAUSE): a non-copying answer pays for a few failed verify steps, then decodes plainly;
+# in a batch every verify step slows all its sequences, so probing again is rarer there
 WINDOW = 4
 MIN_ACCEPTED_PER_STEP = 0.5
 FIRST_PAUSE, MAX_PAUSE = 16, 512
@@ -72,7 +73,7 @@ class SpecDecoder:
         if state.window_steps >= WINDOW:
             need = min(MIN_ACCEPTED_PER_STEP * max(num_decoding, 1), 0.75 * self.ngram.num_tokens)
             if state.window_accepted < need * state.window_steps:
-                state.resume_at = seq.num_output_tokens + state.pause
+                state.resume_at = seq.num_output_tokens + state.pause * max(num_decoding, 1)
                 state.pause = min(2 * state.pause, MAX_PAUSE)
             else:
                 state.pause = FIRST_PAUSE

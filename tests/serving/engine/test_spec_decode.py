@@ -149,3 +149,23 @@ def test_stop_tokens_and_logprobs_inside_accepted_runs(tiny_llama):
         for x, y in zip(a.logprobs, b.logprobs):
             assert x.keys() == y.keys()
             assert all(abs(x[t] - y[t]) < 1e-4 for t in x)
+
+
+@pytest.mark.parametrize("budget", [2048, 7])
+def test_images_in_the_prompt(tiny_llama, budget):
+    from tests.serving.engine.test_mm_seam import _image_request
+
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    engine = Engine.from_pretrained(tiny_llama, EngineConfig(
+        max_num_batched_tokens=budget, block_size=4, num_kv_blocks=64, speculative="ngram"))
+    text, prompt, mm = _image_request(engine, seed=30)
+    want = Engine.from_pretrained(tiny_llama, EngineConfig(num_kv_blocks=64)).generate(
+        prompt_token_ids=[text], sampling_params=params)[0].token_ids
+    engine.spec.ngram = OracleProposer([prompt], [want])
+    engine.add_request("img", prompt, params, mm_inputs=mm)
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final = out if out.finished else final
+    assert final.token_ids == want and final.spec_accepted_tokens > 0
+    assert engine.block_manager.num_free_blocks == 64

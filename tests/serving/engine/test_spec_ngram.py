@@ -93,4 +93,5 @@ def test_more_decoding_neighbours_need_more_acceptance():
     for _ in range(controller.WINDOW):
         spec.record(alone, 4, 1, num_decoding=1)  # 1 token per step pays off alone ...
         spec.record(crowded, 4, 1, num_decoding=8)  # ... not beside 7 plain decodes
-    assert alone.spec.resume_at == 0 and crowded.spec.resume_at > 0
+    assert alone.spec.resume_at == 0
+    assert crowded.spec.resume_at == crowded.num_output_tokens + 8 * controller.FIRST_PAUSE
