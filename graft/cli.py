@@ -82,7 +82,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 
 class _Parser(argparse.ArgumentParser):
-    """An unknown flag gets a "did you mean" from the parser's own flags."""
+    """Usage errors are one line (not the whole usage block); an unknown flag gets a "did you
+    mean" from the parser's own flags."""
 
     def error(self, message: str):
         if message.startswith("unrecognized arguments:"):
@@ -91,7 +92,7 @@ class _Parser(argparse.ArgumentParser):
                 hint = _did_you_mean(word.split("=")[0], flags)
                 if hint:
                     message += f" ({word}:{hint})"
-        super().error(message)
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _did_you_mean(word: str, choices) -> str:

@@ -28,6 +28,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     import logging
+    import os
+    import time
 
     from graft.spec import GraftSpec
     from graft.spec_paths import check_paths
@@ -46,7 +48,35 @@ def run(args) -> int:
     from graft.train.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    start = time.perf_counter()
     run_dir = train(spec, resume=args.resume)
+    if os.environ.get("RANK", "0") == "0":  # under `accelerate launch`: once, not per process
+        print(summary_line(run_dir, time.perf_counter() - start))
     print(f"run dir: {run_dir}")
     print(f"next: graft chat {run_dir} --image PATH \"question\"   |   graft serve {run_dir}")
     return 0
+
+
+def summary_line(run_dir, seconds: float) -> str:
+    """One line when training ends: steps, time, last loss, val loss, samples/s, peak memory
+    (from what the loop wrote: metrics.jsonl, train_summary.json)."""
+    import json
+    import resource
+
+    import torch
+
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln]
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    last = rows[-1] if rows else {}
+    parts = [f"done: {summary['steps']} steps in {seconds / 60:.1f} min"]
+    if "loss" in last:
+        parts.append(f"loss {last['loss']:.4f}")
+    if summary.get("val_loss") is not None:
+        parts.append(f"val loss {summary['val_loss']:.4f}")
+    if "samples_per_s" in last:
+        parts.append(f"{last['samples_per_s']:.1f} samples/s")
+    if torch.cuda.is_available():
+        parts.append(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    else:  # ru_maxrss is in KiB on Linux
+        parts.append(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+    return ", ".join(parts)

@@ -75,3 +75,25 @@ def test_repl_on_a_run_dir(tiny_run_dir, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
     assert main(["chat", str(tiny_run_dir), "--max-new-tokens", "2"]) == 0
     assert "/image PATH" in capsys.readouterr().out
+
+
+def test_loading_bars_quiet_unless_verbose(tiny_llama):
+    import subprocess
+
+    import os
+
+    cmd = [sys.executable, "-m", "graft.cli", "chat", str(tiny_llama), "hi", "--max-new-tokens", "1"]
+    # in-process main() calls in this session set the switch in os.environ: not inherited here
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    quiet = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Loading weights" not in quiet.stderr
+    loud = subprocess.run(cmd + ["--verbose"], capture_output=True, text=True, timeout=300, env=env)
+    assert "Loading weights" in loud.stderr
+
+
+def test_usage_errors_are_one_line(capsys):
+    assert main(["chat", "x", "--max-new-tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("graft chat: error: argument --max-new-tokens: 0 is out of range: use >= 1 "
+                   "(see graft chat --help)\n")

@@ -1,6 +1,8 @@
 """`graft train` keeps what a user made (no silent overwrite, resume checked against the run),
 parses values strictly and checks paths before weights load: one-line errors, no traceback."""
 
+import re
+
 import yaml
 
 from graft.cli import main
@@ -34,6 +36,8 @@ def test_run_dir_is_never_replaced_silently(make_spec, tmp_path, capsys):
     run = spec.output_dir
     assert main(["train", cfg]) == 0
     first = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert re.search(r"done: 1 steps in [\d.]+ min, loss [\d.]+, [\d.]+ samples/s, peak ",
+                     capsys.readouterr().out)
 
     _fails(capsys, ["train", cfg], f"output_dir {run} already holds a run", "--overwrite",
            "--resume")
