@@ -22,6 +22,9 @@ def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = Fal
     if resume:
         check_resume(spec, run_dir)
         return run_dir
+    if run_dir.exists() and not run_dir.is_dir():
+        raise GraftConfigError(f"output_dir {run_dir} is a file; pick a folder with "
+                               "--set output_dir=PATH")
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return run_dir
     if not (run_dir / "graft.yaml").is_file():

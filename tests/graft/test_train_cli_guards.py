@@ -61,6 +61,8 @@ def test_non_run_dir_and_missing_checkpoint(make_spec, tmp_path, capsys):
     _fails(capsys, ["train", cfg, "--overwrite"], "is not empty and is not a run dir")
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
     _fails(capsys, ["train", cfg, "--resume"], "no graft.yaml and complete checkpoint")
+    _fails(capsys, ["train", cfg, "--set", f"output_dir={tmp_path / 'run' / 'notes.txt'}"],
+           "notes.txt is a file")
 
 
 def test_strict_values(make_spec, tmp_path, capsys):
