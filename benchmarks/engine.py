@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of the workload: batch-1/batch-32 decode and prefill-512 "
                         "tok/s of each weight format (or quant.json; none: no quantization "
                         "config) vs the memory roofline measured in the same run")
-    parser.add_argument("--speculative", default=None, choices=["ngram"],
+    parser.add_argument("--speculative", default=None, choices=["ngram", "suffix"],
                         help="instead of the workload: decode tok/s with and without "
                         "speculative decoding, copy-heavy and open chats, batch 1 and 8")
     parser.add_argument("--num-speculative-tokens", type=int, default=4,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from graft.errors import GraftConfigError
 
 _DTYPES = ("float32", "float16", "bfloat16")
-SPECULATIVE_MODES = ("off", "ngram")
+SPECULATIVE_MODES = ("off", "ngram", "suffix")
 
 
 @dataclass
@@ -28,16 +28,18 @@ class EngineConfig:
     # how the LLM's linears are held: None/fp32 | bf16 | int8 | int4[-g32|-g64|-g128] for all,
     # or a quantization config JSON path/dict per module (graft.serving.models.quantize)
     quantization: str | dict | None = None
-    # speculative decoding: off | ngram (prompt lookup over the sequence's own tokens); a
+    # speculative decoding: off | ngram (prompt lookup over the sequence's own tokens) |
+    # suffix (ngram, or continuations seen in recent requests' outputs when longer); a
     # request may override it (SamplingParams.speculative)
     speculative: str = "off"
     num_speculative_tokens: int = 4  # most proposed tokens verified per step and sequence
     ngram_min: int = 2  # shortest suffix n-gram looked up ...
     ngram_max: int = 4  # ... and the longest (tried first)
+    suffix_cache_tokens: int = 1 << 16  # suffix mode: recent output tokens remembered
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",
-                     "num_speculative_tokens", "ngram_min", "ngram_max"):
+                     "num_speculative_tokens", "ngram_min", "ngram_max", "suffix_cache_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise GraftConfigError(f"EngineConfig.{name} must be a positive int, got {value!r}")

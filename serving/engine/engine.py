@@ -265,6 +265,8 @@ class Engine:
             if not seq.is_finished:
                 self.block_manager.rollback(seq)
                 self.block_manager.commit(seq)
+        if seq.is_finished:
+            self.spec.observe(seq)
 
     def _append_token(self, seq: Sequence, token: int, logprob, now: float) -> None:
         seq.token_ids.append(token)

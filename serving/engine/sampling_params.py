@@ -25,7 +25,7 @@ class SamplingParams:
     stop: list[str] | str | None = None  # finish when the text contains one (cut before it)
     logprobs: int | None = None  # return this many top logprobs per token (plus the sampled)
     skip_special_tokens: bool = True  # for the decoded text
-    speculative: str | None = None  # off | ngram for this request; None = the engine's default
+    speculative: str | None = None  # off | ngram | suffix for this request; None = the engine's
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -111,7 +111,7 @@ class ChatCompletionRequest(_Strict):
     shrink_images_to_budget: bool | None = None
     ignore_eos: bool = False
     # graft extension: speculative decoding for this request (None: the server's --speculative)
-    speculative: Literal["off", "ngram"] | None = None
+    speculative: Literal["off", "ngram", "suffix"] | None = None
 
     @field_validator("stop")
     @classmethod

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.sequence import Sequence
 from graft.serving.engine.spec_decode.ngram import NgramProposer
+from graft.serving.engine.spec_decode.suffix import SuffixIndex
 
 # adaptive rule: a verify step costs more than a plain decode step (measured on CPU with
 # SmolLM2-135M: ~1.3x at batch 1; at batch 8 one verifying sequence makes the whole step
@@ -40,11 +41,15 @@ class SpecDecoder:
         self.default = config.speculative
         self.max_model_len = max_model_len
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max, config.num_speculative_tokens)
+        self.suffix = SuffixIndex(config.ngram_min, config.ngram_max,
+                                  config.num_speculative_tokens, config.suffix_cache_tokens)
         self.proposed = self.accepted = self.steps = 0  # engine-wide, for /metrics
 
+    def mode(self, seq: Sequence) -> str:
+        return seq.params.speculative or self.default
+
     def enabled(self, seq: Sequence) -> bool:
-        mode = seq.params.speculative or self.default
-        return mode != "off"
+        return self.mode(seq) != "off"
 
     def propose(self, seq: Sequence, budget: int) -> list[int]:
         """Proposals for a decoding seq, at most budget - 1 (its own token comes first)."""
@@ -56,7 +61,21 @@ class SpecDecoder:
         # more tokens than the request may still emit (or the context holds) would be wasted:
         # a step emits up to len(proposal) + 1 tokens
         left = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq))
-        return self.ngram.propose(seq.token_ids, min(budget, left) - 1)
+        limit = min(budget, left) - 1
+        own = self.ngram.propose(seq.token_ids, limit)
+        if self.mode(seq) != "suffix" or len(own) >= min(limit, self.ngram.num_tokens):
+            return own
+        seen = self.suffix.propose(seq.token_ids, limit)
+        return seen if len(seen) > len(own) else own
+
+    def observe(self, seq: Sequence) -> None:
+        """A finished suffix-mode sequence's output (after its prompt's last tokens) joins
+        the suffix index; image placeholders never do."""
+        if self.mode(seq) != "suffix" or not seq.num_output_tokens:
+            return
+        tokens = seq.token_ids[max(seq.num_prompt_tokens - self.suffix.max_n, 0):]
+        negative = [i for i, t in enumerate(tokens) if t < 0]
+        self.suffix.add(tokens[negative[-1] + 1:] if negative else tokens)
 
     def record(self, seq: Sequence, proposed: int, accepted: int, num_decoding: int = 1) -> None:
         """A verify step of seq proposed `proposed` tokens and `accepted` matched, in a step
