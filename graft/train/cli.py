@@ -35,6 +35,9 @@ def run(args) -> int:
     from graft.spec_paths import check_paths
     from graft.train.run_guard import prepare_run_dir
 
+    # under `accelerate launch` every process runs this: the run dir is checked (and emptied
+    # with --overwrite) by the main one only, which no other may race
+    main_process = os.environ.get("RANK", "0") == "0"
     spec = GraftSpec.load(args.config, args.overrides)
     check_paths(spec)  # every input path, before any weights load
     if args.dry_run:
@@ -44,13 +47,14 @@ def run(args) -> int:
             prepare_run_dir(spec, resume=args.resume)
         print(format_report(dry_run(spec)))
         return 0
-    prepare_run_dir(spec, resume=args.resume, overwrite=args.overwrite)
+    if main_process:
+        prepare_run_dir(spec, resume=args.resume, overwrite=args.overwrite)
     from graft.train.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
     run_dir = train(spec, resume=args.resume)
-    if os.environ.get("RANK", "0") == "0":  # under `accelerate launch`: once, not per process
+    if main_process:
         print(summary_line(run_dir, time.perf_counter() - start))
     print(f"run dir: {run_dir}")
     print(f"next: graft chat {run_dir} --image PATH \"question\"   |   graft serve {run_dir}")
