@@ -118,6 +118,11 @@ def test_glm4_and_int8_weights_stay_lossless(tiny_llm_factory):
         engine, got, _ = _run(model_dir, prompts, oracle=oracle, quantization="int8",
                               num_kv_blocks=64, speculative="ngram")
         assert got == want and engine.stats().spec_accepted_tokens > 0
+        # prompt lookup mixes plain steps (llama: the one-call C decode) with verify steps
+        engine, got, _ = _run(model_dir, prompts, quantization="int8", num_kv_blocks=64,
+                              speculative="ngram")
+        assert got == want
+        assert (engine.runner.model.fused_decode is not None) == (family == "llama")
 
 
 def test_per_request_override_and_off_by_default(tiny_llama):
