@@ -64,18 +64,22 @@ def _ask(browser, text: str, n_answers: int) -> None:
                      "|| document.querySelector('.msg.error')")
 
 
-def test_page_chats_about_an_image_in_chromium(live_server, tmp_path):
-    """A real headless Chromium: the model list, an image, two streamed turns (the second
-    resends the image, which then comes from the encoder cache), TTFT and tokens/s shown."""
-    import os
-
+def _browser_or_skip():
     import pytest
 
     from tests.serving.http.cdp import Browser, find_chromium
 
     if find_chromium() is None:
         pytest.skip("no Chromium installed (apt-get install chromium) to drive the page")
-    browser = Browser()
+    return Browser()
+
+
+def test_page_chats_about_an_image_in_chromium(live_server, tmp_path):
+    """A real headless Chromium: the model list, an image, two streamed turns (the second
+    resends the image, which then comes from the encoder cache), TTFT and tokens/s shown."""
+    import os
+
+    browser = _browser_or_skip()
     try:
         browser.goto(live_server.url + "/")
         assert browser.wait_for("document.getElementById('model')?.value") == "tiny"
@@ -91,3 +95,32 @@ def test_page_chats_about_an_image_in_chromium(live_server, tmp_path):
         browser.screenshot(os.environ.get("GRAFT_CHAT_SCREENSHOT") or tmp_path / "chat.png")
     finally:
         browser.close()
+
+
+def test_page_picks_the_graft_in_chromium(graft_runs):
+    """Several grafts served: the page lists /v1/models and the request goes to the pick."""
+    from tests.serving.http.test_http_grafts import _args
+    from graft.serving.http import serve_cli
+    from tests.serving.http.conftest import LiveServer
+
+    app = serve_cli.build(_args(["--graft", f"sig={graft_runs['sig']}",
+                                 "--graft", f"clip={graft_runs['clip']}",
+                                 "--served-model-name", "base"]))
+    with LiveServer(app) as server:
+        browser = _browser_or_skip()
+        try:
+            browser.goto(server.url + "/")
+            browser.wait_for("document.getElementById('model')?.value")
+            listed = [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]]
+            assert browser.js("[...document.querySelectorAll('#model option')].map(o => o.value)") == listed
+            assert set(listed) == {"base", "sig", "clip"}
+            browser.js("document.getElementById('model').value = 'clip'; "
+                       "document.getElementById('max-tokens').value = 4; true")
+            assert browser.js(_RED_IMAGE)
+            _ask(browser, "What colour is it?", 1)
+            assert browser.js("document.querySelector('.msg.error')") is None
+        finally:
+            browser.close()
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'graft_per_graft_requests_total{graft="clip"} 1' in metrics
+        assert 'graft_per_graft_requests_total{graft="sig"} 0' in metrics
