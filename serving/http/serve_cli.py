@@ -9,6 +9,11 @@ from pathlib import Path
 from graft.cli_types import number_in
 
 
+# value types: a bad number is an argparse error naming the flag and the range
+_at_least_1 = number_in(int, low=1)
+_count = number_in(int, low=0)
+_positive_float = number_in(float, low=0.0, low_open=True)
+
 EXAMPLES = """examples:
   graft serve runs/quickstart                       # chat page at http://127.0.0.1:8000/
   graft serve ~/models/smollm2 --port 8001          # a bare LLM, text only
@@ -36,40 +41,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="DOMAIN",
                    help="with --allow-remote-media: fetch only from these hosts and their "
                         "subdomains (default: any public host)")
-    p.add_argument("--remote-media-timeout-s", type=float, default=10.0,
+    p.add_argument("--remote-media-timeout-s", type=_positive_float, default=10.0,
                    help="deadline for a whole remote image fetch, redirects included")
-    p.add_argument("--limit-images-per-prompt", type=int, default=4)
-    p.add_argument("--max-image-bytes", type=int, default=20 * 1024 * 1024)
-    p.add_argument("--max-image-pixels", type=int, default=4096 * 4096)
-    p.add_argument("--encoder-cache-mb", type=float, default=256.0,
+    p.add_argument("--limit-images-per-prompt", type=_count, default=4)
+    p.add_argument("--max-image-bytes", type=_at_least_1, default=20 * 1024 * 1024)
+    p.add_argument("--max-image-pixels", type=_at_least_1, default=4096 * 4096)
+    p.add_argument("--encoder-cache-mb", type=number_in(float, low=0.0), default=256.0,
                    help="byte budget of the encoder (image embedding) cache")
-    p.add_argument("--encoder-tokens-per-step", type=int, default=4096,
+    p.add_argument("--encoder-tokens-per-step", type=_at_least_1, default=4096,
                    help="image tokens encoded between two engine steps")
-    p.add_argument("--ttft-budget-ms", type=float, default=None,
+    p.add_argument("--ttft-budget-ms", type=_positive_float, default=None,
                    help="default time-to-first-token budget; requests may set ttft_budget_ms")
     p.add_argument("--shrink-images-to-budget", action="store_true",
                    help="downscale native-resolution images (e.g. MoonViT) to meet a budget")
-    p.add_argument("--admission-slack", type=float, default=1.0,
+    p.add_argument("--admission-slack", type=_positive_float, default=1.0,
                    help="multiply TTFT estimates by this before comparing to the budget")
     p.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1 routes (repeat for several "
                         "keys; $GRAFT_API_KEY adds one more)")
     p.add_argument("--auth-health", action="store_true", help="/health needs a key too")
     p.add_argument("--auth-metrics", action="store_true", help="/metrics needs a key too")
-    p.add_argument("--max-queued-requests", type=int, default=None,
+    p.add_argument("--max-queued-requests", type=_count, default=None,
                    help="refuse (429 + Retry-After) when this many requests already wait for "
                         "their first token (default: no limit)")
-    p.add_argument("--max-queued-tokens", type=int, default=None,
+    p.add_argument("--max-queued-tokens", type=_count, default=None,
                    help="refuse (429 + Retry-After) when the waiting requests' prompt tokens "
                         "would exceed this (default: no limit)")
     p.add_argument("--parse-special-tokens-in-text", action="store_true",
                    help="special-token text typed in messages (e.g. <|im_start|>) becomes "
                         "control tokens; default: plain text (trusted clients only)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=_at_least_1, default=16)
+    p.add_argument("--num-kv-blocks", type=_at_least_1, default=None)
+    p.add_argument("--max-num-seqs", type=_at_least_1, default=64)
+    p.add_argument("--max-num-batched-tokens", type=_at_least_1, default=2048)
+    p.add_argument("--max-model-len", type=_at_least_1, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
@@ -84,16 +89,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     p.add_argument("--log-level", default="warning")
-    p.add_argument("--header-timeout-s", type=float, default=10.0,
+    p.add_argument("--header-timeout-s", type=_positive_float, default=10.0,
                    help="close a connection whose request headers are not complete in this "
                         "time (408)")
-    p.add_argument("--request-body-timeout-s", type=float, default=60.0,
+    p.add_argument("--request-body-timeout-s", type=_positive_float, default=60.0,
                    help="answer 408 when a request body takes longer than this to arrive")
-    p.add_argument("--timeout-keep-alive", type=int, default=5,
+    p.add_argument("--timeout-keep-alive", type=_count, default=5,
                    help="close idle kept-alive connections after this many seconds")
-    p.add_argument("--limit-concurrency", type=int, default=1024,
+    p.add_argument("--limit-concurrency", type=_at_least_1, default=1024,
                    help="answer 503 beyond this many open connections / requests in flight")
-    p.add_argument("--max-header-bytes", type=int, default=16 * 1024,
+    p.add_argument("--max-header-bytes", type=_at_least_1, default=16 * 1024,
                    help="largest request line + headers accepted")
 
 
