@@ -75,7 +75,7 @@ def _engine_backend(path: str, args):
                             seed=args.seed)
 
     def answer(messages, images):
-        if engine.mm is not None:
+        if getattr(engine, "mm", None) is not None:  # a run dir: its image path is attached
             out = generate_chats(engine, {"chat": (messages, images)}, params)["chat"]
         else:
             _text_only(path, images)

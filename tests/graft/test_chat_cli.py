@@ -34,11 +34,14 @@ def test_neither_run_nor_llm_dir(tmp_path, capsys):
 def test_plain_llm_dir_answers_text_and_refuses_images(tiny_llama, tmp_path, capsys):
     assert main(["chat", str(tiny_llama), "hi", "--system", "Be brief.",
                  "--max-new-tokens", "2"]) == 0
+    assert main(["chat", str(tiny_llama), "hi", "--max-new-tokens", "2",
+                 "--quantization", "int8"]) == 0  # the engine, text only
     capsys.readouterr()
     img = tmp_path / "q.png"
     Image.new("RGB", (32, 32)).save(img)
-    _fails(capsys, ["chat", str(tiny_llama), "--image", str(img), "hi"],
-           "is a plain LLM dir (no vision encoder)")
+    for extra in ([], ["--quantization", "fp32"]):
+        _fails(capsys, ["chat", str(tiny_llama), "--image", str(img), "hi", *extra],
+               "is a plain LLM dir (no vision encoder)")
 
 
 def test_missing_image_fails_before_loading(tiny_run_dir, tmp_path, capsys):
