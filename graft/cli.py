@@ -65,8 +65,10 @@ def _top_help() -> str:
     lines = ["usage: graft COMMAND [ARGS...]", "", "commands:"]
     for name, (_, help_text) in COMMANDS.items():
         lines.append(f"  {name:<18} {help_text}")
-    lines.append("")
-    lines.append("Run `graft COMMAND --help` for a command's options.")
+    lines += ["", "examples:", "  graft train my-graft.yaml --dry-run",
+              "  graft chat runs/quickstart --image cat.png \"What is in the picture?\"",
+              "  graft serve runs/quickstart        # API + chat page on http://127.0.0.1:8000/",
+              "", "Run `graft COMMAND --help` for a command's options."]
     return "\n".join(lines)
 
 

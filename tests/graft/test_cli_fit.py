@@ -17,6 +17,11 @@ def test_every_help_has_an_example(command, capsys):
     assert "example" in out and f"graft {command}" in out.split("example", 1)[1]
 
 
+def test_top_help_has_examples(capsys):
+    assert main(["--help"]) == 0
+    assert "examples:\n  graft train" in capsys.readouterr().out
+
+
 def test_help_shows_defaults(capsys):
     assert main(["chat", "--help"]) == 0
     assert "(default: 64)" in capsys.readouterr().out
