@@ -21,6 +21,10 @@ from graft.serving.engine.spec_decode.suffix import SuffixIndex
 WINDOW = 4
 MIN_ACCEPTED_PER_STEP = 0.5
 FIRST_PAUSE, MAX_PAUSE = 16, 512
+# proposal length: every proposed token is a row through every linear (on CPU a verify step
+# of 1 + k tokens costs more with k), so a sequence proposes at most one token more than it
+# has been accepting lately (a moving average, EMA weight on the newest step)
+EMA = 0.5
 
 
 @dataclass
@@ -34,6 +38,7 @@ class SpecState:
     window_accepted: int = 0
     resume_at: int = 0  # output token count from which speculation may resume
     pause: int = FIRST_PAUSE
+    recent_accepted: float = float("inf")  # moving average of accepted tokens per verify step
 
 
 class SpecDecoder:
@@ -62,6 +67,8 @@ class SpecDecoder:
         # a step emits up to len(proposal) + 1 tokens
         left = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq))
         limit = min(budget, left) - 1
+        if state is not None:
+            limit = min(limit, int(state.recent_accepted + 0.5) + 1)  # rounded, so it can grow
         own = self.ngram.propose(seq.token_ids, limit)
         if self.mode(seq) != "suffix" or len(own) >= min(limit, self.ngram.num_tokens):
             return own
@@ -86,6 +93,8 @@ class SpecDecoder:
         state.steps += 1
         state.window_steps += 1
         state.window_accepted += accepted
+        state.recent_accepted = (accepted if state.steps == 1 else
+                                 (1 - EMA) * state.recent_accepted + EMA * accepted)
         self.proposed += proposed
         self.accepted += accepted
         self.steps += 1

@@ -95,3 +95,17 @@ def test_more_decoding_neighbours_need_more_acceptance():
         spec.record(crowded, 4, 1, num_decoding=8)  # ... not beside 7 plain decodes
     assert alone.spec.resume_at == 0
     assert crowded.spec.resume_at == crowded.num_output_tokens + 8 * controller.FIRST_PAUSE
+
+
+def test_proposals_are_one_longer_than_recent_acceptance():
+    spec = SpecDecoder(EngineConfig(speculative="ngram", num_speculative_tokens=4),
+                       max_model_len=4096)
+    seq = _seq(SamplingParams(max_tokens=4096), tokens=(1, 2, 3, 4, 5, 6, 1, 2))
+    assert spec.propose(seq, 100) == [3, 4, 5, 6]
+    spec.record(seq, 4, 0)
+    assert spec.propose(seq, 100) == [3]
+    spec.record(seq, 1, 1)
+    assert spec.propose(seq, 100) == [3, 4]  # average 0.5, rounded up: it can grow again
+    for _ in range(4):
+        spec.record(seq, 4, 4)
+    assert spec.propose(seq, 100) == [3, 4, 5, 6]
