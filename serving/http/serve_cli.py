@@ -79,13 +79,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--quantization", default=None, metavar="SCHEME|quant.json", help="weights of the LLM's linears: fp32 | bf16 | int8 | int4 | int4-g32/-g64/-g128, or a quant.json per module (graft quantize)")
-    p.add_argument("--speculative", default="off", choices=["off", "ngram"],
+    p.add_argument("--speculative", default="off", choices=["off", "ngram", "suffix"],
                    help="speculative decoding default (a request may override it): ngram = "
-                        "prompt lookup over the request's own tokens, verified losslessly")
-    p.add_argument("--num-speculative-tokens", type=int, default=4,
+                        "prompt lookup over the request's own tokens; suffix = that, or what "
+                        "recent requests' outputs continued with; verified losslessly")
+    p.add_argument("--num-speculative-tokens", type=_at_least_1, default=4,
                    help="most proposed tokens verified per step and request")
-    p.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram looked up")
-    p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram looked up (first)")
+    p.add_argument("--ngram-min", type=_at_least_1, default=2, help="shortest n-gram looked up")
+    p.add_argument("--ngram-max", type=_at_least_1, default=4, help="longest n-gram looked up (first)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     p.add_argument("--log-level", default="warning")
