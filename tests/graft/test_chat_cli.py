@@ -7,14 +7,9 @@ from PIL import Image
 
 from graft.chat_cli import Conversation, repl
 from graft.cli import main
+from tests.graft.cli_asserts import fails as _fails
 
 
-def _fails(capsys, argv, *needles):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, err
 
 
 def test_sampling_flags_have_ranges(tiny_run_dir, capsys):

@@ -6,6 +6,7 @@ import re
 import yaml
 
 from graft.cli import main
+from tests.graft.cli_asserts import fails as _fails
 
 
 def _config(tmp_path, spec, **edits):
@@ -21,13 +22,6 @@ def _config(tmp_path, spec, **edits):
     return str(cfg)
 
 
-def _fails(capsys, argv, *needles):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def test_run_dir_is_never_replaced_silently(make_spec, tmp_path, capsys):
