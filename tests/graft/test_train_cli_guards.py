@@ -106,3 +106,17 @@ def test_dry_run_reports_without_training(make_spec, tmp_path, capsys):
     assert "data.train: 12 samples (0 skipped), 12 images, image tokens per image [16]" in out
     assert "memory estimate:" in out and "GiB" in out
     assert not (tmp_path / "run").exists()
+
+
+def test_a_real_process_prints_one_line(make_spec, tmp_path):
+    """The whole `graft` process, not just main(): one stderr line, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    cfg = _config(tmp_path, make_spec())
+    proc = subprocess.run([sys.executable, "-m", "graft.cli", "train", cfg, "--set",
+                           "train.gradient_checkpointing=ture"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "graft train: error: train.gradient_checkpointing='ture': expected a boolean (true or false)"]
