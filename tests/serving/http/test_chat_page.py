@@ -124,3 +124,28 @@ def test_page_picks_the_graft_in_chromium(graft_runs):
         metrics = httpx.get(server.url + "/metrics").text
         assert 'graft_per_graft_requests_total{graft="clip"} 1' in metrics
         assert 'graft_per_graft_requests_total{graft="sig"} 0' in metrics
+
+
+def test_page_with_an_api_key_in_chromium(tiny_run_dir):
+    """A server started with --api-key: the page says why it lists nothing, then works once
+    the key is typed in."""
+    from tests.serving.http.test_http_grafts import _args
+    from graft.serving.http import serve_cli
+    from tests.serving.http.conftest import LiveServer
+
+    app = serve_cli.build(_args([str(tiny_run_dir), "--served-model-name", "tiny",
+                                 "--api-key", "sk-test"]))
+    with LiveServer(app) as server:
+        browser = _browser_or_skip()
+        try:
+            browser.goto(server.url + "/")
+            status = browser.wait_for("document.getElementById('status')?.textContent")
+            assert status.startswith("could not list the models:"), status
+            browser.js("const k = document.getElementById('key'); k.value = 'sk-test'; "
+                       "k.dispatchEvent(new Event('change')); true")
+            assert browser.wait_for("document.getElementById('model').value") == "tiny"
+            browser.js("document.getElementById('max-tokens').value = 3; true")
+            _ask(browser, "hello", 1)
+            assert browser.js("document.querySelector('.msg.error')") is None
+        finally:
+            browser.close()
