@@ -84,6 +84,12 @@ class Browser:
             time.sleep(0.1)
         raise TimeoutError(f"{expression!r} stayed falsy for {timeout_s} s")
 
+    def set_files(self, selector: str, paths: list[str]) -> None:
+        """Choose files in an <input type=file>, as a user picking them would."""
+        root = self.call("DOM.getDocument")["root"]["nodeId"]
+        node = self.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+        self.call("DOM.setFileInputFiles", nodeId=node, files=[str(p) for p in paths])
+
     def screenshot(self, path) -> None:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         with open(path, "wb") as fh:

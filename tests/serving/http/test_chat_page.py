@@ -5,6 +5,7 @@ import re
 import socket
 
 import httpx
+from PIL import Image
 
 from graft.cli import main
 
@@ -84,7 +85,10 @@ def test_page_chats_about_an_image_in_chromium(live_server, tmp_path):
         browser.goto(live_server.url + "/")
         assert browser.wait_for("document.getElementById('model')?.value") == "tiny"
         browser.js("document.getElementById('max-tokens').value = 8; true")
-        assert browser.js(_RED_IMAGE)
+        red = tmp_path / "red.png"
+        Image.new("RGB", (32, 32), (220, 20, 20)).save(red)
+        browser.set_files("#file", [red])  # the file picker, then FileReader -> data: URL
+        browser.wait_for("!document.getElementById('preview').hidden")
         _ask(browser, "What colour is it?", 1)
         _ask(browser, "And the border?", 2)
         assert browser.js("document.querySelector('.msg.error')") is None
