@@ -15,7 +15,7 @@ _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
 class LinearDesc(ctypes.Structure):
-    _fields_ = [("kind", _i64), ("w", _ptr), ("scale8", _ptr), ("scales4", _ptr), ("zeros4", _ptr),
+    _fields_ = [("kind", _i64), ("w", _ptr), ("scale8", _ptr), ("scales4", _ptr), ("mins4", _ptr),
                 ("group", _i64), ("bias", _ptr), ("n", _i64), ("k", _i64), ("nb", _i64)]
 
 
@@ -43,7 +43,7 @@ def linear_desc(weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearDes
     n, k = weight.shape
     return LinearDesc(cpu_quant.KIND_CODES[kind], p.weight.data_ptr(),
                       _addr(p.scales) if kind == "int8" else None,
-                      _addr(p.scales) if kind == "int4" else None, _addr(p.zeros),
+                      _addr(p.scales) if kind == "int4" else None, _addr(p.mins),
                       weight.scheme.group_size, _addr(bias), n, k, p.num_blocks)
 
 
@@ -62,7 +62,7 @@ def decode_layers(layers, dims: Dims, h: torch.Tensor, cos: torch.Tensor, sin: t
         cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         scratch.data_ptr(), torch.get_num_threads())
     if bad < 0:
-        raise MemoryError("decode step (C): no memory for the attention scratch buffers")
+        raise MemoryError("decode step (C): no memory for the scratch buffers (attention, int4 group sums)")
     if bad:
         layer, what = divmod(bad - 1, 2)
         if what == 0:

@@ -119,7 +119,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.graft_store_kv.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int,
                                    ctypes.c_int]
     quant_args = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64]
-    lib.graft_quant_linear.restype = lib.graft_quant_linear_portable.restype = None
+    lib.graft_quant_linear.restype = ctypes.c_int
+    lib.graft_quant_linear_portable.restype = None
     lib.graft_quant_linear.argtypes = quant_args + [i64, ctypes.c_int]
     lib.graft_quant_linear_portable.argtypes = quant_args + [ctypes.c_int]
     lib.graft_quant_isa.restype = ctypes.c_int

@@ -23,11 +23,11 @@ KIND_CODES = {"int8": 0, "int4": 1, "bf16": 2, "fp32": 3}  # quant_linear_cpu.c 
 class CpuPacked:
     weight: torch.Tensor  # int8/uint8/int16 blocks, see the C file
     scales: torch.Tensor | None  # int8: fp32 [NB*16]; int4: fp16 bits as int16 [NB, G, 16]
-    zeros: torch.Tensor | None  # int4: uint8 [NB, G, 16]
+    mins: torch.Tensor | None  # int4: fp16 bits as int16 [NB, G, 16]
     num_blocks: int  # NB, even
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.weight, self.scales, self.zeros) if t is not None]
+        return [t for t in (self.weight, self.scales, self.mins) if t is not None]
 
 
 def isa() -> str:
@@ -58,7 +58,7 @@ def pack(weight: QuantizedWeight) -> CpuPacked:
         raise ValueError(f"the C quantized linear takes {', '.join(KIND_CODES)}, not {weight.scheme.name}")
     n, _ = weight.shape
     n_pad = -(-n // 32) * 32
-    scales = zeros = None
+    scales = mins = None
     if kind == "bf16":
         blocks = _blocks(weight.qweight.view(torch.int16), n_pad)
     else:
@@ -67,8 +67,8 @@ def pack(weight: QuantizedWeight) -> CpuPacked:
         scales = torch.cat([weight.scales.float(), weight.scales.new_zeros(n_pad - n)]).contiguous()
     elif kind == "int4":
         scales = _blocks(weight.scales.view(torch.int16), n_pad)
-        zeros = _blocks(weight.zeros, n_pad)
-    packed = CpuPacked(blocks, scales, zeros, n_pad // 16)
+        mins = _blocks(weight.mins.view(torch.int16), n_pad)
+    packed = CpuPacked(blocks, scales, mins, n_pad // 16)
     weight.packed["cpu"] = packed
     return packed
 
@@ -89,7 +89,7 @@ def unpack(weight: QuantizedWeight) -> tuple:
         return q, None, None
     if kind == "int8":
         return q, p.scales[:n].clone(), None
-    return q, _unblocks(p.scales, n).view(torch.float16), _unblocks(p.zeros, n)
+    return q, _unblocks(p.scales, n).view(torch.float16), _unblocks(p.mins, n).view(torch.float16)
 
 
 def pack_only(weight: QuantizedWeight) -> CpuPacked:
@@ -128,10 +128,10 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
         args = [KIND_CODES[weight.scheme.kind], x2.data_ptr(), x2.stride(0), rows, k, p.weight.data_ptr(),
                 p.scales.data_ptr() if weight.scheme.kind == "int8" else None,
                 p.scales.data_ptr() if weight.scheme.kind == "int4" else None,
-                None if p.zeros is None else p.zeros.data_ptr(), weight.scheme.group_size,
+                None if p.mins is None else p.mins.data_ptr(), weight.scheme.group_size,
                 None if bias_c is None else bias_c.data_ptr(), y.data_ptr(), n, n]
         if portable:
             lib.graft_quant_linear_portable(*args, torch.get_num_threads())
-        else:
-            lib.graft_quant_linear(*args, p.num_blocks, torch.get_num_threads())
+        elif lib.graft_quant_linear(*args, p.num_blocks, torch.get_num_threads()):
+            raise MemoryError(f"quant_linear (C): no memory for the int4 group sums of {rows} rows")
     return y.reshape(*lead, n)

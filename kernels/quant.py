@@ -4,7 +4,8 @@ A scheme says how one weight [out, in] is held in memory:
 - fp32: as loaded;  bf16: rounded to bfloat16;
 - int8: symmetric per output channel, w = q * scale[o], q in [-127, 127];
 - int4-gG (G = 32, 64 or 128): asymmetric per group of G input columns,
-  w = (q - zero[o, g]) * scale[o, g], q and zero in [0, 15], scale in fp16.
+  w = q * scale[o, g] + min[o, g], q in [0, 15], scale and min in fp16 (llama.cpp's Q4_1
+  form: a weight already on such a grid, e.g. dequantized from a Q4_1 GGUF, comes back exact).
 
 Activations stay in the engine's dtype: every product is w(dequantized) * x, so a quantized
 linear equals F.linear on the dequantized weight up to float summation order. That is the
@@ -55,7 +56,7 @@ class QuantScheme:
                 f"{in_features}; use a group size that does ({', '.join(f'int4-g{g}' for g in INT4_GROUPS if in_features % g == 0) or 'none fits: use int8'})")
 
     def bytes_per_weight(self) -> float:
-        return {"fp32": 4.0, "bf16": 2.0, "int8": 1.0}.get(self.kind, 0.5 + 3.0 / max(self.group_size, 1))
+        return {"fp32": 4.0, "bf16": 2.0, "int8": 1.0}.get(self.kind, 0.5 + 4.0 / max(self.group_size, 1))
 
 
 @dataclass
@@ -68,10 +69,10 @@ class QuantizedWeight:
     scheme: QuantScheme
     _qweight: torch.Tensor | None  # bf16/fp32/int8 [N, K] | int4: uint8 [N, K/2], low nibble = even k
     _scales: torch.Tensor | None = None  # int8: fp32 [N]; int4: fp16 [N, K/G]
-    _zeros: torch.Tensor | None = None  # int4: uint8 [N, K/G]
+    _mins: torch.Tensor | None = None  # int4: fp16 [N, K/G]
     packed: dict = field(default_factory=dict)  # backend name -> its layout (graft.kernels.cpu_quant)
     shape: tuple[int, int] = (0, 0)  # (out, in)
-    _restore: object = None  # () -> (qweight, scales, zeros), set by drop_canonical
+    _restore: object = None  # () -> (qweight, scales, mins), set by drop_canonical
 
     def __post_init__(self) -> None:
         if self._qweight is not None:
@@ -80,9 +81,9 @@ class QuantizedWeight:
 
     def _canonical(self) -> tuple:
         if self._qweight is None:
-            self._qweight, self._scales, self._zeros = self._restore()
+            self._qweight, self._scales, self._mins = self._restore()
             self._restore = None
-        return self._qweight, self._scales, self._zeros
+        return self._qweight, self._scales, self._mins
 
     @property
     def qweight(self) -> torch.Tensor:
@@ -93,21 +94,21 @@ class QuantizedWeight:
         return self._canonical()[1]
 
     @property
-    def zeros(self) -> torch.Tensor | None:
+    def mins(self) -> torch.Tensor | None:
         return self._canonical()[2]
 
     def drop_canonical(self, restore) -> None:
         """Free the canonical tensors; `restore()` rebuilds them (from a backend layout)."""
-        self._qweight = self._scales = self._zeros = None
+        self._qweight = self._scales = self._mins = None
         self._restore = restore
 
     def tensors(self) -> list[torch.Tensor]:
         """The canonical tensors currently held (none after drop_canonical)."""
-        return [t for t in (self._qweight, self._scales, self._zeros) if t is not None]
+        return [t for t in (self._qweight, self._scales, self._mins) if t is not None]
 
     def nbytes(self) -> int:
         """Bytes of the canonical format (whether or not it is held right now)."""
-        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros)
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.mins)
                    if t is not None)
 
     def read_bytes(self) -> int:
@@ -123,11 +124,10 @@ class QuantizedWeight:
         if kind == "int8":
             return self.qweight.float() * self.scales.float()[:, None]
         q = unpack_int4(self.qweight).float()  # [N, K]
-        n, k = q.shape
         g = self.scheme.group_size
-        z = self.zeros.float().repeat_interleave(g, dim=1)
         s = self.scales.float().repeat_interleave(g, dim=1)
-        return (q - z) * s
+        lo = self.mins.float().repeat_interleave(g, dim=1)
+        return q * s + lo
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
@@ -153,15 +153,14 @@ def quantize(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
     g = scheme.group_size
     n, k = w.shape
     groups = w.reshape(n, k // g, g)
-    lo = groups.amin(dim=2).clamp(max=0.0)  # the range always holds 0, so zero weights stay exact
-    hi = groups.amax(dim=2).clamp(min=0.0)
-    scale = ((hi - lo) / 15.0).clamp(min=1e-7).to(torch.float16).float()  # stored in fp16
-    zero = torch.round(-lo / scale).clamp_(0, 15)
-    q = (torch.round(groups / scale[..., None]) + zero[..., None]).clamp_(0, 15).to(torch.uint8)
+    lo = groups.amin(dim=2).to(torch.float16).float()  # stored in fp16: quantize against that
+    hi = groups.amax(dim=2)
+    scale = ((hi - lo) / 15.0).clamp(min=6.2e-5).to(torch.float16).float()  # fp16's smallest normal
+    q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8)
     q = q.reshape(n, k)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
     return QuantizedWeight(scheme, packed, scale.to(torch.float16).contiguous(),
-                           zero.to(torch.uint8).contiguous())
+                           lo.to(torch.float16).contiguous())
 
 
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

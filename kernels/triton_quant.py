@@ -3,13 +3,13 @@
 `quant_linear` has the contract of graft.kernels.quant.quant_linear (the reference): x [..., K]
 in fp32 / bf16 / fp16 times the dequantized weight, fp32 accumulation, x's dtype out. It reads
 the canonical tensors as they are (int8 [N, K]; int4 bytes [N, K/2], low nibble = even column,
-fp16 scales and uint8 zeros [N, K/G]), so a weight needs no second copy on the GPU.
+fp16 scales and mins [N, K/G], w = q * scale + min), so a weight needs no second copy on the GPU.
 
 One kernel, two inner products, on the same [BN, BK] weight tiles (K contiguous, as stored):
 - GEMM (more than 4 rows): `tl.dot` on tiles. Integer weights enter the dot as integers
-  (q for int8, q - z for int4: exact in bf16 and fp16), and the scales multiply the fp32
-  partial sums afterwards (int8: once per output channel; int4: once per K tile, the tile
-  lying inside one group, so BLOCK_K divides G). The products are then as exact as the
+  (q: exact in bf16 and fp16), and the scales multiply the fp32 partial sums afterwards
+  (int8: once per output channel; int4: once per K tile, the tile lying inside one group, so
+  BLOCK_K divides G, plus min times the tile's sum of x). The products are then as exact as the
   reference's fp32 ones, where dequantizing to bf16 first would round every weight to 8 bits.
   fp32 activations use a TF32x3 dot on the GPU (not plain TF32) for the same reason.
 - GEMV (1-4 rows, decode): broadcast multiply and sum in fp32, no padding of the rows to the
@@ -61,7 +61,7 @@ def _product(x, w, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, F32_PRECISION: 
 
 
 @triton.jit
-def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
+def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, out_ptr,
                          M, N, K, k_per_split, stride_xm, stride_wn, stride_sn, stride_split, stride_om,
                          KIND: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                          PARTIAL: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
@@ -91,9 +91,10 @@ def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
             b = tl.load(w_rows + offs_b[None, :], mask=n_mask[:, None] & (offs_b < k_end // 2)[None, :], other=0)
             q = tl.join(b & 0xF, b >> 4).reshape(BLOCK_N, BLOCK_K).to(tl.int32)  # [BN, BK]
             # the launch keeps BLOCK_K | GROUP: the whole tile lies in group k0 // GROUP
-            z = tl.load(z_ptr + s_offs + k0 // GROUP, mask=n_mask, other=0).to(tl.int32)
+            lo = tl.load(mn_ptr + s_offs + k0 // GROUP, mask=n_mask, other=0.0).to(tl.float32)
             s = tl.load(s_ptr + s_offs + k0 // GROUP, mask=n_mask, other=0.0).to(tl.float32)
-            acc += _product(x, q - z[:, None], USE_DOT, DOT_F32, F32_PRECISION) * s[None, :]
+            xsum = tl.sum(x.to(tl.float32), axis=1)  # [BM]: the min's share, sum_k x * min
+            acc += _product(x, q, USE_DOT, DOT_F32, F32_PRECISION) * s[None, :] + xsum[:, None] * lo[None, :]
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
             acc += _product(x, w, USE_DOT, DOT_F32, F32_PRECISION)
@@ -184,7 +185,7 @@ def compile_specs(dt: str) -> list[tuple]:
             ("bf16_gemm", "bf16", 256, 1, "bf16", "bf16")):
         sc = QuantScheme.parse(scheme)
         cfg = launch_config(m, 4096, 4096, sc, x_dtype, cpu, split_k=split_k)
-        pointers = dict(x_ptr=dt, w_ptr=w_ptr, s_ptr=s_ptr, z_ptr="u8", b_ptr="fp32",
+        pointers = dict(x_ptr=dt, w_ptr=w_ptr, s_ptr=s_ptr, mn_ptr="fp16", b_ptr="fp32",
                         out_ptr="fp32" if split_k > 1 else dt)
         specs.append((name, _quant_matmul_kernel, pointers, set(), _constexprs(sc, x_dtype, cfg, True)))
     return specs
@@ -193,7 +194,7 @@ def compile_specs(dt: str) -> list[tuple]:
 def _on_device(weight: QuantizedWeight, device: torch.device) -> list[torch.Tensor]:
     """The weight's canonical tensors on `device`, contiguous; a copy made once and cached in
     weight.packed["triton"] when they live elsewhere (e.g. loaded on the CPU)."""
-    tensors = weight.tensors()
+    tensors = [t for t in (weight.qweight, weight.scales, weight.mins) if t is not None]
     if all(t.device == device and t.is_contiguous() for t in tensors):
         return tensors
     cached = weight.packed.get("triton")
@@ -226,7 +227,7 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     tensors = _on_device(weight, x.device)
     qweight = tensors[0]
     scales = tensors[1] if len(tensors) > 1 else qweight  # unused by float weights
-    zeros = tensors[2] if len(tensors) > 2 else qweight
+    mins = tensors[2] if len(tensors) > 2 else qweight
     bias_c = None if bias is None else bias.contiguous()
     cfg = launch_config(m, n, k, weight.scheme, x.dtype, x.device, **tuning)
     partial = cfg["split_k"] > 1
@@ -234,7 +235,7 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     out = torch.empty((cfg["split_k"], m, n) if partial else (m, n), dtype=out_dtype, device=x.device)
     grid = (triton.cdiv(m, cfg["block_m"]), triton.cdiv(n, cfg["block_n"]), cfg["split_k"])
     _quant_matmul_kernel[grid](
-        x2, qweight, scales, zeros, qweight if bias_c is None else bias_c, out,
+        x2, qweight, scales, mins, qweight if bias_c is None else bias_c, out,
         m, n, k, cfg["k_per_split"], x2.stride(0), qweight.stride(0),
         scales.stride(0) if kind == "int4" else 1, m * n if partial else 0, n,
         **_constexprs(weight.scheme, x.dtype, cfg, bias_c is not None),

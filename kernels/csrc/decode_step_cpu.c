@@ -15,7 +15,7 @@ typedef struct {
     const void *w;
     const float *scale8;
     const uint16_t *scales4;
-    const uint8_t *zeros4;
+    const uint16_t *mins4; /* int4: fp16 per-group minimums */
     int64_t group;
     const float *bias; /* NULL: no bias */
     int64_t n, k, nb;  /* outputs, inputs, 16-lane blocks */
@@ -34,8 +34,8 @@ typedef struct {
     float eps, qk_eps, scale;
 } graft_dims_t;
 
-void graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
-                        const float *scale8, const uint16_t *scales4, const uint8_t *zeros4,
+int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                        const float *scale8, const uint16_t *scales4, const uint16_t *mins4,
                         int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
                         int64_t NB, int nthreads);
 void graft_rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t res_stride,
@@ -57,9 +57,9 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
 
 enum { F32 = 0 };
 
-static void linear(const graft_linear_t *l, const float *x, int64_t rows, float *y, int nt) {
-    graft_quant_linear((int)l->kind, x, l->k, rows, l->k, l->w, l->scale8, l->scales4, l->zeros4,
-                       l->group, l->bias, y, l->n, l->n, l->nb, nt);
+static int linear(const graft_linear_t *l, const float *x, int64_t rows, float *y, int nt) {
+    return graft_quant_linear((int)l->kind, x, l->k, rows, l->k, l->w, l->scale8, l->scales4,
+                              l->mins4, l->group, l->bias, y, l->n, l->n, l->nb, nt);
 }
 
 /* Scratch floats graft_decode_layers needs for `tokens` rows. */
@@ -72,7 +72,7 @@ int64_t graft_decode_scratch(const graft_dims_t *d, int64_t tokens) {
  * out: the residual stream before the final norm (the model adds and norms the rows it
  * needs logits for). cos/sin [T, rot/2]; slots [T]; tables [T, max_blocks]; lens [T].
  * Returns 0, or 1 + layer * 2 + (0: a KV slot out of range, 1: a bad block table) on the
- * first failure, or -1 when attention scratch could not be allocated. */
+ * first failure, or -1 when scratch (attention, int4 group sums) could not be allocated. */
 int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, const graft_dims_t *d,
                             int64_t T, float *h, float *residual, const float *cos_t,
                             const float *sin_t, const int64_t *slots, const int32_t *tables,
@@ -90,7 +90,7 @@ int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, con
         } else {
             graft_rms_norm(h, H, residual, H, L->in_norm, normed, residual, T, H, d->eps, F32, F32, nt);
         }
-        linear(&L->qkv, normed, T, qkv, nt);
+        if (linear(&L->qkv, normed, T, qkv, nt)) return -1;
         const float *qsrc = qkv, *ksrc = qkv + qs;
         int64_t qstride = nqkv, kstride = nqkv;
         if (L->q_norm) { /* per-head RMSNorm of q and k before rotary (Qwen3) */
@@ -113,11 +113,11 @@ int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, con
                                                d->num_heads, d->num_kv_heads, D, d->block_size,
                                                d->max_blocks, d->num_blocks, d->scale, F32, nt);
         if (bad) return bad < 0 ? -1 : 2 + 2 * i;
-        linear(&L->o, attn, T, o, nt);
+        if (linear(&L->o, attn, T, o, nt)) return -1;
         graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, F32, F32, nt);
-        linear(&L->gate_up, normed, T, gu, nt);
+        if (linear(&L->gate_up, normed, T, gu, nt)) return -1;
         graft_silu_mul(gu, 2 * d->inter, act, T, d->inter, F32, nt);
-        linear(&L->down, act, T, h, nt);
+        if (linear(&L->down, act, T, h, nt)) return -1;
     }
     return 0;
 }

@@ -1,5 +1,5 @@
 /* Weight-only low-precision linears on CPU: y[M, N] = x[M, K] @ dequant(W)[N, K]^T + bias,
- * x and y in fp32, W in int8 (per-channel scale), int4 (per-group scale and zero), bf16 or
+ * x and y in fp32, W in int8 (per-channel scale), int4 (per-group scale and minimum), bf16 or
  * fp32 (the unquantized modules of a quantized engine, so one decode step runs one kernel).
  *
  * Why our own: at decode sizes (1-32 rows) a linear is a pass over the weight, so its time is
@@ -12,11 +12,12 @@
  * Layout (built by graft.kernels.cpu_quant.pack): output channels in blocks of 16 lanes,
  * N padded to a multiple of 32 (two blocks per tile); per block the K columns follow each
  * other, 16 lanes each: int8/bf16/fp32 [NB][K][16], int4 [NB][K/2][16] bytes
- * (low nibble column 2j, high nibble column 2j+1), int4 scales/zeros [NB][G][16] fp16/uint8,
+ * (low nibble column 2j, high nibble column 2j+1), int4 scales/mins [NB][G][16] fp16,
  * int8 scales [NB*16] fp32. A tile is up to MR rows x 2 blocks of accumulators; small M
  * splits the K loop over several accumulator sets so FMA latency is hidden.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__)
@@ -55,8 +56,7 @@ static inline float half_to_float(uint16_t h) {
 }
 
 /* ---- portable path: one output channel at a time, same arithmetic per product -------------- */
-static float weight_at(int kind, const uint8_t *w, const uint16_t *scales, const uint8_t *zeros,
-                       int64_t K, int64_t group, int64_t o, int64_t k) {
+static float weight_at(int kind, const uint8_t *w, int64_t K, int64_t o, int64_t k) {
     const int64_t b = o / 16, lane = o % 16;
     if (kind == KIND_INT8) return (float)((const int8_t *)w)[(b * K + k) * 16 + lane];
     if (kind == KIND_F32) return ((const float *)w)[(b * K + k) * 16 + lane];
@@ -67,15 +67,12 @@ static float weight_at(int kind, const uint8_t *w, const uint16_t *scales, const
         return f;
     }
     const uint8_t byte = w[(b * (K / 2) + k / 2) * 16 + lane];
-    const int64_t g = k / group, G = K / group;
-    const int q = (k & 1) ? byte >> 4 : byte & 0xf;
-    (void)scales;
-    return (float)(q - (int)zeros[(b * G + g) * 16 + lane]);
+    return (float)((k & 1) ? byte >> 4 : byte & 0xf); /* int4: q; scale and min per group */
 }
 
 static void qlinear_portable(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                              const uint8_t *w, const float *scale8, const uint16_t *scales4,
-                             const uint8_t *zeros4, int64_t group, const float *bias, float *y,
+                             const uint16_t *mins4, int64_t group, const float *bias, float *y,
                              int64_t ldy, int64_t N, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t o = 0; o < N; ++o) {
@@ -85,10 +82,17 @@ static void qlinear_portable(int kind, const float *x, int64_t ldx, int64_t M, i
             for (int64_t g = 0; g < G; ++g) {
                 const int64_t k0 = kind == KIND_INT4 ? g * group : 0;
                 const int64_t k1 = kind == KIND_INT4 ? k0 + group : K;
-                float part = 0.0f;
-                for (int64_t k = k0; k < k1; ++k)
-                    part += x[m * ldx + k] * weight_at(kind, w, scales4, zeros4, K, group, o, k);
-                acc += kind == KIND_INT4 ? part * half_to_float(scales4[(b * G + g) * 16 + lane]) : part;
+                float part = 0.0f, xsum = 0.0f;
+                for (int64_t k = k0; k < k1; ++k) {
+                    part += x[m * ldx + k] * weight_at(kind, w, K, o, k);
+                    xsum += x[m * ldx + k];
+                }
+                if (kind == KIND_INT4) { /* sum x * (q * s + min) = s * sum x q + min * sum x */
+                    const int64_t i = (b * G + g) * 16 + lane;
+                    acc += part * half_to_float(scales4[i]) + xsum * half_to_float(mins4[i]);
+                } else {
+                    acc += part;
+                }
             }
             if (kind == KIND_INT8) acc *= scale8[o];
             y[m * ldy + o] = acc + (bias ? bias[o] : 0.0f);
@@ -198,24 +202,23 @@ static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
     0, (dense_tile_fn)tile_f32_1, (dense_tile_fn)tile_f32_2, (dense_tile_fn)tile_f32_3,
     (dense_tile_fn)tile_f32_4, (dense_tile_fn)tile_f32_5, (dense_tile_fn)tile_f32_6};
 
-/* int4: per group, sum x * (q - zero) with q - zero exact in fp32, then one FMA with the
- * group's scale. q becomes a float without a convert: the bits 0x4B000000 | q are the float
- * 2^23 + q, and subtracting 2^23 + zero is exact (one ternary-logic op and one subtract per
- * 16 nibbles). S accumulator sets take the group's column pairs in turn (S = 1 or 2). */
+/* int4: w = q * scale + min per group. Per group the tile sums x * q (q exact in fp32), then
+ * adds scale * that + min * sum(x) (xs: the group sums of x, [rows][G], computed once per
+ * call). q becomes a float without a convert: the bits 0x4B000000 | q are the float 2^23 + q,
+ * and subtracting 2^23 is exact (one ternary-logic op and one subtract per 16 nibbles). S
+ * accumulator sets take the group's column pairs in turn (S = 1 or 2). */
 #define DEFINE_INT4_TILE(NAME, MR, S)                                                           \
     static void NAME(const float *x, int64_t ldx, int64_t K, const uint8_t *w0p,                \
-                     const uint16_t *sc0, const uint8_t *z0, int64_t group, const float *bias,  \
-                     int64_t o0, float *y, int64_t ldy, int64_t N) {                            \
+                     const uint16_t *sc0, const uint16_t *mn0, const float *xs, int64_t group,  \
+                     const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {         \
         const int64_t G = K / group, half = group / 2;                                          \
-        const uint8_t *w1p = w0p + (K / 2) * 16, *z1 = z0 + G * 16;                             \
-        const uint16_t *sc1 = sc0 + G * 16;                                                     \
+        const uint8_t *w1p = w0p + (K / 2) * 16;                                                \
+        const uint16_t *sc1 = sc0 + G * 16, *mn1 = mn0 + G * 16;                                \
         const __m512i nib = _mm512_set1_epi32(0xf), magic = _mm512_set1_epi32(0x4B000000);       \
         const __m512 two23 = _mm512_set1_ps(8388608.0f);                                        \
         __m512 out[MR][2];                                                                      \
         for (int m = 0; m < MR; ++m) out[m][0] = out[m][1] = _mm512_setzero_ps();               \
         for (int64_t g = 0; g < G; ++g) {                                                       \
-            const __m512 zf0 = _mm512_add_ps(two23, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z0 + g * 16))))); \
-            const __m512 zf1 = _mm512_add_ps(two23, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z1 + g * 16))))); \
             __m512 acc[S][MR][2];                                                               \
             for (int s = 0; s < S; ++s)                                                         \
                 for (int m = 0; m < MR; ++m) acc[s][m][0] = acc[s][m][1] = _mm512_setzero_ps(); \
@@ -225,10 +228,10 @@ static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
                 _Pragma("GCC unroll 2") for (int s = 0; s < S; ++s) {                           \
                     const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p0 + (j + s) * 16))); \
                     const __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p1 + (j + s) * 16))); \
-                    const __m512 lo0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b0, nib, magic, 0xEA)), zf0); \
-                    const __m512 hi0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b0, 4), magic)), zf0); \
-                    const __m512 lo1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b1, nib, magic, 0xEA)), zf1); \
-                    const __m512 hi1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b1, 4), magic)), zf1); \
+                    const __m512 lo0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b0, nib, magic, 0xEA)), two23); \
+                    const __m512 hi0 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b0, 4), magic)), two23); \
+                    const __m512 lo1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b1, nib, magic, 0xEA)), two23); \
+                    const __m512 hi1 = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b1, 4), magic)), two23); \
                     _Pragma("GCC unroll 6") for (int m = 0; m < MR; ++m) {                      \
                         const __m512 xe = _mm512_set1_ps(xg[m * ldx + 2 * (j + s)]);            \
                         const __m512 xo = _mm512_set1_ps(xg[m * ldx + 2 * (j + s) + 1]);        \
@@ -239,11 +242,14 @@ static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
             }                                                                                   \
             const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc0 + g * 16))); \
             const __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc1 + g * 16))); \
+            const __m512 n0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn0 + g * 16))); \
+            const __m512 n1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn1 + g * 16))); \
             for (int m = 0; m < MR; ++m) {                                                      \
                 __m512 a0 = acc[0][m][0], a1 = acc[0][m][1];                                    \
                 for (int s = 1; s < S; ++s) { a0 = _mm512_add_ps(a0, acc[s][m][0]); a1 = _mm512_add_ps(a1, acc[s][m][1]); } \
-                out[m][0] = _mm512_fmadd_ps(a0, s0, out[m][0]);                                 \
-                out[m][1] = _mm512_fmadd_ps(a1, s1, out[m][1]);                                 \
+                const __m512 xsum = _mm512_set1_ps(xs[m * G + g]);                              \
+                out[m][0] = _mm512_fmadd_ps(xsum, n0, _mm512_fmadd_ps(a0, s0, out[m][0]));      \
+                out[m][1] = _mm512_fmadd_ps(xsum, n1, _mm512_fmadd_ps(a1, s1, out[m][1]));      \
             }                                                                                   \
         }                                                                                       \
         finish_pair(out, MR, 0, bias, o0, y, ldy, N);                                           \
@@ -257,23 +263,35 @@ DEFINE_INT4_TILE(tile_i4_5, 5, 1)
 DEFINE_INT4_TILE(tile_i4_6, 6, 1)
 
 typedef void (*int4_tile_fn)(const float *, int64_t, int64_t, const uint8_t *, const uint16_t *,
-                             const uint8_t *, int64_t, const float *, int64_t, float *, int64_t,
-                             int64_t);
+                             const uint16_t *, const float *, int64_t, const float *, int64_t,
+                             float *, int64_t, int64_t);
 static const int4_tile_fn I4_TILES[MAX_MR + 1] = {0, tile_i4_1, tile_i4_2, tile_i4_3,
                                                   tile_i4_4, tile_i4_5, tile_i4_6};
 #endif
 
 /* y [M, ldy] = x [M, ldx] @ W^T + bias for the first N outputs. NB: blocks of 16 (even).
- * scale8: int8 per-channel scales [NB*16]; scales4/zeros4: int4 [NB][G][16]. */
-void graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
+ * scale8: int8 per-channel scales [NB*16]; scales4/mins4: int4 fp16 [NB][G][16]. Returns 0,
+ * or -1 when the int4 group sums could not be allocated (y is not written then). */
+int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                         const void *w, const float *scale8, const uint16_t *scales4,
-                        const uint8_t *zeros4, int64_t group, const float *bias, float *y,
+                        const uint16_t *mins4, int64_t group, const float *bias, float *y,
                         int64_t ldy, int64_t N, int64_t NB, int nthreads) {
 #if GRAFT_QUANT_AVX512
     const int64_t pairs = NB / 2;
     const int64_t G = kind == KIND_INT4 ? K / group : 0;
     const int64_t block_elems = kind == KIND_INT4 ? (K / 2) * 16 : K * 16;
     const int64_t elem = kind == KIND_F32 ? 4 : kind == KIND_BF16 ? 2 : 1;
+    float *xs = 0; /* int4: sum of x over each group, [M][G] */
+    if (kind == KIND_INT4) {
+        xs = malloc(sizeof(float) * (size_t)(M * G > 0 ? M * G : 1));
+        if (!xs) return -1;
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t g = 0; g < G; ++g) {
+                float t = 0.0f;
+                for (int64_t k = g * group; k < (g + 1) * group; ++k) t += x[m * ldx + k];
+                xs[m * G + g] = t;
+            }
+    }
     /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */
     for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
         const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
@@ -286,26 +304,29 @@ void graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_
                 const float *xm = x + m0 * ldx;
                 float *ym = y + m0 * ldy;
                 if (kind == KIND_INT4)
-                    I4_TILES[mr](xm, ldx, K, wp, scales4 + 2 * p * G * 16, zeros4 + 2 * p * G * 16,
-                                 group, bias, o0, ym, ldy, N);
+                    I4_TILES[mr](xm, ldx, K, wp, scales4 + 2 * p * G * 16, mins4 + 2 * p * G * 16,
+                                 xs + m0 * G, group, bias, o0, ym, ldy, N);
                 else
                     (kind == KIND_INT8 ? I8_TILES : kind == KIND_BF16 ? BF_TILES : F32_TILES)[mr](
                         xm, ldx, K, wp, kind == KIND_INT8 ? scale8 : 0, bias, o0, ym, ldy, N);
             }
         }
     }
+    free(xs);
+    return 0;
 #else
     (void)NB;
-    qlinear_portable(kind, x, ldx, M, K, (const uint8_t *)w, scale8, scales4, zeros4, group,
+    qlinear_portable(kind, x, ldx, M, K, (const uint8_t *)w, scale8, scales4, mins4, group,
                      bias, y, ldy, N, nthreads);
+    return 0;
 #endif
 }
 
 /* The portable path, callable on any build (tests compare it with the vector path). */
 void graft_quant_linear_portable(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                                  const void *w, const float *scale8, const uint16_t *scales4,
-                                 const uint8_t *zeros4, int64_t group, const float *bias,
+                                 const uint16_t *mins4, int64_t group, const float *bias,
                                  float *y, int64_t ldy, int64_t N, int nthreads) {
-    qlinear_portable(kind, x, ldx, M, K, (const uint8_t *)w, scale8, scales4, zeros4, group,
+    qlinear_portable(kind, x, ldx, M, K, (const uint8_t *)w, scale8, scales4, mins4, group,
                      bias, y, ldy, N, nthreads);
 }

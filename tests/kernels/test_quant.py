@@ -37,11 +37,11 @@ def test_quantize_round_trip_error_is_bounded(scheme):
     s = qw.scheme
     if s.kind == "int8":  # half a step of each row's scale
         assert (err <= qw.scales[:, None] / 2 + 1e-7).all()
-    elif s.kind == "int4":  # one step of each group's scale (half a step plus the zero's rounding)
+    elif s.kind == "int4":  # half a step of each group's scale (plus the fp16 min's rounding)
         step = qw.scales.float().repeat_interleave(s.group_size, dim=1)
-        assert (err <= step + 1e-6).all() and err.mean() < step.mean() / 3
+        assert (err <= step / 2 + 1e-3 * w.abs().amax() + 1e-6).all() and err.mean() < step.mean() / 3
         q = unpack_int4(qw.qweight)
-        assert q.max() <= 15 and qw.zeros.max() <= 15
+        assert q.max() <= 15 and qw.mins.dtype == torch.float16
     elif s.kind == "bf16":
         assert torch.equal(qw.dequantize(), w.to(torch.bfloat16).float())
     else:
@@ -57,7 +57,20 @@ def test_zero_rows_and_exact_zeros_survive():
     for scheme in ("int8", "int4"):
         deq = quantize(w, QuantScheme.parse(scheme)).dequantize()
         assert torch.equal(deq[3], torch.zeros(64))
-        assert torch.equal(deq[5, :32], torch.zeros(32))  # 0 is always on the int4 grid
+        assert torch.equal(deq[5, :32], torch.zeros(32))  # a constant group is its min
+
+
+def test_int4_takes_a_q4_1_grid_back_exactly():
+    """Weights already of the form q * d + m per group of 32 (fp16 d and m, as in a Q4_1 GGUF
+    dequantized to fp32, like the quickstart's SmolLM2) quantize without loss."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 16, (48, 128), generator=g).float()
+    q[:, ::32] = 0.0
+    q[:, 1::32] = 15.0  # every group spans the full range, as a Q4_1 block's min and max do
+    d = (torch.rand(48, 4, generator=g) * 0.01 + 1e-3).half().float().repeat_interleave(32, dim=1)
+    m = (torch.randn(48, 4, generator=g) * 0.05).half().float().repeat_interleave(32, dim=1)
+    w = q * d + m
+    torch.testing.assert_close(quantize(w, QuantScheme.parse("int4")).dequantize(), w, rtol=0, atol=1e-6)
 
 
 @needs_c
@@ -112,12 +125,12 @@ def test_isa_is_reported():
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_dropped_canonical_tensors_are_rebuilt_from_the_c_layout(scheme):
     qw = quantize(_weight(40, 128), QuantScheme.parse(scheme))
-    want = [t.clone() for t in (qw.qweight, qw.scales, qw.zeros) if t is not None]
+    want = [t.clone() for t in (qw.qweight, qw.scales, qw.mins) if t is not None]
     x = torch.randn(3, 128)
     before = cpu_quant.quant_linear(x, qw)
     cpu_quant.pack_only(qw)
     assert qw.tensors() == []  # one copy in memory: the C layout
     assert torch.equal(cpu_quant.quant_linear(x, qw), before)
-    got = [t for t in (qw.qweight, qw.scales, qw.zeros) if t is not None]  # rebuilt on use
+    got = [t for t in (qw.qweight, qw.scales, qw.mins) if t is not None]  # rebuilt on use
     assert len(got) == len(want) and all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want))
     assert qw.shape == (40, 128)
