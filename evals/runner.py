@@ -81,6 +81,12 @@ def _reference_backend(state: dict, backend, base_llm, device: str):
             raise GraftConfigError(
                 "a task with reference: base_llm compares against the frozen LLM: pass --base-llm DIR "
                 "(python: base_llm=...), the plain HF LLM dir")
+        quantization = getattr(backend, "quantization", None)
+        if quantization is not None:  # the graft's effect, not the quantization's: same weights
+            from graft.evals.backends.engine import EngineBackend
+
+            state["ref"] = EngineBackend(path, device=device, quantization=quantization)
+            return state["ref"]
         from graft.evals.backends.hf import PlainLLMBackend
 
         same = isinstance(backend, PlainLLMBackend) and Path(backend.base_llm) == Path(path)

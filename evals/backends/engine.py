@@ -18,6 +18,7 @@ class EngineBackend:
         from graft.serving import Engine, EngineConfig
 
         self.chunk = chunk
+        self.quantization = quantization  # a base_llm reference runs under the same weights
         path = Path(path)
         config = config or EngineConfig(device=device, quantization=quantization)
         if model_dir_kind(path) == "run":

@@ -25,3 +25,15 @@ def test_quantized_engine_eval_records_the_scheme_and_never_shares_cache(tiny_ru
 def test_hf_backend_refuses_quantization(tiny_run_dir):
     with pytest.raises(GraftConfigError, match="needs --backend engine"):
         run_eval(str(tiny_run_dir), backend="hf", cache=False, quantization="int8", **COMMON)
+
+
+def test_base_llm_reference_runs_under_the_same_quantization(tiny_run_dir, tmp_path):
+    """text_only-style tasks ask whether grafting changed text answers: under --quantization
+    the reference is the bare LLM with the same weights (identical by construction here)."""
+    from graft.evals.runner import _reference_backend
+    from graft.evals.backends.engine import EngineBackend
+
+    backend = EngineBackend(tiny_run_dir, quantization="int4")
+    ref = _reference_backend({}, backend, None, "cpu")
+    assert isinstance(ref, EngineBackend) and ref.quantization == "int4"
+    assert ref.engine.runner.quant_plan and "+quant:" in ref.identity
