@@ -64,15 +64,9 @@ def _decode_tokens_per_s(steps, batch: int) -> float | None:
     return batch * len(full) / sum(full) if full else None
 
 
-def _counts(plan: dict) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for scheme in plan.values():
-        counts[scheme.name] = counts.get(scheme.name, 0) + 1
-    return counts
-
-
 def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     from graft.serving import Engine, EngineConfig
+    from graft.serving.models.quantize import scheme_counts
 
     config = EngineConfig(max_num_seqs=max(32, args.concurrency), dtype=args.dtype,
                           device=args.device, quantization=None if scheme == "none" else scheme,
@@ -88,7 +82,7 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     prefill = _timed_steps(engine, _prompts(1, prefill_len, vocab, seed + 3), 1)
     model = engine.runner.model
     return {"scheme": scheme, "load_seconds": load_s,
-            "linears": _counts(engine.runner.quant_plan),
+            "linears": scheme_counts(engine.runner.quant_plan),
             "weight_bytes_per_decode_step": model.weight_bytes_per_token(),
             "resident_bytes": sum(t.numel() * t.element_size() for t in model.resident_tensors()),
             "batch1_decode_tokens_per_s": _decode_tokens_per_s(one, 1),

@@ -106,10 +106,15 @@ class QuantConfig:
 
     def describe(self, plan: dict[str, QuantScheme]) -> str:
         """'int8 x 120, fp32 x 1' for logs."""
-        counts: dict[str, int] = {}
-        for scheme in plan.values():
-            counts[scheme.name] = counts.get(scheme.name, 0) + 1
-        return ", ".join(f"{name} x {n}" for name, n in sorted(counts.items()))
+        return ", ".join(f"{name} x {n}" for name, n in sorted(scheme_counts(plan).items()))
+
+
+def scheme_counts(plan: dict[str, QuantScheme]) -> dict[str, int]:
+    """How many linears a plan holds in each scheme: {"int8": 120, "fp32": 1}."""
+    counts: dict[str, int] = {}
+    for scheme in plan.values():
+        counts[scheme.name] = counts.get(scheme.name, 0) + 1
+    return counts
 
 
 def linear_shapes(model: nn.Module) -> dict[str, tuple[int, int]]:
