@@ -18,6 +18,7 @@ METRICS_FILE = "metrics.jsonl"  # one row per logged optimizer step
 TRAIN_SUMMARY = "train_summary.json"  # written when training ends
 LOSS_CURVE = "loss_curve.png"
 EVAL_DIR = "eval"  # results of `graft eval` on this run
+TRACKER_DIR = "logs"  # train.report_to's local files (TensorBoard event files)
 LLM_CONFIG = "config.json"  # what makes a dir an HF LLM dir
 
 
@@ -71,6 +72,7 @@ class RunDir:
     train_summary = _inside(TRAIN_SUMMARY)
     loss_curve = _inside(LOSS_CURVE)
     eval_dir = _inside(EVAL_DIR)
+    tracker_dir = _inside(TRACKER_DIR)
 
     @property
     def has_lora(self) -> bool:

@@ -63,7 +63,9 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # trade compute for memory in the LLM
     seed: int = 0  # seeds data order, projector init and dropout
     save_every: int = 0  # checkpoint every N optimizer steps (0: only at the end)
-    log_every: int = 10  # write metrics.jsonl every N optimizer steps
+    log_every: int = 1  # a metrics.jsonl row (and tracker point) every N optimizer steps; step 1 always
+    eval_every: int = 0  # validation loss on data.val every N optimizer steps (0: only at the end)
+    report_to: str = "none"  # none | tensorboard | trackio | wandb (accelerate's tracker integration)
     feature_cache: str | None = None  # folder for cached frozen-encoder outputs (None: off)
     num_workers: int = 0  # DataLoader workers
     lora: LoraConfig = field(default_factory=LoraConfig)  # used by stage finetune
@@ -139,6 +141,9 @@ class GraftSpec:
             value = self._get(dotted)
             if value is not None and not ok(value):
                 raise GraftConfigError(f"{dotted}={value!r}: must be {hint}")
+        if self.train.eval_every and not self.data.val:
+            raise GraftConfigError(f"train.eval_every={self.train.eval_every} needs data.val (a "
+                                   "held-out JSON like data.train); set it, or train.eval_every=0")
 
     def _get(self, dotted: str):
         node = self
@@ -159,6 +164,7 @@ _CHOICES = {
     "train.precision": ("fp32", "bf16"),
     "data.on_bad_sample": ("error", "skip"),
     "llm.dtype": ("float32", "bfloat16", "float16"),
+    "train.report_to": ("none", "tensorboard", "trackio", "wandb"),
 }
 _RANGES = {
     "train.lr": (lambda v: v > 0, "> 0"),
@@ -171,6 +177,7 @@ _RANGES = {
     "train.max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
     "train.save_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
     "train.log_every": (lambda v: v >= 1, ">= 1"),
+    "train.eval_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
     "train.num_workers": (lambda v: v >= 0, ">= 0"),
     "train.lora.r": (lambda v: v >= 1, ">= 1"),
     "train.lora.dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),

@@ -71,7 +71,8 @@ def run_quickstart(opts: QuickstartOptions, log=_say) -> dict:
 
     spec = GraftSpec.load(opts.config, [
         f"encoder.path={paths['encoder']}", f"llm.path={paths['llm']}",
-        f"data.train={data_dir / 'train.json'}", f"data.image_root={data_dir}",
+        f"data.train={data_dir / 'train.json'}", f"data.val={data_dir / 'val.json'}",
+        f"data.image_root={data_dir}",
         *opts.overrides])
     if spec.train.precision == "bf16" and not bf16_is_fast():
         spec.train.precision = "fp32"

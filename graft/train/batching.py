@@ -127,14 +127,21 @@ class Batcher:
 
     @torch.no_grad()
     def val_loss(self, model, accel) -> float:
-        """Mean loss over the validation samples (token-weighted per batch)."""
+        """Mean loss over the validation samples (token-weighted per batch), in eval mode
+        (no LoRA dropout), leaving each module's train/eval mode as it was."""
+        modes = [(m, m.training) for m in model.modules()]
+        model.eval()
         total, n = 0.0, 0
         bs = self.spec.train.batch_size
-        for i in range(0, len(self.val_samples), bs):
-            idx = list(range(i, min(i + bs, len(self.val_samples))))
-            batch = self.collate(idx, accel.device, samples=self.val_samples)
-            with accel.autocast():
-                loss = model(**batch).loss
-            total += loss.item() * len(idx)
-            n += len(idx)
+        try:
+            for i in range(0, len(self.val_samples), bs):
+                idx = list(range(i, min(i + bs, len(self.val_samples))))
+                batch = self.collate(idx, accel.device, samples=self.val_samples)
+                with accel.autocast():
+                    loss = model(**batch).loss
+                total += loss.item() * len(idx)
+                n += len(idx)
+        finally:
+            for m, training in modes:
+                m.train(training)
         return total / max(n, 1)

@@ -34,12 +34,14 @@ def run(args) -> int:
     from graft.spec import GraftSpec
     from graft.spec_paths import check_paths
     from graft.train.run_guard import prepare_run_dir
+    from graft.train.tracking import check_report_to
 
     # under `accelerate launch` every process runs this: the run dir is checked (and emptied
     # with --overwrite) by the main one only, which no other may race
     main_process = os.environ.get("RANK", "0") == "0"
     spec = GraftSpec.load(args.config, args.overrides)
     check_paths(spec)  # every input path, before any weights load
+    check_report_to(spec.train.report_to)  # and the tracker's package
     if args.dry_run:
         from graft.train.dry_run import dry_run, format_report
 
@@ -62,23 +64,23 @@ def run(args) -> int:
 
 
 def summary_line(run_dir, seconds: float) -> str:
-    """One line when training ends: steps, time, last loss, val loss, samples/s, peak memory
-    (from what the loop wrote: metrics.jsonl, train_summary.json)."""
+    """One line when training ends: steps, wall time, final train loss, val loss, samples/s,
+    peak memory (from train_summary.json, which the loop wrote)."""
     import json
     import resource
 
     import torch
 
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln]
     summary = json.loads((run_dir / "train_summary.json").read_text())
-    last = rows[-1] if rows else {}
     parts = [f"done: {summary['steps']} steps in {seconds / 60:.1f} min"]
-    if "loss" in last:
-        parts.append(f"loss {last['loss']:.4f}")
+    if summary.get("train_seconds") is not None:
+        parts[0] += f" ({summary['train_seconds'] / 60:.1f} min training)"
+    if summary.get("loss") is not None:
+        parts.append(f"final loss {summary['loss']:.4f}")
     if summary.get("val_loss") is not None:
         parts.append(f"val loss {summary['val_loss']:.4f}")
-    if "samples_per_s" in last:
-        parts.append(f"{last['samples_per_s']:.1f} samples/s")
+    if summary.get("samples_per_s") is not None:
+        parts.append(f"{summary['samples_per_s']:.1f} samples/s")
     if torch.cuda.is_available():
         parts.append(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     else:  # ru_maxrss is in KiB on Linux

@@ -21,9 +21,10 @@ from graft.train.checkpoint import latest_checkpoint, load_checkpoint, save_chec
 from graft.train.distributed import check_launch, global_token_loss
 from graft.errors import GraftConfigError
 from graft.integrity import params_digest
-from graft.io import atomic_write, atomic_write_json, weights_sha256
+from graft.io import atomic_write_json, weights_sha256
 from graft.run_dir import RunDir
 from graft.spec import GraftSpec
+from graft.train.tracking import Reporter, accelerator_kwargs, check_report_to, plot_run, trim_rows
 
 log = logging.getLogger("graft.train.loop")
 
@@ -58,6 +59,7 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
     from accelerate import Accelerator
     from transformers import get_cosine_schedule_with_warmup
 
+    check_report_to(spec.train.report_to)
     run_dir = Path(GraftSpec.expand(spec.output_dir))
     run = RunDir(run_dir)
     llm_path = GraftSpec.expand(spec.llm.path)
@@ -68,7 +70,8 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
             "the LLM changed since this spec was written")
     spec.llm.sha256 = sha
 
-    accel = Accelerator(mixed_precision="bf16" if spec.train.precision == "bf16" else "no")
+    accel = Accelerator(mixed_precision="bf16" if spec.train.precision == "bf16" else "no",
+                        **accelerator_kwargs(spec.train.report_to, run_dir))
     check_launch(accel)
     model = _build_model(spec)
     base_digest = params_digest(model.llm)
@@ -96,14 +99,16 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
     if accel.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         spec.save(run.spec_file)
-        _trim_metrics(run.metrics_file, step)
+        trim_rows(run.metrics_file, step)
         for reason in batcher.skipped:
             log.warning("skipped: %s", reason)
+    reporter = Reporter(accel, spec, run_dir) if accel.is_main_process else None
 
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total_steps, initial=step, desc="train", disable=not accel.is_main_process)
     accum_loss, accum_n, t0, seen = 0.0, 0, time.perf_counter(), 0
+    val_seconds, val_loss, val_step, step_loss = 0.0, None, None, None
     while step < total_steps:
         batches = batcher.epoch_batches(epoch)
         while micro < len(batches) and step < total_steps:
@@ -122,23 +127,32 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
             seen += len(batches[micro - 1])
             if not last_micro:
                 continue
-            grad_norm = None
-            if spec.train.max_grad_norm > 0:
-                grad_norm = float(accel.clip_grad_norm_(trainable, spec.train.max_grad_norm))
+            # the norm before clipping; max_grad_norm 0 measures it without clipping
+            grad_norm = float(accel.clip_grad_norm_(trainable, spec.train.max_grad_norm or math.inf))
+            lr = scheduler.get_last_lr()[0]  # the rate this step applies
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
             step_loss = accum_loss / accum_n
             accum_loss, accum_n = 0.0, 0
-            rate = seen / max(time.perf_counter() - t0, 1e-9)
-            lr = scheduler.get_last_lr()[0]
+            # training throughput: the time spent validating is not training
+            rate = seen / max(time.perf_counter() - t0 - val_seconds, 1e-9)
+            validate = batcher.val_samples and (step == total_steps or (
+                spec.train.eval_every and step % spec.train.eval_every == 0))
+            if validate and accel.is_main_process:
+                v0 = time.perf_counter()
+                val_loss, val_step = batcher.val_loss(core, accel), step
+                val_seconds += time.perf_counter() - v0
             bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
-            if accel.is_main_process and (step % spec.train.log_every == 0 or step == total_steps):
-                _append_metrics(run.metrics_file, {
+            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}",
+                            **({} if val_loss is None else {"val": f"{val_loss:.4f}"}))
+            log_now = step == 1 or step % spec.train.log_every == 0 or step == total_steps
+            if accel.is_main_process and (log_now or validate):
+                reporter.log({
                     "step": step, "epoch": epoch, "loss": step_loss, "lr": lr,
                     "grad_norm": grad_norm, "samples_per_s": rate,
+                    "val_loss": val_loss if validate else None,
                     "skipped_samples": len(batcher.skipped),
                     "feature_cache_hits": batcher.cache_hits, "feature_cache_misses": batcher.cache_misses})
             position = {"epoch": epoch, "micro": micro}
@@ -151,6 +165,7 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
         if micro >= len(batches):
             epoch, micro = epoch + 1, 0
     bar.close()
+    train_s = time.perf_counter() - t0 - val_seconds
 
     if params_digest(core.llm) != base_digest:
         raise RuntimeError("the frozen LLM's weights changed during training; this is a bug")
@@ -160,43 +175,17 @@ def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
         save_trainable(core, run_dir)
         if not (spec.train.save_every and step % spec.train.save_every == 0):  # else saved above
             save_checkpoint(run_dir, step, core, optimizer, scheduler, {"epoch": epoch, "micro": micro})
+        if spec.data.val and val_step != step:  # a resumed run that had nothing left to do
+            val_loss = batcher.val_loss(core, accel)
         summary = {"steps": step, "llm_sha256": sha, "skipped_samples": len(batcher.skipped),
-                   "train_samples": batcher.num_samples,
+                   "train_samples": batcher.num_samples, "loss": step_loss,
+                   "val_loss": val_loss if spec.data.val else None,
+                   # this process's samples over the loop's time (validation excluded)
+                   "train_seconds": train_s, "val_seconds": val_seconds,
+                   "samples_per_s": seen / train_s if seen else None,
                    "feature_cache": {"hits": batcher.cache_hits, "misses": batcher.cache_misses}}
-        if spec.data.val:
-            summary["val_loss"] = batcher.val_loss(core, accel)
         atomic_write_json(run.train_summary, summary)
-        _plot_losses(run_dir)
+        plot_run(run_dir)
+        reporter.close()
     accel.wait_for_everyone()
     return run_dir
-
-
-def _trim_metrics(path: Path, step: int) -> None:
-    """On resume, drop log lines past the checkpoint so the log matches one clean run."""
-    if not path.is_file():
-        return
-    keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in keep))
-
-
-def _append_metrics(path: Path, row: dict) -> None:
-    with open(path, "a") as fh:
-        fh.write(json.dumps(row) + "\n")
-
-
-def _plot_losses(run_dir: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    run = RunDir(run_dir)
-    rows = [json.loads(ln) for ln in run.metrics_file.read_text().splitlines() if ln]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("train loss")
-    ax.set_title(run_dir.name)
-    fig.tight_layout()
-    atomic_write(run.loss_curve, fig.savefig, suffix=".png")
-    plt.close(fig)

@@ -9,10 +9,11 @@ from pathlib import Path
 from graft.errors import GraftConfigError
 from graft.spec import GraftSpec
 
-# Fields a resumed run may change: how often it logs and saves, and where it reads from;
-# the LLM itself is pinned by llm.sha256 instead of its path.
+# Fields a resumed run may change: how often it logs, validates and saves, where it reports
+# to and reads from; the LLM itself is pinned by llm.sha256 instead of its path.
 RESUME_MAY_CHANGE = {"output_dir", "llm.path", "llm.sha256", "train.save_every",
-                     "train.log_every", "train.num_workers", "train.feature_cache"}
+                     "train.log_every", "train.eval_every", "train.report_to",
+                     "train.num_workers", "train.feature_cache"}
 
 
 def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> Path:

@@ -30,7 +30,8 @@ def test_run_dir_is_never_replaced_silently(make_spec, tmp_path, capsys):
     run = spec.output_dir
     assert main(["train", cfg]) == 0
     first = (tmp_path / "run" / "metrics.jsonl").read_text()
-    assert re.search(r"done: 1 steps in [\d.]+ min, loss [\d.]+, [\d.]+ samples/s, peak ",
+    assert re.search(r"done: 1 steps in [\d.]+ min \([\d.]+ min training\), final loss [\d.]+, "
+                     r"[\d.]+ samples/s, peak ",
                      capsys.readouterr().out)
 
     _fails(capsys, ["train", cfg], f"output_dir {run} already holds a run", "--overwrite",
