@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,7 +15,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default="", help="comma-separated task names or YAML paths")
     parser.add_argument("--list", action="store_true", help="list the shipped tasks and exit")
     parser.add_argument("--limit", type=int, default=None, help="first N questions per task")
-    parser.add_argument("--out", default=None, help="folder for results.json and samples_<task>.jsonl")
+    parser.add_argument("--out", default=None,
+                        help="folder for results.json and samples_<task>.jsonl (default: a new "
+                        "RUN_DIR/eval/<time>-<tasks>/ for a run dir, else runs/eval/<time>-<model>-<tasks>/)")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress bars (they are off anyway when stderr is not a terminal)")
     parser.add_argument("--backend", default="hf", choices=["hf", "engine"], help="how --model runs")
     parser.add_argument("--device", default="cpu", help="torch device for --model (cpu, cuda, cuda:1)")
     parser.add_argument("--quantization", default=None, metavar="SCHEME|quant.json",
@@ -72,17 +77,40 @@ def run(args) -> int:
     from graft.evals.report import results_table
     from graft.evals.runner import run_eval
 
+    out = args.out or str(default_out_dir(args.endpoint or args.model, args.tasks))
     endpoint_options = {}
     if args.endpoint:
         endpoint_options = dict(model=args.endpoint_model, concurrency=args.concurrency,
                                 retries=args.retries, timeout=args.timeout)
     results = run_eval(args.endpoint or args.model, tasks=args.tasks, data_root=args.data_root,
-                       out_dir=args.out, limit=args.limit, backend=args.backend,
+                       out_dir=out, limit=args.limit, backend=args.backend,
                        cache=False if args.no_cache else (args.cache or True), seed=args.seed,
                        n_boot=args.bootstrap, base_llm=args.base_llm, device=args.device,
-                       quantization=args.quantization,
+                       quantization=args.quantization, progress=False if args.quiet else None,
                        **endpoint_options)
     print(results_table(results))
-    if args.out:
-        print(f"wrote {args.out}/results.json")
+    print(f"wrote {Path(out) / 'results.json'}")
     return 0
+
+
+def default_out_dir(target: str, tasks: str, now=None) -> Path:
+    """A new folder per eval, named by UTC time and tasks: under the run dir's eval/ for a run
+    dir, else under runs/eval/ with the model's (or endpoint host's) name."""
+    import re
+    from datetime import datetime, timezone
+
+    from graft.run_dir import RunDir, is_run_dir
+
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    names = "+".join(Path(t).stem for t in tasks.split(",") if t)[:80]
+    if is_run_dir(target):
+        base, name = RunDir(target).eval_dir, f"{stamp}-{names}"
+    else:
+        model = re.sub(r"^https?://", "", target.rstrip("/"))
+        model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(model).name if "://" not in target else model)
+        base, name = Path("runs") / "eval", f"{stamp}-{model}-{names}"
+    out, n = base / name, 1
+    while out.exists():  # two evals in one second: never write into another's folder
+        n += 1
+        out = base / f"{name}-{n}"
+    return out

@@ -23,9 +23,22 @@ def build_requests(spec: TaskSpec, samples: list[Sample], seed: int) -> list[Req
                     gen.max_new_tokens, gen.temperature, seed) for s in samples]
 
 
+def progress_chunk(backend) -> int:
+    """Requests per backend call when progress is shown: the engine's own batch, a few rounds
+    of an endpoint's concurrency (each call waits for its slowest request), else one."""
+    chunk = getattr(backend, "chunk", None)
+    if isinstance(chunk, int) and chunk > 0:
+        return chunk
+    concurrency = getattr(backend, "concurrency", None)
+    if isinstance(concurrency, int) and concurrency > 0:
+        return 4 * concurrency
+    return 1
+
+
 def generate_cached(backend, cache: ResponseCache | None, spec: TaskSpec, samples: list[Sample],
-                    requests: list[Request]) -> list[Result]:
-    """Answers in sample order; cache hits skip the backend, misses go in one batch."""
+                    requests: list[Request], progress=None) -> list[Result]:
+    """Answers in sample order; cache hits skip the backend. Misses go in one batch, or with
+    `progress(n)` (called as answers arrive) in chunks of `progress_chunk(backend)`."""
     results: list[Result | None] = [None] * len(requests)
     keys = [cache_key(spec.name, spec.version, s.id, backend.identity, r) for s, r in zip(samples, requests)]
     todo = []
@@ -35,13 +48,36 @@ def generate_cached(backend, cache: ResponseCache | None, spec: TaskSpec, sample
             results[i] = hit
         else:
             todo.append(i)
-    if todo:
-        fresh = backend.generate([requests[i] for i in todo])
-        for i, res in zip(todo, fresh):
+    if progress is not None:
+        progress(len(requests) - len(todo))
+    step = progress_chunk(backend) if progress is not None else max(len(todo), 1)
+    for start in range(0, len(todo), step):
+        part = todo[start:start + step]
+        for i, res in zip(part, backend.generate([requests[i] for i in part])):
             results[i] = res
             if cache is not None and cache.cacheable(requests[i]):
                 cache.put(keys[i], res)
+        if progress is not None:
+            progress(len(part))
     return results
+
+
+def _bar(show: bool):
+    """A factory of tqdm bars on stderr (one per task and pass), or of None when hidden."""
+    from contextlib import contextmanager, nullcontext
+
+    if not show:
+        return lambda desc, total: nullcontext(None)
+
+    @contextmanager
+    def bar(desc: str, total: int):
+        import sys
+
+        from tqdm.auto import tqdm
+
+        with tqdm(total=total, desc=desc, unit="q", file=sys.stderr, leave=False) as b:
+            yield b.update
+    return bar
 
 
 def _summary(values: list[float | None]) -> dict | None:
@@ -95,15 +131,20 @@ def _reference_backend(state: dict, backend, base_llm, device: str):
 
 
 def eval_task(spec: TaskSpec, samples: list[Sample], model, reference, cache: ResponseCache | None,
-              n_boot: int, seed: int) -> tuple[dict, list[dict]]:
-    """One task: (reference answers,) model answers, scores; returns (summary, sample rows)."""
+              n_boot: int, seed: int, bar=None) -> tuple[dict, list[dict]]:
+    """One task: (reference answers,) model answers, scores; returns (summary, sample rows).
+    `bar(desc, total)`: a context giving a progress callback (see `_bar`), or None."""
+    bar = bar or _bar(False)
     requests = build_requests(spec, samples, seed)
     if spec.reference == "base_llm":
-        for sample, res in zip(samples, generate_cached(reference(), cache, spec, samples, requests)):
+        with bar(f"{spec.name} (base LLM)", len(requests)) as tick:
+            refs = generate_cached(reference(), cache, spec, samples, requests, tick)
+        for sample, res in zip(samples, refs):
             if res.error is not None:
                 raise GraftError(f"task {spec.name}, sample {sample.id}: the base LLM failed: {res.error}")
             sample.target = res.prediction
-    answers = generate_cached(model, cache, spec, samples, requests)
+    with bar(spec.name, len(requests)) as tick:
+        answers = generate_cached(model, cache, spec, samples, requests, tick)
     hooks = load_hooks(spec)
     preds = [a.prediction for a in answers]
     if "process_prediction" in hooks:
@@ -126,13 +167,14 @@ def eval_task(spec: TaskSpec, samples: list[Sample], model, reference, cache: Re
 def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, limit: int | None = None,
              backend: str = "hf", cache: bool | str | Path | ResponseCache = True, seed: int = 0,
              n_boot: int = 1000, base_llm: str | None = None, device: str = "cpu", log=print,
-             quantization=None, **endpoint_options) -> dict:
+             quantization=None, progress: bool | None = None, **endpoint_options) -> dict:
     """Evaluate a model on tasks; returns the results dict (also written to out_dir/results.json).
 
     model_or_backend: a run dir, a plain HF LLM dir, an http(s) endpoint URL, a GraftedModel,
     or any object with `identity` and `generate(requests)`. `backend` picks "hf" or "engine"
     for directories, on `device` (`quantization`: the engine's weight scheme or quant.json). Tasks are shipped names or YAML paths. `base_llm` is the
     frozen LLM dir for `reference: base_llm` tasks (default: the one the model names).
+    `progress`: a tqdm bar per task on stderr (None: only when stderr is a terminal).
     """
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",") if t]
@@ -147,6 +189,11 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
     store = cache if isinstance(cache, ResponseCache) else (
         ResponseCache(None if cache is True else cache) if cache else None)
     state: dict = {}
+    if progress is None:
+        import sys
+
+        progress = sys.stderr.isatty()
+    bar = _bar(progress)
     named = isinstance(model_or_backend, (str, Path))
     is_url = named and str(model_or_backend).startswith(("http://", "https://"))
     results = {"tasks": {}, "config": {
@@ -159,7 +206,7 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
     try:
         for spec, samples in zip(specs, task_samples):
             reference = lambda: _reference_backend(state, model, base_llm, device)  # noqa: E731
-            summary, rows = eval_task(spec, samples, model, reference, store, n_boot, seed)
+            summary, rows = eval_task(spec, samples, model, reference, store, n_boot, seed, bar)
             results["tasks"][spec.name] = summary
             results["config"]["task_specs"][spec.name] = spec.to_dict()
             if out_dir is not None:
