@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from graft.cli_types import number_in
+from graft.serving.http import stats_log
 
 
 # value types: a bad number is an argparse error naming the flag and the range
@@ -90,6 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     p.add_argument("--log-level", default="warning")
+    stats_log.add_arguments(p)  # --log-interval, --log-format
     p.add_argument("--header-timeout-s", type=_positive_float, default=10.0,
                    help="close a connection whose request headers are not complete in this "
                         "time (408)")
@@ -195,13 +197,15 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     check_port_free(args.host, args.port)  # before minutes of loading, not after
+    log_config = stats_log.configure(args.log_format, args.log_level)
     app = build(args)
     names = ", ".join(map(repr, app.state.ctx.models))
-    print(f"graft serve: {args.path or 'grafts'} as {names} on "
-          f"http://{args.host}:{args.port}/v1 (chat page: http://{args.host}:{args.port}/)",
-          flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                **uvicorn_options(args))
+    stats_log.announce(f"graft serve: {args.path or 'grafts'} as {names} on "
+                       f"http://{args.host}:{args.port}/v1 (chat page: "
+                       f"http://{args.host}:{args.port}/)", args.log_format)
+    with stats_log.periodic(app.state.ctx.metrics, args.log_interval):
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    **({"log_config": log_config} if log_config else {}), **uvicorn_options(args))
     return 0
 
 
