@@ -21,7 +21,7 @@ def open_backend(path: str, args):
             model.llm.to(_dtype(args.dtype))
         return lambda messages, images: model.chat(
             messages, images, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, seed=args.seed)
+            temperature=args.temperature, seed=args.seed, top_p=args.top_p)
     return _llm_backend(path, args)
 
 
@@ -41,7 +41,7 @@ def _llm_backend(path: str, args):
     """A bare LLM on HF generate: text only, the same chat template as training."""
     import torch
 
-    from graft.model import load_llm
+    from graft.model import load_llm, sampling_kwargs
     from graft.template import encode_chat
 
     llm, tokenizer = load_llm(path, args.dtype or "float32")
@@ -50,13 +50,8 @@ def _llm_backend(path: str, args):
     def answer(messages, images):
         _text_only(path, images)
         ids = encode_chat(tokenizer, messages, [], add_generation_prompt=True).input_ids
-        kwargs = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-        if args.temperature > 0:
-            if args.seed is not None:
-                torch.manual_seed(args.seed)
-            kwargs.update(do_sample=True, temperature=args.temperature, top_p=1.0, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        kwargs = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                      **sampling_kwargs(args.temperature, args.top_p, args.seed))
         with torch.no_grad():
             out = llm.generate(torch.tensor([ids], device=llm.device), **kwargs)
         return tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True).strip()
@@ -71,8 +66,8 @@ def _engine_backend(path: str, args):
 
     engine = Engine.from_pretrained(path, EngineConfig(
         quantization=args.quantization, device=args.device, dtype=args.dtype or "float32"))
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_new_tokens,
-                            seed=args.seed)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                            max_tokens=args.max_new_tokens, seed=args.seed)
 
     def answer(messages, images):
         if getattr(engine, "mm", None) is not None:  # a run dir: its image path is attached

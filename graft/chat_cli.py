@@ -30,6 +30,9 @@ def add_arguments(parser) -> None:
                         help="most tokens per answer (>= 1)")
     parser.add_argument("--temperature", type=number_in(float, low=0.0, high=2.0), default=0.0,
                         help="0 = greedy; sampling up to 2")
+    parser.add_argument("--top-p", type=number_in(float, low=0.0, high=1.0, low_open=True),
+                        default=1.0, help="with --temperature > 0: sample from the smallest set "
+                        "of tokens whose probability reaches P (0 < P <= 1; 1: every token)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],

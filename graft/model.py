@@ -23,6 +23,16 @@ log = logging.getLogger("graft")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def sampling_kwargs(temperature: float, top_p: float = 1.0, seed: int | None = None) -> dict:
+    """HF generate's sampling arguments: greedy at temperature 0, else sampling from the
+    smallest set of tokens whose probability reaches top_p (1: all), seeded when given."""
+    if temperature <= 0:
+        return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if seed is not None:
+        torch.manual_seed(seed)
+    return dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+
+
 def _llm_dir(path: str) -> str:
     path = GraftSpec.expand(path)
     if not Path(path, "config.json").is_file():
@@ -152,28 +162,25 @@ class GraftedModel(nn.Module):
 
     @torch.no_grad()
     def generate_ids(self, input_ids: list[int], images=(), max_new_tokens: int = 64,
-                     temperature: float = 0.0, seed: int | None = None) -> list[int]:
+                     temperature: float = 0.0, seed: int | None = None,
+                     top_p: float = 1.0) -> list[int]:
         ids = torch.tensor([input_ids], device=self.device)
         embeds = self.embed(ids, self.image_features(list(images)))
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id)
-        if temperature > 0:
-            if seed is not None:
-                torch.manual_seed(seed)
-            kwargs.update(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
+                      **sampling_kwargs(temperature, top_p, seed))
         out = self.llm.generate(inputs_embeds=embeds, attention_mask=torch.ones_like(ids), **kwargs)
         return out[0].tolist()
 
     def chat(self, messages: list[dict], images=(), max_new_tokens: int = 64,
-             temperature: float = 0.0, seed: int | None = None) -> str:
-        """Answer a chat (user text with `<image>` markers, one per image) with HF generate."""
+             temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0) -> str:
+        """Answer a chat (user text with `<image>` markers, one per image) with HF generate;
+        temperature 0 is greedy, else sampling with nucleus top_p."""
         from graft.template import encode_chat
 
         images = list(images)
         counts = [self.image_token_count(*im.size) for im in images]
         chat = encode_chat(self.tokenizer, messages, counts, add_generation_prompt=True)
-        new = self.generate_ids(chat.input_ids, images, max_new_tokens, temperature, seed)
+        new = self.generate_ids(chat.input_ids, images, max_new_tokens, temperature, seed, top_p)
         return self.tokenizer.decode(new, skip_special_tokens=True).strip()
 
     def describe(self) -> dict:
