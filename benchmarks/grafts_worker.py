@@ -34,7 +34,7 @@ def resident_bytes(engine) -> dict[str, int]:
     runner, grafts = engine.runner, engine.grafts
     llm = _tensor_bytes(runner.model.resident_tensors())
     enc = sum(_tensor_bytes(list(e.parameters()) + list(e.buffers())) for e in grafts.encoders())
-    proj = sum(_tensor_bytes(grafts[n].model.projector.parameters()) for n in grafts)
+    proj = sum(_tensor_bytes(grafts[n].image_path.projector.parameters()) for n in grafts)
     kv = _tensor_bytes([runner.kv_cache])
     return {"llm_params": llm, "encoder_params": enc, "projector_params": proj, "kv_cache": kv,
             "total": llm + enc + proj + kv}

@@ -70,7 +70,7 @@ def _engine_backend(path: str, args):
                             max_tokens=args.max_new_tokens, seed=args.seed)
 
     def answer(messages, images):
-        if getattr(engine, "mm", None) is not None:  # a run dir: its image path is attached
+        if engine.mm is not None:  # a run dir: its graft is the default
             out = generate_chats(engine, {"chat": (messages, images)}, params)["chat"]
         else:
             _text_only(path, images)

@@ -16,6 +16,21 @@ class GraftDataError(GraftError, ValueError):
     """A data sample is wrong: the message names the file/sample index and the problem."""
 
 
+class RequestError(GraftError, ValueError):
+    """One request cannot be served as sent. `param` names the request field, `code` is a
+    stable reason for programs, `reason` says what kind of refusal it is; the serving HTTP
+    layer maps reasons to status codes (graft.serving.http.protocol.APIError.from_request)."""
+
+    REASONS = ("invalid", "forbidden", "too_large", "overloaded", "unavailable")
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 reason: str = "invalid"):
+        if reason not in self.REASONS:
+            raise ValueError(f"reason {reason!r}: use one of {', '.join(self.REASONS)}")
+        super().__init__(message)
+        self.message, self.param, self.code, self.reason = message, param, code, reason
+
+
 def check_fields(cls, d, section: str) -> dict:
     """Return `d` as a dict if it only names fields of dataclass `cls`, else explain.
 

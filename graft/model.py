@@ -14,6 +14,7 @@ from torch import nn
 
 from graft.answer_loss import answer_loss, answer_loss_applies
 from graft.errors import GraftConfigError
+from graft.image_path import ImagePath, llm_dir
 from graft.inject import embed_with_images
 from graft.run_dir import RunDir
 from graft.spec import GraftSpec
@@ -33,24 +34,10 @@ def sampling_kwargs(temperature: float, top_p: float = 1.0, seed: int | None = N
     return dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
 
 
-def _llm_dir(path: str) -> str:
-    path = GraftSpec.expand(path)
-    if not Path(path, "config.json").is_file():
-        raise GraftConfigError(f"llm.path {path}: no config.json; point it at a local HF model dir")
-    return path
-
-
-def build_spec_encoder(spec: GraftSpec):
-    """The spec's frozen encoder, with ~ and ${ENV} in its path expanded."""
-    from graft.encoders import build_encoder
-
-    return build_encoder(spec.encoder_config())
-
-
 def load_llm(path: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = _llm_dir(path)
+    path = llm_dir(path)
     if dtype not in DTYPES:
         raise GraftConfigError(f"llm.dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -59,57 +46,37 @@ def load_llm(path: str, dtype: str = "float32"):
 
 
 class GraftedModel(nn.Module):
-    def __init__(self, spec: GraftSpec, encoder, projector, llm, tokenizer):
+    """The training model. Its image half is `self.image_path` (the same encoder and projector
+    modules, registered here so optimizers, DDP and state_dict see them)."""
+
+    def __init__(self, spec: GraftSpec, image_path: ImagePath, llm, tokenizer):
         super().__init__()
         self.spec = spec
-        self.encoder = encoder
-        self.projector = projector
+        self.encoder = image_path.encoder
+        self.projector = image_path.projector
+        self.image_path = image_path
         self.llm = llm
         self.tokenizer = tokenizer
-        for module in (self.encoder, self.llm):
-            if module is None:  # image path only: a serving engine holds the LLM
-                continue
-            module.eval()
-            for p in module.parameters():
-                p.requires_grad_(False)
+        self.llm.eval()
+        for p in self.llm.parameters():
+            p.requires_grad_(False)
 
     # ---- construction --------------------------------------------------------------
     @classmethod
-    def from_spec(cls, spec: GraftSpec, adapter_dir: str | Path | None = None, with_llm: bool = True,
-                  encoder=None, tokenizer=None) -> "GraftedModel":
-        """Build from a spec. with_llm=False loads only the image path (encoder, projector,
-        tokenizer), for a serving engine that runs the LLM itself; `encoder`/`tokenizer`
-        may be passed in when several grafts share them."""
-        from graft.adapters import build_adapter, load_adapter
-
-        encoder = encoder if encoder is not None else build_spec_encoder(spec)
-        if with_llm:
-            llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype)
-            d_model = llm.get_input_embeddings().embedding_dim
-        else:
-            from transformers import AutoConfig, AutoTokenizer
-
-            path = _llm_dir(spec.llm.path)
-            llm, d_model = None, AutoConfig.from_pretrained(path).hidden_size
-            tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
-        adapter_dir = adapter_dir or GraftSpec.expand(spec.adapter_init)
-        if adapter_dir is not None:
-            projector = load_adapter(adapter_dir)
-            if projector.d_vision != encoder.hidden_size or projector.d_model != d_model:
-                raise GraftConfigError(
-                    f"adapter in {adapter_dir} maps {projector.d_vision}->{projector.d_model}, "
-                    f"but encoder gives {encoder.hidden_size} and the LLM takes {d_model}")
-            spec.adapter = projector.config.to_dict()  # the loaded adapter is the truth
-        else:
-            projector = build_adapter(spec.adapter_config(), encoder.hidden_size, d_model)
-        return cls(spec, encoder, projector, llm, tokenizer)
+    def from_spec(cls, spec: GraftSpec, adapter_dir: str | Path | None = None) -> "GraftedModel":
+        """Build from a spec: the LLM from spec.llm.path, the projector from adapter_dir
+        (else spec.adapter_init, else freshly initialised). For the image path alone (no LLM
+        weights), use `ImagePath.from_spec`."""
+        llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype)
+        d_model = llm.get_input_embeddings().embedding_dim
+        return cls(spec, ImagePath.from_spec(spec, d_model, adapter_dir), llm, tokenizer)
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: str = "cpu", with_llm: bool = True) -> "GraftedModel":
+    def from_run(cls, run_dir: str | Path, device: str = "cpu") -> "GraftedModel":
         """Load a training run dir (graft.yaml + adapter.safetensors [+ lora/])."""
         run = RunDir.open(run_dir)
-        model = cls.from_spec(run.load_spec(), adapter_dir=run.path, with_llm=with_llm)
-        if with_llm and run.has_lora:
+        model = cls.from_spec(run.load_spec(), adapter_dir=run.path)
+        if run.has_lora:
             from peft import PeftModel
 
             model.llm = PeftModel.from_pretrained(model.llm, str(run.lora_dir))
@@ -119,29 +86,19 @@ class GraftedModel(nn.Module):
     # ---- image path ----------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return next(self.projector.parameters()).device
+        return self.image_path.device
 
     def image_token_count(self, width: int, height: int) -> int:
-        n = self.encoder.num_tokens(width, height)
-        return self.projector.num_output_tokens(n, grid=self.encoder.token_grid(width, height))
+        return self.image_path.image_token_count(width, height)
 
-    @torch.no_grad()
     def encode_images(self, images) -> list[torch.Tensor]:
-        """Frozen encoder features, one [n_i, d_vision] per PIL image."""
-        if not images:
-            return []
-        inputs = self.encoder.preprocess(list(images))
-        return [f.float() for f in self.encoder.encode(inputs)]
+        return self.image_path.encode_images(images)
 
     def project(self, features: list[torch.Tensor], sizes: list[tuple[int, int]]) -> list[torch.Tensor]:
-        """Projector over each image's features; sizes are (width, height) for the grid."""
-        dtype = next(self.projector.parameters()).dtype
-        return [self.projector(f.to(self.device, dtype), grid=self.encoder.token_grid(w, h))
-                for f, (w, h) in zip(features, sizes)]
+        return self.image_path.project(features, sizes)
 
     def image_features(self, images) -> list[torch.Tensor]:
-        """Projected embeddings, one [n_image_tokens_i, d_model] per image."""
-        return self.project(self.encode_images(images), [im.size for im in images])
+        return self.image_path.image_features(images)
 
     # ---- LLM path ------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor, image_feats: list[torch.Tensor]) -> torch.Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from graft.evals.backends.base import Request, Result, load_images
-from graft.run_dir import model_dir_kind
 
 
 class EngineBackend:
@@ -21,17 +20,13 @@ class EngineBackend:
         self.quantization = quantization  # a base_llm reference runs under the same weights
         path = Path(path)
         config = config or EngineConfig(device=device, quantization=quantization)
-        if model_dir_kind(path) == "run":
-            from graft.serving.multimodal.front import load_engine
-
-            self.engine = load_engine(path, config)
-        else:
-            self.engine = Engine.from_pretrained(path, config)
-        self.front = getattr(self.engine, "mm", None)  # multimodal front of a run dir, else None
+        self.engine = Engine.from_pretrained(path, config)
+        self.front = self.engine.mm  # multimodal front of a run dir, else None
         if self.front is not None:
             from graft.evals.backends.hf import grafted_identity
 
-            self.identity = "engine-" + grafted_identity(self.front.model)
+            projector = self.front.image_path.projector.named_parameters(prefix="projector")
+            self.identity = "engine-" + grafted_identity(self.front.spec, projector)
             self.base_llm = self.front.llm_path
         else:
             from graft.io import weights_sha256
@@ -64,33 +59,37 @@ class EngineBackend:
     def _generate_chunk(self, requests: list[Request]) -> list[Result]:
         from graft.serving import SamplingParams
 
-        results: dict[str, Result] = {}
-        rids = []
-        for req in requests:
-            rid = f"eval-{self._next}"
+        results: dict[int, Result] = {}
+        ready: dict[int, tuple] = {}  # request index -> (prompt ids, mm_inputs, params)
+        owners = []
+        for k, req in enumerate(requests):
+            owner = f"eval-{self._next}"  # pins this request's image embeddings
             self._next += 1
-            rids.append(rid)
+            owners.append(owner)
             try:
-                ids, mm = self._prompt(req, rid)
-                params = SamplingParams(temperature=req.temperature, max_tokens=req.max_new_tokens,
-                                        seed=req.seed if req.temperature > 0 else None)
-                self.engine.add_request(rid, prompt_token_ids=ids, sampling_params=params, mm_inputs=mm)
+                ids, mm = self._prompt(req, owner)
+                ready[k] = (ids, mm, SamplingParams(
+                    temperature=req.temperature, max_tokens=req.max_new_tokens,
+                    seed=req.seed if req.temperature > 0 else None))
             except Exception as err:  # noqa: BLE001 - one bad sample must not stop the run
-                results[rid] = Result(None, error=f"{type(err).__name__}: {err}")
-        while len(results) < len(rids):
-            for out in self.engine.step():
-                if not out.finished or out.request_id in results:
-                    continue
-                if self.front is not None:
-                    self.front.cache.release(out.request_id)
-                start = out.arrival_time
-                ttft = None if out.first_token_time is None else out.first_token_time - start
-                latency = None if out.finish_time is None else out.finish_time - start
-                error = (out.error if out.finish_reason in ("error", "internal_error", "abort", "deadline")
-                         else None)
-                text = None if error else out.text.strip()
-                results[out.request_id] = Result(text, latency=latency, ttft=ttft, error=error)
-        return [results[rid] for rid in rids]
+                results[k] = Result(None, error=f"{type(err).__name__}: {err}")
+        try:
+            outs = self.engine.generate(prompt_token_ids=[r[0] for r in ready.values()],
+                                        mm_inputs=[r[1] for r in ready.values()],
+                                        sampling_params=[r[2] for r in ready.values()])
+        finally:
+            if self.front is not None:
+                for owner in owners:
+                    self.front.cache.release(owner)
+        for k, out in zip(ready, outs):
+            start = out.arrival_time
+            ttft = None if out.first_token_time is None else out.first_token_time - start
+            latency = None if out.finish_time is None else out.finish_time - start
+            error = (out.error if out.finish_reason in ("error", "internal_error", "abort", "deadline")
+                     else None)
+            results[k] = Result(None if error else out.text.strip(), latency=latency, ttft=ttft,
+                                error=error)
+        return [results[k] for k in range(len(requests))]
 
     def close(self) -> None:
         self.engine = None

@@ -21,12 +21,13 @@ def _timed(fn) -> Result:
     return Result(text, latency=time.perf_counter() - start)
 
 
-def grafted_identity(model) -> str:
-    """Digest of what decides a GraftedModel's answers: its spec and trainable weights."""
+def grafted_identity(spec, named_params) -> str:
+    """Digest of what decides a graft's answers: its spec and trainable weights, given as
+    (name, parameter) pairs named as in GraftedModel (`projector.*`, LoRA's `*lora_*`)."""
     import yaml
 
-    h = hashlib.sha256(yaml.safe_dump(model.spec.to_dict(), sort_keys=True).encode())
-    for name, param in sorted(model.named_parameters()):
+    h = hashlib.sha256(yaml.safe_dump(spec.to_dict(), sort_keys=True).encode())
+    for name, param in sorted(named_params, key=lambda item: item[0]):
         if name.startswith("projector.") or "lora_" in name:
             h.update(name.encode())
             h.update(param.detach().float().cpu().numpy().tobytes())
@@ -43,7 +44,7 @@ class GraftedBackend:
         if isinstance(model_or_run_dir, (str, Path)):
             model_or_run_dir = GraftedModel.from_run(model_or_run_dir, device=device)
         self.model = model_or_run_dir
-        self.identity = grafted_identity(self.model)
+        self.identity = grafted_identity(self.model.spec, self.model.named_parameters())
         # the frozen LLM, for text-only references (a config may say ~/... or $VAR/...)
         self.base_llm = GraftSpec.expand(self.model.spec.llm.path)
 

@@ -24,12 +24,12 @@ class CalibrationSeq:
 
 def load_calibration(qe, source: str | None, n_samples: int, max_tokens: int) -> list[CalibrationSeq]:
     """Up to n_samples sequences of at most max_tokens tokens; one-line error when none."""
-    front = getattr(qe.engine, "mm", None)
+    front = qe.engine.mm
     if source is None:
         if front is None:
             raise GraftConfigError("an LLM dir has no training data to calibrate on: pass "
                                    "--calibration FILE (text, .jsonl or LLaVA .json)")
-        spec = front.model.spec
+        spec = front.spec
         from graft.spec import GraftSpec
 
         records = _llava(Path(GraftSpec.expand(spec.data.train)))
@@ -91,12 +91,12 @@ def _encode(qe, front, record, image_root: Path, system: str | None, max_tokens:
     images = [load_image(p) for p in sample_image_paths(record, image_root)]
     if images and front is None:
         return None  # a plain LLM cannot see images: skip such lines
-    counts = [front.model.image_token_count(*im.size) for im in images]
+    counts = [front.image_path.image_token_count(*im.size) for im in images]
     ids = encode_chat(tokenizer, messages, counts).input_ids[:max_tokens]
     rows = None
     if images:
         with torch.no_grad():
-            rows = torch.cat([r.float() for r in front.model.image_features(images)])
+            rows = torch.cat([r.float() for r in front.image_path.image_features(images)])
         rows = rows[:sum(1 for t in ids if t < 0)]  # a cut sequence keeps the rows it reaches
     return CalibrationSeq(ids, rows)
 

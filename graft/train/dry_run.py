@@ -15,14 +15,15 @@ _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def dry_run(spec: GraftSpec) -> dict:
     """The report (also printed by the CLI); builds only the image path (encoder, projector,
     tokenizer) and reads the data, never the LLM's weights."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
-    from graft.model import GraftedModel
+    from graft.image_path import ImagePath, llm_dir as checked_llm_dir
     from graft.train.data import prepare_samples
 
-    model = GraftedModel.from_spec(spec, with_llm=False)
-    llm_dir = GraftSpec.expand(spec.llm.path)
+    llm_dir = checked_llm_dir(spec.llm.path)
     llm_cfg = AutoConfig.from_pretrained(llm_dir)
+    image_path = ImagePath.from_spec(spec, llm_cfg.hidden_size)
+    tokenizer = AutoTokenizer.from_pretrained(llm_dir)
     max_len = min(spec.data.max_length, getattr(llm_cfg, "max_position_embeddings", None) or 10**9)
     data = {}
     for split in ("train", "val"):
@@ -30,8 +31,8 @@ def dry_run(spec: GraftSpec) -> dict:
         if not path:
             continue
         samples, skipped = prepare_samples(
-            GraftSpec.expand(path), GraftSpec.expand(spec.data.image_root), model.tokenizer,
-            model.image_token_count, max_len, spec.data.on_bad_sample, spec.data.system_prompt)
+            GraftSpec.expand(path), GraftSpec.expand(spec.data.image_root), tokenizer,
+            image_path.image_token_count, max_len, spec.data.on_bad_sample, spec.data.system_prompt)
         per_image = sorted({n for s in samples for _, n in s.chat.image_spans})
         lengths = [len(s.chat.input_ids) for s in samples]
         data[split] = {"samples": len(samples), "skipped": len(skipped),
@@ -39,17 +40,17 @@ def dry_run(spec: GraftSpec) -> dict:
                        "image_tokens_per_image": per_image,
                        "tokens_max": max(lengths), "tokens_mean": round(sum(lengths) / len(lengths), 1)}
     return {"spec": spec.to_dict(), "data": data,
-            "memory_gib": memory_estimate(spec, model, llm_dir, llm_cfg, data["train"]["tokens_max"])}
+            "memory_gib": memory_estimate(spec, image_path, llm_dir, llm_cfg, data["train"]["tokens_max"])}
 
 
-def memory_estimate(spec: GraftSpec, model, llm_dir: str, llm_cfg, seq_len: int) -> dict:
+def memory_estimate(spec: GraftSpec, image_path, llm_dir: str, llm_cfg, seq_len: int) -> dict:
     """A rough peak in GiB: frozen weights in their dtype, the trainable projector with its
     gradient and two AdamW moments (fp32), and the LLM's activations for one micro-batch
     (about 16 values of d_model per token per layer kept for backward; much less with
     gradient checkpointing). LoRA's few parameters are left out."""
     llm_params = _safetensors_params(Path(llm_dir))
-    frozen = llm_params * _BYTES[spec.llm.dtype] + sum(p.numel() for p in model.encoder.parameters()) * 4
-    trainable = sum(p.numel() for p in model.projector.parameters()) * 4 * 4
+    frozen = llm_params * _BYTES[spec.llm.dtype] + sum(p.numel() for p in image_path.encoder.parameters()) * 4
+    trainable = sum(p.numel() for p in image_path.projector.parameters()) * 4 * 4
     act_bytes = 2 if spec.train.precision == "bf16" else 4
     per_layer = 2 if spec.train.gradient_checkpointing else 16
     layers = getattr(llm_cfg, "num_hidden_layers", 1)

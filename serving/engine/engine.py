@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from graft.run_dir import model_dir_kind
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.mm_inputs import MultiModalInputs
@@ -21,9 +20,11 @@ from graft.serving.engine.scheduler import Scheduler
 from graft.serving.engine.sequence import Sequence
 from graft.serving.engine.spec_decode.controller import SpecDecoder
 from graft.serving.engine.spec_decode.verify import sample_step
+from graft.serving.engine.step_cost import StepCostModel
+from graft.serving.multimodal.front import DEFAULT_CACHE_BYTES
+from graft.serving.multimodal.grafts import GraftSet, load_grafts
 
 log = logging.getLogger("graft.serving")
-_EMA = 0.2  # weight of the newest timing sample in the moving averages
 
 
 @dataclass
@@ -33,8 +34,8 @@ class EngineStats:
     num_waiting: int
     num_running: int
     queued_prefill_tokens: int  # prompt tokens not yet computed (waiting + running chunks)
-    prefill_seconds_per_token: float | None  # moving average of measured prefill cost
-    decode_step_seconds: float | None  # moving average of a decode-only step
+    prefill_seconds_per_token: float | None  # the cost model's fitted prefill cost (None: unfitted)
+    decode_step_seconds: float | None  # ... and its decode step at the running batch size
     free_kv_blocks: int
     total_kv_blocks: int
     prefix_cache_hit_rate: float  # prompt tokens served from cache / prompt tokens admitted
@@ -45,7 +46,11 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, tokenizer=None):
+    """One LLM and the grafts it serves (`grafts`, fixed at construction; a bare LLM serves
+    none). Build it with `from_pretrained` / `from_grafts`, which go through the one loader."""
+
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, tokenizer=None,
+                 grafts: GraftSet | None = None):
         from graft.serving.engine.model_runner import ModelRunner
         from graft.serving.engine.sampler import Sampler
 
@@ -59,34 +64,47 @@ class Engine:
         # always present: a request may turn speculation on while the engine default is off
         self.spec = self.scheduler.spec = SpecDecoder(self.config, self.max_model_len)
         self.sampler = Sampler(self.runner.device, self.config.seed)
+        if tokenizer is None and grafts is not None:
+            tokenizer = grafts.tokenizer
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(self.model_dir)
+        self.grafts = grafts if grafts is not None else GraftSet.empty(self.model_dir, self.tokenizer)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.eos_token_ids = _eos_ids(self.model_dir, self.runner.hf_config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}  # unfinished requests by id
         self._pending: list[RequestOutput] = []  # finished at admission (bad input)
         self._order = itertools.count()
         self._gen_ids = itertools.count()
-        self._prefill_spt: float | None = None
-        self._decode_step: float | None = None
+        self.cost = StepCostModel()  # fitted on every step this engine runs
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None, **kwargs):
+    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None,
+                        cache_bytes: int = DEFAULT_CACHE_BYTES, **kwargs) -> "Engine":
         """An LLM dir (text only) or a run dir with graft.yaml (encoder + projector + LLM;
-        the multimodal front is then `engine.mm`)."""
-        if model_dir_kind(path) == "run":  # neither a run dir nor an LLM dir: GraftConfigError
-            from graft.serving.multimodal.front import load_engine
-
-            return load_engine(path, config, **kwargs)
-        return cls(path, config, **kwargs)
+        its graft is the default one, `engine.mm`)."""
+        return cls._load(path, config, None, cache_bytes, **kwargs)
 
     @classmethod
     def from_grafts(cls, grafts: dict[str, str | Path], config: EngineConfig | None = None,
-                    llm: str | Path | None = None, **kwargs):
+                    llm: str | Path | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                    **kwargs) -> "Engine":
         """One engine (one LLM copy, one KV pool) serving several run dirs trained on the same
         LLM (checked by sha256): `engine.grafts[name]` is each graft's multimodal front."""
-        from graft.serving.multimodal.grafts import load_engine_with_grafts
+        from graft.errors import GraftConfigError
 
-        return load_engine_with_grafts(grafts, config, llm, **kwargs)
+        if not isinstance(grafts, dict) or not grafts:
+            raise GraftConfigError("from_grafts needs {name: run dir} with at least one graft")
+        return cls._load(grafts, config, llm, cache_bytes, **kwargs)
+
+    @classmethod
+    def _load(cls, source, config, llm, cache_bytes, **kwargs) -> "Engine":
+        device = (config or EngineConfig()).device
+        graft_set = load_grafts(source, llm, cache_bytes, device=device)
+        return cls(graft_set.llm_path, config, grafts=graft_set, **kwargs)
+
+    @property
+    def mm(self):
+        """The default graft's multimodal front (a run dir served alone), else None."""
+        return self.grafts.front()
 
     # --- requests -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | None = None,
@@ -161,6 +179,7 @@ class Engine:
     # --- one step -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; return an output for every request that moved or finished."""
+        t0 = time.perf_counter()  # the cost model times scheduling too: admission waits on it
         outputs, self._pending = self._pending, []
         batch, dropped = self.scheduler.schedule()
         dropped += self._drop_bad_images(batch)
@@ -169,7 +188,6 @@ class Engine:
             outputs.append(make_output(seq, final=True))
         if not batch:
             return outputs
-        t0 = time.perf_counter()
         try:
             logits, sampling = self.runner.execute(batch)
             tokens, logprobs = self._sample(logits, sampling)
@@ -293,23 +311,30 @@ class Engine:
             self.scheduler.finish(seq, reason)
 
     def _record_timing(self, batch, seconds: float) -> None:
-        verified = sum(n for s, n in zip(batch.seqs, batch.num_tokens) if s.spec_tokens)
-        prefill_tokens = batch.total_tokens - batch.num_decodes - verified
-        if prefill_tokens == 0:
-            self._decode_step = _ema(self._decode_step, seconds)
-            return
-        decode_part = (self._decode_step or 0.0) if batch.num_decodes else 0.0
-        per_token = max(seconds - decode_part, 0.0) / prefill_tokens
-        self._prefill_spt = _ema(self._prefill_spt, per_token)
+        decodes = batch.num_decodes  # one-token rows; prefill chunks and verify rows are tokens
+        self.cost.observe_step(batch.total_tokens - decodes, decodes, seconds)
+
+    def kv_usage(self) -> tuple[int, int]:
+        """(KV blocks in use, blocks in the pool); safe to read beside the engine thread."""
+        bm = self.block_manager
+        return bm.num_blocks - bm.num_free_blocks, bm.num_blocks
+
+    def clear_deadline(self, request_id: str) -> None:
+        """Drop a running request's deadline (a server's first-token budget, once met)."""
+        seq = self.seqs.get(request_id)
+        if seq is not None:
+            seq.deadline = None
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
+        c0, c1, c2 = self.cost.coefficients
+        fitted = self.cost.fitted
         return EngineStats(
             num_waiting=len(self.scheduler.waiting),
             num_running=len(self.scheduler.running),
             queued_prefill_tokens=self.scheduler.queued_prefill_tokens(),
-            prefill_seconds_per_token=self._prefill_spt,
-            decode_step_seconds=self._decode_step,
+            prefill_seconds_per_token=c1 if fitted else None,
+            decode_step_seconds=c0 + c2 * max(len(self.scheduler.running), 1) if fitted else None,
             free_kv_blocks=bm.num_free_blocks,
             total_kv_blocks=bm.num_blocks,
             prefix_cache_hit_rate=bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
@@ -322,8 +347,13 @@ class Engine:
     # --- offline --------------------------------------------------------------------
     def generate(self, prompts: list[str] | str | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 prompt_token_ids: list[list[int]] | None = None) -> list[RequestOutput]:
-        """Run prompts (strings or token id lists) to completion; outputs in input order."""
+                 prompt_token_ids: list[list[int]] | None = None,
+                 mm_inputs: list[MultiModalInputs | None] | None = None,
+                 request_ids: list[str] | None = None) -> list[RequestOutput]:
+        """Run prompts (strings or token id lists, with their images' `mm_inputs` where they
+        have any) to completion in one continuous batch; outputs in input order. The one
+        offline loop: generate_chats, the eval engine backend and graft chat run on it.
+        request_ids name the requests (default `generate-N`)."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("generate needs exactly one of prompts or prompt_token_ids")
         if isinstance(prompts, str):
@@ -336,13 +366,20 @@ class Engine:
             params = list(sampling_params)
         else:
             params = [sampling_params or SamplingParams()] * len(items)
-        ids = [f"generate-{next(self._gen_ids)}" for _ in items]
+        if mm_inputs is not None and len(mm_inputs) != len(items):
+            raise ValueError(f"mm_inputs has {len(mm_inputs)} entries for {len(items)} prompts")
+        mms = list(mm_inputs) if mm_inputs is not None else [None] * len(items)
+        if request_ids is not None and len(request_ids) != len(items):
+            raise ValueError(f"request_ids has {len(request_ids)} entries for {len(items)} prompts")
+        ids = (list(request_ids) if request_ids is not None
+               else [f"generate-{next(self._gen_ids)}" for _ in items])
         try:
-            for rid, item, p in zip(ids, items, params):
+            for rid, item, p, mm in zip(ids, items, params, mms):
                 if prompts is not None:
-                    self.add_request(rid, item, p)
+                    self.add_request(rid, item, p, mm_inputs=mm)
                 else:
-                    self.add_request(rid, prompt_token_ids=list(item), sampling_params=p)
+                    self.add_request(rid, prompt_token_ids=list(item), sampling_params=p,
+                                     mm_inputs=mm)
         except Exception:  # leave nothing of this call queued
             for rid in ids:
                 self.abort(rid)
@@ -361,10 +398,6 @@ def _whole(out: RequestOutput) -> RequestOutput:
     """An offline result reports everything as new."""
     out.new_token_ids, out.new_text = list(out.token_ids), out.text
     return out
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - _EMA) * old + _EMA * new
 
 
 def _load_tokenizer(model_dir: Path):

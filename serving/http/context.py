@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graft.errors import GraftError
+from graft.errors import GraftError, RequestError
 from graft.serving.http import protocol as P
 from graft.serving.http.engine_worker import EngineWorker
 from graft.serving.http.metrics import ServerMetrics, speculation_gauges
@@ -36,9 +36,9 @@ class ServerContext:
 
     def __init__(self, engine, settings: ServerSettings):
         self.engine = engine
-        self.front = getattr(engine, "mm", None)
+        self.front = engine.grafts.front()  # the default graft (a run dir served alone), or None
         self.settings = settings
-        self.tokenizer = self.front.tokenizer if self.front else engine.tokenizer
+        self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         # every allowed image as base64 (4/3) plus generous room for the text
         self.max_body_bytes = (settings.limit_images_per_prompt * settings.media.max_image_bytes
@@ -63,30 +63,28 @@ class ServerContext:
                                               lambda: self._cache_stat("evictions")),
             **speculation_gauges(engine),
         })
-        self.grafts = getattr(engine, "grafts", None)  # several grafts over one LLM, or None
-        # served model name -> its multimodal front (None: the bare LLM, text only)
+        self.grafts = engine.grafts
+        # served model name -> its multimodal front (None: the bare LLM, text only); named
+        # grafts are served under their names beside the bare LLM, a default one as the model
         self.models = {settings.model_name: self.front}
-        if self.grafts is not None:
+        if self.grafts.default is None:
             if settings.model_name in self.grafts:
                 raise GraftError(f"model name {settings.model_name!r} names both the bare LLM "
                                  "and a graft; pick another --served-model-name or graft name")
             self.models.update(self.grafts.fronts)
         for name, front in self.models.items():
             self.metrics.add_graft(name, (lambda f=front: (f.hits, f.misses)) if front else None)
-        self.worker = EngineWorker(engine, self.front, self.metrics,
+        self.worker = EngineWorker(engine, self.metrics,
                                    settings.encoder_tokens_per_step, settings.admission_slack,
-                                   fronts=[f for f in self.models.values() if f is not None],
                                    max_queued=settings.max_queued_requests,
                                    max_queued_tokens=settings.max_queued_tokens)
 
     def kv_blocks(self) -> tuple[int, int]:
         """(blocks in use, blocks in the pool)."""
-        bm = self.engine.block_manager  # len()-based reads: safe beside the engine thread
-        return bm.num_blocks - bm.num_free_blocks, bm.num_blocks
+        return self.engine.kv_usage()
 
     def _cache_stat(self, name: str) -> float:
-        cache = self.worker.cache
-        return float(cache.stats()[name]) if cache is not None else 0.0
+        return float(self.worker.cache.stats()[name])
 
     # ---- request preparation (runs in a worker thread) -----------------------------------
     def prepare(self, req: P.ChatCompletionRequest, front):
@@ -116,6 +114,8 @@ class ServerContext:
                       for param, url in refs]
             front.check_cache_room(images)
             prepared = front.prompt(messages, images, parse)
+        except RequestError as err:
+            raise P.APIError.from_request(err) from None
         except ChatTemplateError as err:
             where = "messages" if err.message_index is None else f"messages[{err.message_index}]"
             raise P.APIError(str(err), param=where, code="invalid_prompt") from None

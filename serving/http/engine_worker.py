@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from graft.errors import GraftError
-from graft.serving.http.admission import (AdmissionController, QueueItem, QueueLimits,
-                                          StepCostModel)
+from graft.serving.http.admission import AdmissionController, QueueItem, QueueLimits
 from graft.serving.http.protocol import APIError
 
 log = logging.getLogger("graft.serving")
@@ -30,7 +29,7 @@ class Job:
     deadline: float | None = None  # absolute time.monotonic() for the first token
     arrival: float = field(default_factory=time.monotonic)
     encode_tokens: int = 0  # image tokens not in the encoder cache at admission
-    front: object = None  # MultimodalFront of the graft it asked for (None: the worker's front)
+    front: object = None  # MultimodalFront of the graft it asked for (None: text only)
     graft: str | None = None  # served model name, for per-graft metrics
     estimate_s: float | None = None  # admission control's TTFT estimate
     first_token_at: float | None = None
@@ -43,17 +42,16 @@ class Job:
 
 
 class EngineWorker:
-    def __init__(self, engine, front=None, metrics=None, encoder_tokens_per_step: int = 4096,
-                 admission_slack: float = 1.0, fronts: list | None = None,
-                 max_queued: int | None = None, max_queued_tokens: int | None = None):
+    def __init__(self, engine, metrics=None, encoder_tokens_per_step: int = 4096,
+                 admission_slack: float = 1.0, max_queued: int | None = None,
+                 max_queued_tokens: int | None = None):
         self.engine = engine
-        self.front = front  # MultimodalFront or None (text-only model)
-        # every front whose jobs may come (several grafts); they share one encoder cache
-        self.fronts = list(fronts) if fronts else [f for f in (front,) if f is not None]
-        self.cache = self.fronts[0].cache if self.fronts else None
+        # every graft's front whose jobs may come; they share the engine's one encoder cache
+        self.fronts = list(engine.grafts.fronts.values())
+        self.cache = engine.grafts.cache
         self.metrics = metrics
         self.encoder_tokens_per_step = encoder_tokens_per_step
-        self.cost = StepCostModel()
+        self.cost = engine.cost  # the engine fits it on every step; encodes are added here
         self.admission = AdmissionController(self.cost, engine.config.max_num_batched_tokens,
                                              admission_slack)
         self.limits = QueueLimits(self.admission, max_queued, max_queued_tokens)
@@ -84,16 +82,21 @@ class EngineWorker:
                         raise GraftError(f"engine warmup failed: {out.error}")
         for front in self.fronts:
             image = Image.new("RGB", (224, 224), (128, 128, 128))
-            n_tokens = front.model.image_token_count(224, 224)
+            n_tokens = front.image_path.image_token_count(224, 224)
             for _ in range(2):  # the first call pays one-time setup; keep the second
                 start = time.perf_counter()
-                front.model.image_features([image])
+                front.image_path.image_features([image])
                 elapsed = time.perf_counter() - start
             self.cost.observe_encode(n_tokens, elapsed)
 
     # ---- called from the HTTP layer (any thread) ----------------------------------------
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread is running."""
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         with self._cond:
@@ -166,20 +169,7 @@ class EngineWorker:
         self._expire_pending()
         self._admit_some()
         if self.engine.has_unfinished_requests():
-            # Snapshot progress so the step's shape (prefill tokens, decodes) can be measured
-            # from outside the engine for the admission cost model.
-            before = [(seq, seq.num_computed_tokens) for seq in self.engine.seqs.values()]
-            start = time.perf_counter()
-            outputs = self.engine.step()
-            elapsed = time.perf_counter() - start
-            # a finished sequence's blocks (and count) are already released: it computed up
-            # to its last token, which was sampled, not computed
-            moved = [(len(seq) - 1 if seq.is_finished else seq.num_computed_tokens) - n
-                     for seq, n in before]
-            decodes = sum(1 for d in moved if d == 1)
-            prefill = sum(d for d in moved if d > 1)
-            if prefill or decodes:
-                self.cost.observe_step(prefill, decodes, elapsed)
+            outputs = self.engine.step()  # the engine records the step in the cost model
             for out in outputs:
                 self._deliver(out)
             return outputs
@@ -223,8 +213,7 @@ class EngineWorker:
         with self._cond:
             batch: list[Job] = []
             budget = self.encoder_tokens_per_step
-            room = (self.cache.max_bytes - self.cache.pinned_bytes
-                    if self.cache is not None else 0)
+            room = self.cache.max_bytes - self.cache.pinned_bytes
             for job in list(self.pending):
                 if job.prepared is not None and job.prepared.images:
                     need = job.encode_tokens
@@ -240,7 +229,7 @@ class EngineWorker:
             if job.failed:
                 continue
             try:
-                mm = ((job.front or self.front).mm_inputs(job.prepared, embeds)
+                mm = (job.front.mm_inputs(job.prepared, embeds)
                       if job.prepared is not None else None)
                 self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
                                         sampling_params=job.sampling_params, mm_inputs=mm,
@@ -258,8 +247,7 @@ class EngineWorker:
         by_front: dict[int, tuple] = {}  # one encoder batch per graft
         for j in batch:
             if j.prepared is not None and j.prepared.images:
-                front = j.front or self.front
-                by_front.setdefault(id(front), (front, []))[1].append(j)
+                by_front.setdefault(id(j.front), (j.front, []))[1].append(j)
         for front, jobs in by_front.values():
             groups = [jobs]
             while groups:
@@ -296,9 +284,7 @@ class EngineWorker:
         if job.first_token_at is None and out.token_ids:
             job.first_token_at = now
             # The budget is for the first token; once met, decoding runs to its own end.
-            seq = self.engine.seqs.get(job.request_id)
-            if seq is not None:
-                seq.deadline = None
+            self.engine.clear_deadline(job.request_id)
             if self.metrics:
                 self.metrics.ttft.observe(now - job.arrival)
                 if job.estimate_s:
@@ -338,8 +324,7 @@ class EngineWorker:
             m.deadline.inc()
 
     def _release(self, rid: str) -> None:
-        if self.cache is not None:
-            self.cache.release(rid)
+        self.cache.release(rid)
 
     def _fail_all(self, err: APIError) -> None:
         with self._cond:

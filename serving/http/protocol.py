@@ -10,8 +10,8 @@ import time
 import uuid
 from typing import Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
-                      field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
+                      ValidationError, field_validator)
 from typing_extensions import Annotated
 
 from graft.serving.engine.sampling_params import SEED_MAX, SEED_MIN
@@ -31,6 +31,16 @@ class APIError(Exception):
         self.code = code
         self.headers = headers or {}
 
+    STATUS = {"invalid": 400, "forbidden": 403, "too_large": 413, "overloaded": 429,
+              "unavailable": 503}
+
+    @classmethod
+    def from_request(cls, err) -> "APIError":
+        """The HTTP answer to a graft.errors.RequestError raised below the HTTP layer."""
+        status = cls.STATUS[err.reason]
+        kind = "server_error" if status == 503 else "invalid_request_error"
+        return cls(err.message, status=status, type=kind, param=err.param, code=err.code)
+
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
@@ -42,6 +52,17 @@ class _Strict(BaseModel):
     # Unknown fields are ignored so newer OpenAI clients keep working; known ones are typed
     # as the OpenAI API types them: no coercion (`true` or "10" is not an int; 1 is a float).
     model_config = ConfigDict(extra="ignore", strict=True)
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type and JSON Schema's "integer" includes 8.0: take a float with
+    # no fractional part as the int it is. Booleans and strings stay refused (strict).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]  # an OpenAI integer field
 
 
 class TextPart(_Strict):
@@ -93,16 +114,16 @@ class StreamOptions(_Strict):
 class ChatCompletionRequest(_Strict):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Int | None = Field(default=None, ge=1)
+    max_completion_tokens: Int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)  # vLLM-style extension; -1/0 = off
-    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what the sampler takes
+    top_k: Int | None = Field(default=None, ge=-1)  # vLLM-style extension; -1/0 = off
+    seed: Int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what the sampler takes
     stop: Union[str, list[str], None] = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: Int = Field(default=1, ge=1, le=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: Int | None = Field(default=None, ge=0, le=20)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # graft extension (pass with the openai client's extra_body): time to first token budget

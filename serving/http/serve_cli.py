@@ -108,10 +108,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build(args: argparse.Namespace):
     """Engine + app from parsed arguments (also used by tests)."""
     from graft.serving import EngineConfig
+    from graft.serving import Engine
     from graft.serving.multimodal.media import MediaConfig
-    from graft.serving.multimodal.front import load_engine
     from graft.serving.http.server import ServerSettings, build_app
-    from graft.run_dir import model_dir_kind
 
     config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                           max_num_seqs=args.max_num_seqs,
@@ -132,12 +131,11 @@ def build(args: argparse.Namespace):
 
         raise GraftConfigError("graft serve needs PATH (a run dir or LLM dir) or at least one "
                                "--graft NAME=RUN_DIR")
-    elif model_dir_kind(path, "PATH") == "run":
-        engine = load_engine(path, config, cache_bytes)
     else:
-        from graft.serving import Engine
+        from graft.run_dir import model_dir_kind
 
-        engine = Engine.from_pretrained(str(path), config)
+        model_dir_kind(path, "PATH")  # neither kind: the error names PATH
+        engine = Engine.from_pretrained(path, config, cache_bytes)
     media = MediaConfig(allowed_local_media_path=args.allowed_local_media_path,
                         allow_remote_media=args.allow_remote_media,
                         max_image_bytes=args.max_image_bytes,
@@ -168,9 +166,11 @@ def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):
     from graft.errors import GraftConfigError
-    from graft.serving.multimodal.grafts import load_engine_with_grafts, parse_graft_arg
+    from graft.run_dir import is_run_dir
+    from graft.serving import Engine
+    from graft.serving.multimodal.grafts import parse_graft_arg
 
-    if llm is not None and (llm / "graft.yaml").is_file():
+    if llm is not None and is_run_dir(llm):
         raise GraftConfigError(f"PATH {llm} is a run dir; with --graft, pass it as "
                                f"--graft NAME={llm} and give PATH only for the shared LLM dir")
     grafts: dict[str, str] = {}
@@ -179,7 +179,7 @@ def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):
         if name in grafts:
             raise GraftConfigError(f"--graft {text!r}: the name {name!r} is used twice")
         grafts[name] = run_dir
-    return load_engine_with_grafts(grafts, config, llm=llm, cache_bytes=cache_bytes)
+    return Engine.from_grafts(grafts, config, llm=llm, cache_bytes=cache_bytes)
 
 
 def uvicorn_options(args: argparse.Namespace) -> dict:

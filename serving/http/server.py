@@ -98,7 +98,7 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/health", dependencies=health_auth)
     async def health():
-        if not ctx.worker._thread.is_alive():
+        if not ctx.worker.alive:
             return JSONResponse({"status": "engine thread stopped"}, status_code=503)
         return {"status": "ok"}
 

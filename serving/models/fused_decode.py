@@ -12,14 +12,13 @@ from graft.kernels.dispatch import kernels_mode
 from graft.serving.models.layers import AttentionMetadata
 
 
-def unsupported_reason(model) -> str | None:
-    """None when FusedDecode can run `model`, else why not (for the load log)."""
-    from graft.serving.models.llama import DecoderLayer
-
+def unsupported_reason(model, layer_class) -> str | None:
+    """None when FusedDecode can run `model`, whose layers must all be exactly
+    `layer_class` (the Llama layer layout the C step mirrors), else why not (for the log)."""
     if not cpu_ops.available():
         return f"C kernels unavailable: {cpu_ops.unavailable_reason()}"
     for i, layer in enumerate(model.layers):
-        if type(layer) is not DecoderLayer:
+        if type(layer) is not layer_class:
             return f"{type(layer).__name__} has its own layer layout"
         if not layer.mlp.is_silu:
             return "the MLP activation is not silu"

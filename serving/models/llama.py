@@ -90,7 +90,7 @@ class CausalLM(nn.Module):
         """Run all-decode steps in one C call when every layer can; returns why not, or None."""
         from graft.serving.models.fused_decode import FusedDecode, unsupported_reason
 
-        reason = unsupported_reason(self)
+        reason = unsupported_reason(self, DecoderLayer)
         self.fused_decode = FusedDecode(self) if reason is None else None
         return reason
 

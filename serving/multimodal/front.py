@@ -48,51 +48,39 @@ def unique_bytes(images: list[PreparedImage]) -> int:
 
 
 class MultimodalFront:
-    """Frozen encoder + projector + tokenizer of a run dir, with a byte-bounded embedding cache."""
+    """One graft's image path (frozen encoder + projector) and the LLM tokenizer, with a
+    byte-bounded embedding cache. Built by `graft.serving.multimodal.grafts.load_grafts`."""
 
-    def __init__(self, model, run_dir: str | Path | None = None,
+    def __init__(self, image_path, tokenizer, spec, run_dir: str | Path | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, cache: EncoderCache | None = None):
-        self.model = model  # GraftedModel whose HF LLM was dropped (the engine runs the LLM)
-        self.tokenizer = model.tokenizer
+        self.image_path = image_path  # graft.image_path.ImagePath (the engine runs the LLM)
+        self.tokenizer = tokenizer
+        self.spec = spec  # the run's GraftSpec
         # several grafts over one engine share one cache (keys carry encoder + adapter identity)
         self.cache = cache if cache is not None else EncoderCache(cache_bytes)
         self.hits = 0  # this front's encoder-cache lookups (the cache's own counters sum all)
         self.misses = 0
-        self.encoder_id = model.encoder.identity()
+        self.encoder_id = image_path.encoder.identity()
         adapter_file = RunDir(run_dir).adapter_weights if run_dir else None
         if adapter_file is not None and adapter_file.is_file():
             self.adapter_id = sha256_file(adapter_file)
         else:  # unsaved projector: identity from its weights
             from graft.integrity import params_digest
 
-            self.adapter_id = params_digest(model.projector)
-        self.preprocess_id = json.dumps(dict(model.spec.encoder), sort_keys=True, default=str)
-        self.d_model = model.projector.d_model
+            self.adapter_id = params_digest(image_path.projector)
+        self.preprocess_id = json.dumps(dict(spec.encoder), sort_keys=True, default=str)
+        self.d_model = image_path.d_model
         self.encode_calls = 0  # encoder forward passes (a batch of unique misses = one call)
-
-    @classmethod
-    def from_run(cls, run_dir: str | Path, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 device: str = "cpu") -> "MultimodalFront":
-        from graft.model import GraftedModel
-
-        run = RunDir(run_dir)
-        if run.has_lora:
-            raise GraftConfigError(
-                f"{run.lora_dir}: the serving engine runs the base LLM weights only; merge the "
-                "LoRA into a copy of the LLM and point llm.path at it to serve this run")
-        # image path only: the engine loads its own copy of the LLM from spec.llm.path
-        model = GraftedModel.from_run(run.path, device=device, with_llm=False)
-        return cls(model, run.path, cache_bytes)
 
     @property
     def llm_path(self) -> str:
         from graft.spec import GraftSpec
 
-        return GraftSpec.expand(self.model.spec.llm.path)
+        return GraftSpec.expand(self.spec.llm.path)
 
     # ---- before encoding: sizes, keys, prompt ------------------------------------------
     def prepare_image(self, loaded: LoadedImage) -> PreparedImage:
-        n = self.model.image_token_count(loaded.width, loaded.height)
+        n = self.image_path.image_token_count(loaded.width, loaded.height)
         key = cache_key(loaded.content_hash, self.preprocess_id, self.encoder_id, self.adapter_id)
         return PreparedImage(key, loaded.image, n, n * self.d_model * 4)  # float32 rows
 
@@ -106,7 +94,7 @@ class MultimodalFront:
         w, h = im.image.size
         while min(w, h) > 8:
             w, h = max(1, int(w * scale)), max(1, int(h * scale))
-            if self.model.image_token_count(w, h) < im.n_tokens:
+            if self.image_path.image_token_count(w, h) < im.n_tokens:
                 small = im.image.resize((w, h), Image.BICUBIC)
                 return self.prepare_image(LoadedImage(small, pixel_hash(small), w, h))
         return None
@@ -162,7 +150,7 @@ class MultimodalFront:
                 out[im.key] = hit
         encoded = 0
         if todo:
-            feats = self.model.image_features([im.image for im in todo.values()])
+            feats = self.image_path.image_features([im.image for im in todo.values()])
             self.encode_calls += 1
             for (key, im), rows in zip(todo.items(), feats):
                 if rows.shape[0] != im.n_tokens:
@@ -203,29 +191,22 @@ class MultimodalFront:
 def generate_chats(engine, chats: dict[str, tuple], sampling_params) -> dict:
     """Offline multimodal generate: {request id: (messages with `<image>` markers, PIL
     images[, graft name])} -> {request id: final RequestOutput}, all in one continuous
-    batch. The graft name picks `engine.grafts[name]` (several grafts); else `engine.mm`."""
-    fronts = {}
-    for rid, (messages, images, *graft) in chats.items():
-        fronts[rid] = engine.grafts[graft[0]] if graft else engine.mm
-        ids, mm = fronts[rid].prepare_chat(messages, images, owner=rid)
-        engine.add_request(rid, prompt_token_ids=ids, sampling_params=sampling_params,
-                           mm_inputs=mm)
-    done = {}
-    while len(done) < len(chats) and engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished and out.request_id in chats:
-                done[out.request_id] = out
-                fronts[out.request_id].cache.release(out.request_id)
-    return done
-
-
-def load_engine(path: str | Path, config=None, cache_bytes: int = DEFAULT_CACHE_BYTES, **kwargs):
-    """Engine for a run dir: the LLM from spec.llm.path, with `engine.mm` = this front.
-    `Engine.from_pretrained` delegates here for a run dir (graft.run_dir.is_run_dir)."""
-    from graft.serving.engine.engine import Engine
-
-    front = MultimodalFront.from_run(path, cache_bytes, device=getattr(config, "device", "cpu"))
-    kwargs.setdefault("tokenizer", front.tokenizer)
-    engine = Engine(front.llm_path, config, **kwargs)
-    engine.mm = front
-    return engine
+    batch through `Engine.generate`. The graft name picks `engine.grafts[name]` (several
+    grafts); else the engine's default graft."""
+    fronts, ids, mms = {}, [], []
+    try:
+        for rid, (messages, images, *graft) in chats.items():
+            front = engine.grafts.front(graft[0] if graft else None)
+            if front is None:
+                raise GraftConfigError(f"chat {rid!r}: this engine serves a bare LLM dir (no "
+                                       "graft); load a run dir or name a graft")
+            fronts[rid] = front
+            prompt_ids, mm = front.prepare_chat(messages, images, owner=rid)
+            ids.append(prompt_ids)
+            mms.append(mm)
+        outs = engine.generate(prompt_token_ids=ids, sampling_params=sampling_params,
+                               mm_inputs=mms, request_ids=list(fronts))
+    finally:  # the embeddings stay cached for later prompts, unpinned
+        for rid, front in fronts.items():
+            front.cache.release(rid)
+    return dict(zip(fronts, outs))

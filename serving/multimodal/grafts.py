@@ -1,5 +1,7 @@
-"""Several grafts over one frozen LLM: NAME -> encoder + projector (a MultimodalFront each),
-all checked to reference the same LLM weights, served by one engine with one KV pool.
+"""The grafts an engine serves, and the one loader that builds them: NAME -> encoder +
+projector (a MultimodalFront each) over one frozen LLM, all checked to reference the same
+LLM weights. A run dir served alone is a set of one (its graft is the default); a bare LLM
+dir is a set of none.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graft.errors import GraftConfigError
-from graft.model import GraftedModel
 from graft.serving.multimodal.encoder_cache import EncoderCache
 from graft.serving.multimodal.front import DEFAULT_CACHE_BYTES, MultimodalFront
 
@@ -34,16 +35,33 @@ class GraftRun:
 
 
 class GraftSet:
-    """The grafts one engine serves: name -> MultimodalFront, plus the bare LLM's name."""
+    """The grafts one engine serves: name -> MultimodalFront over the one LLM at llm_path."""
 
     def __init__(self, fronts: dict[str, MultimodalFront], runs: dict[str, GraftRun],
-                 llm_path: Path, llm_sha256: str, tokenizer, cache: EncoderCache):
+                 llm_path: Path, llm_sha256: str | None, tokenizer, cache: EncoderCache,
+                 default: str | None = None):
         self.fronts = fronts
         self.runs = runs
         self.llm_path = llm_path  # the LLM the engine loaded (once)
-        self.llm_sha256 = llm_sha256
+        self.llm_sha256 = llm_sha256  # None for a bare LLM dir (nothing to check it against)
         self.tokenizer = tokenizer  # shared: every graft tokenizes with the one LLM's tokenizer
         self.cache = cache  # one byte budget for every graft's image embeddings
+        self.default = default  # the graft a request naming none gets (a run dir served alone)
+
+    @classmethod
+    def empty(cls, llm_path: str | Path, tokenizer=None,
+              cache_bytes: int = DEFAULT_CACHE_BYTES) -> "GraftSet":
+        """No grafts: a bare LLM, text only."""
+        return cls({}, {}, Path(llm_path), None, tokenizer, EncoderCache(cache_bytes))
+
+    def front(self, name: str | None = None) -> MultimodalFront | None:
+        """The named graft's front; with no name, the default graft's (None: text only)."""
+        if name is None:
+            return self.fronts[self.default] if self.default is not None else None
+        return self[name]
+
+    def __len__(self) -> int:
+        return len(self.fronts)
 
     def __getitem__(self, name: str) -> MultimodalFront:
         if name not in self.fronts:
@@ -62,7 +80,8 @@ class GraftSet:
 
     def encoders(self) -> list:
         """Distinct encoder modules (one per identity, however many grafts use it)."""
-        return list({id(f.model.encoder): f.model.encoder for f in self.fronts.values()}.values())
+        return list({id(f.image_path.encoder): f.image_path.encoder
+                 for f in self.fronts.values()}.values())
 
 
 def parse_graft_arg(text: str) -> tuple[str, str]:
@@ -95,6 +114,10 @@ def read_runs(grafts: dict[str, str | Path]) -> list[GraftRun]:
         check_name(name, f"graft {name!r}")
         run = RunDir.open(run_dir, what=f"graft {name!r}: ")
         run_dir = run.path
+        if run.has_lora and len(grafts) == 1:
+            raise GraftConfigError(
+                f"{run.lora_dir}: the serving engine runs the base LLM weights only; merge the "
+                "LoRA into a copy of the LLM and point llm.path at it to serve this run")
         if run.has_lora:
             raise GraftConfigError(
                 f"graft {name!r}: {run.lora_dir} changes the LLM, so it cannot share one frozen "
@@ -152,17 +175,29 @@ def _tokenizer_digest(llm_dir: Path) -> str:
     return h.hexdigest()
 
 
-def load_grafts(grafts: dict[str, str | Path], llm: str | Path | None = None,
+def load_grafts(source: str | Path | dict[str, str | Path], llm: str | Path | None = None,
                 cache_bytes: int = DEFAULT_CACHE_BYTES, device: str = "cpu") -> GraftSet:
-    """Encoders, projectors and the LLM tokenizer of every graft (never the LLM weights).
-    An encoder two grafts share (same config, or same identity()) is built once."""
+    """The one loader: what an engine serves, from a bare LLM dir (no grafts), a run dir
+    (one graft, the default) or {name: run dir} (several over one LLM, requests name theirs).
+    Builds encoders, projectors and the LLM tokenizer, never the LLM weights; an encoder two
+    grafts share (same config, or same identity()) is built once."""
     from transformers import AutoTokenizer
 
     from graft.encoders import build_encoder
+    from graft.image_path import ImagePath, llm_width
+    from graft.run_dir import model_dir_kind
 
-    runs = read_runs(grafts)
+    default = None
+    if not isinstance(source, dict):
+        if model_dir_kind(source) == "llm":  # neither a run dir nor an LLM dir: GraftConfigError
+            return GraftSet.empty(source, cache_bytes=cache_bytes)
+        name = re.sub(r"[^A-Za-z0-9._:/-]", "-", Path(source).resolve().name)
+        default = name if _NAME.match(name) else "graft"  # internal: clients send --served-model-name
+        source = {default: source}
+    runs = read_runs(source)
     llm_path, sha = check_same_llm(runs, llm)
     tokenizer = AutoTokenizer.from_pretrained(str(llm_path))
+    d_model = llm_width(str(llm_path))
     cache = EncoderCache(cache_bytes)
     by_config: dict[str, object] = {}
     by_identity: dict[str, object] = {}
@@ -175,22 +210,7 @@ def load_grafts(grafts: dict[str, str | Path], llm: str | Path | None = None,
         if key not in by_config:
             encoder = build_encoder(cfg).to(device)
             by_config[key] = by_identity.setdefault(encoder.identity(), encoder)
-        # image path only (the engine holds the one LLM), sharing encoder and tokenizer
-        model = GraftedModel.from_spec(run.spec, adapter_dir=run.run_dir, with_llm=False,
-                                       encoder=by_config[key], tokenizer=tokenizer).to(device)
-        fronts[run.name] = MultimodalFront(model, run.run_dir, cache=cache)
-    return GraftSet(fronts, {r.name: r for r in runs}, llm_path, sha, tokenizer, cache)
-
-
-def load_engine_with_grafts(grafts: dict[str, str | Path], config=None, llm: str | Path | None = None,
-                            cache_bytes: int = DEFAULT_CACHE_BYTES, **kwargs):
-    """One Engine (one LLM copy, one KV pool) with `engine.grafts` = every graft's front.
-    `Engine.from_grafts` delegates here."""
-    from graft.serving.engine.engine import Engine
-
-    graft_set = load_grafts(grafts, llm, cache_bytes, device=getattr(config, "device", "cpu"))
-    kwargs.setdefault("tokenizer", graft_set.tokenizer)
-    engine = Engine(graft_set.llm_path, config, **kwargs)
-    engine.grafts = graft_set
-    engine.mm = None  # no single default graft: each request names its graft
-    return engine
+        image_path = ImagePath.from_spec(run.spec, d_model, run.run_dir, encoder=by_config[key])
+        fronts[run.name] = MultimodalFront(image_path.to(device), tokenizer, run.spec,
+                                           run.run_dir, cache=cache)
+    return GraftSet(fronts, {r.name: r for r in runs}, llm_path, sha, tokenizer, cache, default)

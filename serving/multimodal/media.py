@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlparse
 from PIL import Image
 
 from graft.digests import pixel_hash  # noqa: F401 - re-exported: callers import it from here
-from graft.serving.http.protocol import APIError
+from graft.errors import RequestError
 
 
 @dataclass
@@ -38,43 +38,44 @@ class LoadedImage:
     height: int
 
 
-def _too_big(n: int, cfg: MediaConfig, param: str) -> APIError:
-    return APIError(f"image is {n} bytes, over the limit of {cfg.max_image_bytes} bytes; "
-                    "send a smaller image", param=param, code="image_too_large", status=413)
+def _too_big(n: int, cfg: MediaConfig, param: str) -> RequestError:
+    return RequestError(f"image is {n} bytes, over the limit of {cfg.max_image_bytes} bytes; "
+                        "send a smaller image", param=param, code="image_too_large",
+                        reason="too_large")
 
 
 def _data_url_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
     head, sep, payload = url.partition(",")
     if not sep or ";base64" not in head:
-        raise APIError("data URL must look like data:image/<type>;base64,<payload>",
-                       param=param, code="invalid_image_url")
+        raise RequestError("data URL must look like data:image/<type>;base64,<payload>",
+                           param=param, code="invalid_image_url")
     if not head[5:].startswith("image/"):
-        raise APIError(f"data URL media type must be image/*, got {head[5:].split(';')[0]!r}",
-                       param=param, code="invalid_image_url")
+        raise RequestError(f"data URL media type must be image/*, got {head[5:].split(';')[0]!r}",
+                           param=param, code="invalid_image_url")
     # base64 inflates by 4/3: refuse before decoding a payload that cannot fit
     if len(payload) * 3 // 4 > cfg.max_image_bytes + 3:
         raise _too_big(len(payload) * 3 // 4, cfg, param)
     try:
         return base64.b64decode("".join(payload.split()), validate=True)
     except (binascii.Error, ValueError) as err:
-        raise APIError(f"image data URL has invalid base64: {err}", param=param,
-                       code="invalid_base64") from None
+        raise RequestError(f"image data URL has invalid base64: {err}", param=param,
+                           code="invalid_base64") from None
 
 
 def _local_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
     if cfg.allowed_local_media_path is None:
-        raise APIError("local image paths are disabled; start the server with "
-                       "--allowed-local-media-path DIR or send a base64 data URL",
-                       param=param, code="local_media_disabled", status=403)
+        raise RequestError("local image paths are disabled; start the server with "
+                           "--allowed-local-media-path DIR or send a base64 data URL",
+                           param=param, code="local_media_disabled", reason="forbidden")
     raw = unquote(urlparse(url).path) if url.startswith("file://") else url
     root = Path(cfg.allowed_local_media_path).resolve()
     path = Path(raw).resolve()  # resolves symlinks and "..": containment is checked after
     if path != root and root not in path.parents:
-        raise APIError(f"image path {raw!r} is outside --allowed-local-media-path",
-                       param=param, code="local_media_forbidden", status=403)
+        raise RequestError(f"image path {raw!r} is outside --allowed-local-media-path",
+                           param=param, code="local_media_forbidden", reason="forbidden")
     if not path.is_file():
-        raise APIError(f"image file {raw!r} does not exist", param=param,
-                       code="image_not_found")
+        raise RequestError(f"image file {raw!r} does not exist", param=param,
+                           code="image_not_found")
     size = path.stat().st_size
     if size > cfg.max_image_bytes:
         raise _too_big(size, cfg, param)
@@ -83,9 +84,9 @@ def _local_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
 
 def _remote_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
     if not cfg.allow_remote_media:
-        raise APIError("remote image URLs are disabled; start the server with "
-                       "--allow-remote-media or send a base64 data URL",
-                       param=param, code="remote_media_disabled", status=403)
+        raise RequestError("remote image URLs are disabled; start the server with "
+                           "--allow-remote-media or send a base64 data URL",
+                           param=param, code="remote_media_disabled", reason="forbidden")
     from graft.serving.multimodal.remote_media import fetch_remote
 
     return fetch_remote(url, cfg.max_image_bytes, cfg.remote_timeout_s,
@@ -101,8 +102,8 @@ def fetch_bytes(url: str, cfg: MediaConfig, param: str = "image_url.url") -> byt
     elif url.startswith("file://") or "://" not in url:
         data = _local_bytes(url, cfg, param)
     else:
-        raise APIError(f"unsupported image URL scheme in {url[:32]!r}; use data:, file:// "
-                       "or http(s)://", param=param, code="invalid_image_url")
+        raise RequestError(f"unsupported image URL scheme in {url[:32]!r}; use data:, file:// "
+                           "or http(s)://", param=param, code="invalid_image_url")
     if len(data) > cfg.max_image_bytes:
         raise _too_big(len(data), cfg, param)
     return data
@@ -114,21 +115,21 @@ def decode_image(data: bytes, cfg: MediaConfig, param: str = "image_url.url") ->
         img = Image.open(io.BytesIO(data))
         width, height = img.size
     except Image.DecompressionBombError:  # PIL's own limit, far above ours: still "too big"
-        raise APIError(f"image is over the limit of {cfg.max_image_pixels} pixels; resize it",
-                       param=param, code="image_too_large", status=413) from None
+        raise RequestError(f"image is over the limit of {cfg.max_image_pixels} pixels; resize it",
+                           param=param, code="image_too_large", reason="too_large") from None
     except Exception:  # PIL raises many types for garbage; all mean "not an image"
-        raise APIError("image bytes could not be decoded as an image (PNG, JPEG, WebP, ...)",
-                       param=param, code="invalid_image") from None
+        raise RequestError("image bytes could not be decoded as an image (PNG, JPEG, WebP, ...)",
+                           param=param, code="invalid_image") from None
     if width * height > cfg.max_image_pixels:
-        raise APIError(f"image is {width}x{height} = {width * height} pixels, over the limit "
-                       f"of {cfg.max_image_pixels}; resize it", param=param,
-                       code="image_too_large", status=413)
+        raise RequestError(f"image is {width}x{height} = {width * height} pixels, over the limit "
+                           f"of {cfg.max_image_pixels}; resize it", param=param,
+                           code="image_too_large", reason="too_large")
     try:
         img.load()
         rgb = img.convert("RGB")
     except Exception:
-        raise APIError("image data is truncated or corrupt", param=param,
-                       code="invalid_image") from None
+        raise RequestError("image data is truncated or corrupt", param=param,
+                           code="invalid_image") from None
     return LoadedImage(rgb, pixel_hash(rgb), width, height)
 
 

@@ -16,7 +16,7 @@ import socket
 import time
 from urllib.parse import urljoin, urlsplit
 
-from graft.serving.http.protocol import APIError
+from graft.errors import RequestError
 
 log = logging.getLogger("graft.serving")
 
@@ -87,7 +87,7 @@ def _target(url: str, domains: tuple[str, ...]) -> tuple[str, str, str]:
 def fetch_remote(url: str, max_bytes: int, timeout_s: float, max_redirects: int,
                  domains: tuple[str, ...], param: str) -> bytes:
     """The body of a public http(s) URL (after at most `max_redirects` checked redirects),
-    within `timeout_s` in total and `max_bytes`; APIError otherwise."""
+    within `timeout_s` in total and `max_bytes`; RequestError otherwise."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -102,9 +102,9 @@ def fetch_remote(url: str, max_bytes: int, timeout_s: float, max_redirects: int,
         log.info("refused image fetch %.120r: %s", url, why)
     except httpx.HTTPError as err:
         log.info("image fetch %.120r failed: %s", url, err)
-    raise APIError(f"the image URL could not be fetched; it must be a public http(s) URL "
-                   f"that answers with the image within {timeout_s:g} s", param=param,
-                   code="image_fetch_failed") from None
+    raise RequestError(f"the image URL could not be fetched; it must be a public http(s) URL "
+                       f"that answers with the image within {timeout_s:g} s", param=param,
+                       code="image_fetch_failed") from None
 
 
 def _hop(url: str, domains: tuple[str, ...], deadline: float, max_bytes: int,
@@ -134,8 +134,8 @@ def _read_capped(resp, max_bytes: int, deadline: float, param: str) -> bytes:
     for chunk in resp.iter_bytes():
         buf += chunk
         if len(buf) > max_bytes:
-            raise APIError(f"image is over the limit of {max_bytes} bytes; send a smaller "
-                           "image", param=param, code="image_too_large", status=413)
+            raise RequestError(f"image is over the limit of {max_bytes} bytes; send a smaller "
+                               "image", param=param, code="image_too_large", reason="too_large")
         if time.monotonic() > deadline:  # a server trickling bytes gets no more time
             raise _Refused("deadline passed while reading")
     return bytes(buf)

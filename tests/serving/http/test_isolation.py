@@ -87,7 +87,7 @@ def _job(front, rid, events):
         LoadedImage(image, pixel_hash(image), 32, 32))])
     return Job(rid, prepared.prompt_token_ids, GREEDY, prepared=prepared,
                sink=lambda kind, payload: events.append((rid, kind, payload)),
-               encode_tokens=front.uncached_tokens(prepared.images))
+               encode_tokens=front.uncached_tokens(prepared.images), front=front)
 
 
 def _drive(worker, events):
@@ -102,17 +102,17 @@ def _drive(worker, events):
 @pytest.fixture
 def worker(tiny_run_dir):
     engine = _engine(tiny_run_dir)
-    return EngineWorker(engine, engine.mm)
+    return EngineWorker(engine)
 
 
 def _reference(tiny_run_dir):
     """The tokens "a" and "c" get alone, through a worker of their own."""
     engine = _engine(tiny_run_dir)
-    ref_worker = EngineWorker(engine, engine.mm)
+    ref_worker = EngineWorker(engine)
     out = {}
     for rid in ("a", "c"):
         events = []
-        ref_worker.submit(_job(ref_worker.front, rid, events), None)
+        ref_worker.submit(_job(ref_worker.engine.mm, rid, events), None)
         out[rid] = _drive(ref_worker, events)[rid][1].token_ids
     return out
 
@@ -122,21 +122,21 @@ def _check(worker, done, ref, free0):
     assert kind == "error" and err.status == 500 and err.code == "engine_error"
     assert "injected" not in err.message  # internals stay in the server log
     assert {rid: done[rid][1].token_ids for rid in ("a", "c")} == ref
-    assert worker.front.cache.pinned_bytes == 0 and not worker.active and not worker.pending
+    assert worker.engine.mm.cache.pinned_bytes == 0 and not worker.active and not worker.pending
     assert worker.engine.block_manager.num_free_blocks == free0
 
 
 def test_worker_encoder_failure_fails_one_job(worker, tiny_run_dir):
     ref = _reference(tiny_run_dir)
-    front, events = worker.front, []
-    real = front.model.image_features
+    front, events = worker.engine.mm, []
+    real = front.image_path.image_features
 
     def features(images):  # the green image breaks the encoder
         if any(im.getpixel((0, 0)) == COLORS["bad"] for im in images):
             raise RuntimeError("injected encoder failure")
         return real(images)
 
-    front.model.image_features = features
+    front.image_path.image_features = features
     free0 = worker.engine.block_manager.num_free_blocks
     for rid in COLORS:
         worker.submit(_job(front, rid, events), None)
@@ -148,7 +148,7 @@ def test_worker_engine_failure_fails_one_job(worker, tiny_run_dir):
     engine, events = worker.engine, []
     free0 = engine.block_manager.num_free_blocks
     for rid in COLORS:
-        worker.submit(_job(worker.front, rid, events), None)
+        worker.submit(_job(worker.engine.mm, rid, events), None)
     worker._run_once([])
     worker._run_once([])  # all three are running now
     real = engine.sampler

@@ -7,6 +7,7 @@ import json
 import pytest
 from PIL import Image
 
+from graft.errors import RequestError
 from graft.serving.multimodal.media import MediaConfig, decode_image, load_image, to_data_url
 from graft.serving.http.protocol import APIError, parse_chat_request, to_chat_messages
 
@@ -81,26 +82,26 @@ def test_data_url_roundtrip_and_hash_ignores_encoding():
     ("/etc/passwd", "local_media_disabled"),
 ])
 def test_bad_image_urls(url, code):
-    with pytest.raises(APIError) as info:
+    with pytest.raises(RequestError) as info:
         load_image(url, MediaConfig())
-    assert info.value.code == code and 400 <= info.value.status < 500
+    assert info.value.code == code and 400 <= APIError.from_request(info.value).status < 500
 
 
 def test_truncated_image_is_rejected():
     buf = io.BytesIO()
     _img(64, 64).save(buf, format="PNG")
-    with pytest.raises(APIError) as info:
+    with pytest.raises(RequestError) as info:
         decode_image(buf.getvalue()[:60], MediaConfig())
     assert info.value.code == "invalid_image"
 
 
 def test_pixel_and_byte_limits():
-    with pytest.raises(APIError) as info:
+    with pytest.raises(RequestError) as info:
         load_image(to_data_url(_img(64, 64)), MediaConfig(max_image_pixels=1000))
-    assert info.value.status == 413 and "pixels" in info.value.message
-    with pytest.raises(APIError) as info:
+    assert APIError.from_request(info.value).status == 413 and "pixels" in info.value.message
+    with pytest.raises(RequestError) as info:
         load_image(to_data_url(_img(64, 64)), MediaConfig(max_image_bytes=20))
-    assert info.value.status == 413 and "bytes" in info.value.message
+    assert APIError.from_request(info.value).status == 413 and "bytes" in info.value.message
 
 
 def test_local_paths_only_under_the_allowed_root(tmp_path):
@@ -113,9 +114,9 @@ def test_local_paths_only_under_the_allowed_root(tmp_path):
     assert load_image(str(root / "ok.png"), cfg).width == 8
     assert load_image(f"file://{root}/ok.png", cfg).width == 8
     for bad in (str(tmp_path / "secret.png"), f"{root}/../secret.png", str(root / "link.png")):
-        with pytest.raises(APIError) as info:
+        with pytest.raises(RequestError) as info:
             load_image(bad, cfg)
         assert info.value.code == "local_media_forbidden"
-    with pytest.raises(APIError) as info:
+    with pytest.raises(RequestError) as info:
         load_image(str(root / "missing.png"), cfg)
     assert info.value.code == "image_not_found"

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from graft.serving.http.protocol import APIError
+from graft.errors import RequestError
 from graft.serving.multimodal import remote_media as R
 from graft.serving.multimodal.media import MediaConfig, fetch_bytes
 
@@ -85,7 +85,7 @@ CFG = MediaConfig(allow_remote_media=True, remote_timeout_s=2.0)
 
 
 def _refusal(url, cfg=CFG):
-    with pytest.raises(APIError) as err:
+    with pytest.raises(RequestError) as err:
         fetch_bytes(url, cfg, "messages[0].content[0].image_url.url")
     return err.value
 
@@ -95,7 +95,7 @@ def _refusal(url, cfg=CFG):
 def test_loopback_is_refused_without_a_connection(loopback_server, host):
     port, hits = loopback_server
     err = _refusal(f"http://{host}:{port}/x.png")
-    assert (err.status, err.code) == (400, "image_fetch_failed")
+    assert (err.reason, err.code) == ("invalid", "image_fetch_failed")
     assert hits == []  # refused before connecting
 
 
@@ -166,7 +166,7 @@ def test_redirects_are_checked_hop_by_hop(fake_net):
         seen.clear()
         routes["images.example"] = lambda r, t=target: httpx.Response(302,
                                                                       headers={"location": t})
-        with pytest.raises(APIError, match="could not be fetched"):
+        with pytest.raises(RequestError, match="could not be fetched"):
             R.fetch_remote("http://images.example/a", 100, 2.0, 3, (), "p")
         assert len(seen) == 1  # the redirect target was never contacted
 
@@ -178,7 +178,7 @@ def test_redirects_are_checked_hop_by_hop(fake_net):
 ])
 def test_refused_before_any_request(fake_net, url, domains):
     seen, _ = fake_net
-    with pytest.raises(APIError, match="could not be fetched"):
+    with pytest.raises(RequestError, match="could not be fetched"):
         R.fetch_remote(url, 100, 2.0, 3, domains, "p")
     assert seen == []
 
@@ -186,7 +186,7 @@ def test_refused_before_any_request(fake_net, url, domains):
 def test_redirect_loops_stop(fake_net):
     seen, routes = fake_net
     routes["images.example"] = lambda r: httpx.Response(302, headers={"location": "/again"})
-    with pytest.raises(APIError, match="could not be fetched"):
+    with pytest.raises(RequestError, match="could not be fetched"):
         R.fetch_remote("http://images.example/a", 100, 2.0, 3, (), "p")
     assert len(seen) == 4  # the first request and three redirects
 
@@ -194,9 +194,9 @@ def test_redirect_loops_stop(fake_net):
 def test_byte_cap_and_total_deadline(fake_net):
     _, routes = fake_net
     routes["images.example"] = lambda r: httpx.Response(200, content=b"x" * 101)
-    with pytest.raises(APIError) as err:
+    with pytest.raises(RequestError) as err:
         R.fetch_remote("http://images.example/big", 100, 2.0, 3, (), "p")
-    assert err.value.status == 413
+    assert err.value.reason == "too_large"
 
     def trickle():  # a byte every 0.2 s, forever: each read is quick, the total is not
         while True:
@@ -205,7 +205,7 @@ def test_byte_cap_and_total_deadline(fake_net):
 
     routes["images.example"] = lambda r: httpx.Response(200, content=trickle())
     start = time.monotonic()
-    with pytest.raises(APIError, match="could not be fetched"):
+    with pytest.raises(RequestError, match="could not be fetched"):
         R.fetch_remote("http://images.example/slow", 10_000, 0.6, 3, (), "p")
     assert time.monotonic() - start < 2.0
 

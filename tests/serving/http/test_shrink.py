@@ -14,14 +14,13 @@ BIG = Image.fromarray(np.random.default_rng(0).integers(0, 256, (112, 140, 3), d
 
 @pytest.fixture(scope="module")
 def moonvit_server(k25_dir, tiny_llama, tmp_path_factory):  # noqa: F811
-    from graft.serving import EngineConfig
-    from graft.serving.multimodal.front import load_engine
+    from graft.serving import Engine, EngineConfig
     from graft.serving.http.server import ServerSettings, build_app
 
     run = write_run_dir(tmp_path_factory.mktemp("moonvit_run"), tiny_llama,
                         {"kind": "moonvit", "path": str(k25_dir), "feature_layer": -1},
                         {"kind": "mlp", "depth": 2, "layer_norm": True, "norm_chunks": 4})
-    engine = load_engine(run, EngineConfig(num_kv_blocks=64, max_model_len=256))
+    engine = Engine.from_pretrained(run, EngineConfig(num_kv_blocks=64, max_model_len=256))
     with LiveServer(build_app(engine, ServerSettings(model_name="kimi"))) as server:
         yield server
 
@@ -29,8 +28,8 @@ def moonvit_server(k25_dir, tiny_llama, tmp_path_factory):  # noqa: F811
 def test_shrink_images_to_budget(moonvit_server):
     ctx = moonvit_server.app.state.ctx
     front = ctx.front
-    full = front.model.image_token_count(*BIG.size)
-    assert front.model.image_token_count(56, 56) < full  # native resolution: size sets tokens
+    full = front.image_path.image_token_count(*BIG.size)
+    assert front.image_path.image_token_count(56, 56) < full  # native resolution: size sets tokens
     # Deterministic costs: 10 ms per prompt token, free encoding; the full-size prompt is
     # over budget by a few tokens, a smaller image fits.
     ctx.worker.cost._coef[:] = [0.0, 0.01, 0.0]

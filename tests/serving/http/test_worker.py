@@ -15,18 +15,18 @@ ASK = [{"role": "user", "content": "<image>\nWhat color?"}]
 @pytest.fixture
 def worker(tiny_run_dir):
     engine = Engine.from_pretrained(tiny_run_dir, EngineConfig(block_size=4, num_kv_blocks=96))
-    return EngineWorker(engine, engine.mm, encoder_tokens_per_step=16)  # one image per step
+    return EngineWorker(engine, encoder_tokens_per_step=16)  # one image per step
 
 
 def _job(worker, rid, color, events, deadline=None):
-    front = worker.front
+    front = worker.engine.mm
     image = front.prepare_image(_loaded(Image.new("RGB", (32, 32), color)))
     prepared = front.prompt(ASK, [image])
     return Job(rid, prepared.prompt_token_ids,
                SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
                sink=lambda kind, payload: events.append((rid, kind, payload)),
                prepared=prepared, deadline=deadline,
-               encode_tokens=front.uncached_tokens(prepared.images))
+               encode_tokens=front.uncached_tokens(prepared.images), front=front)
 
 
 def _loaded(image):
@@ -46,13 +46,13 @@ def test_encoder_budget_edf_and_cleanup(worker):
         worker.submit(job, budget_s=None)
     assert [j.request_id for j in worker.pending] == ["soon", "late", "none"]  # EDF
     worker._run_once([])  # one step: the encoder budget admits one image only
-    assert worker.front.encode_calls == 1 and list(worker.active) == ["soon"]
+    assert worker.engine.mm.encode_calls == 1 and list(worker.active) == ["soon"]
     assert [j.request_id for j in worker.pending] == ["late", "none"]
     while worker.pending or worker.engine.has_unfinished_requests():
         worker._run_once([])
     finished = {rid for rid, kind, out in events if kind == "output" and out.finished}
-    assert finished == {"soon", "late", "none"} and worker.front.encode_calls == 3
-    assert worker.front.cache.pinned_bytes == 0 and not worker.active
+    assert finished == {"soon", "late", "none"} and worker.engine.mm.encode_calls == 3
+    assert worker.engine.mm.cache.pinned_bytes == 0 and not worker.active
     assert worker.engine.block_manager.num_free_blocks == free0
 
 
@@ -62,7 +62,7 @@ def test_pending_request_past_its_deadline(worker):
     worker.pending.append(job)  # bypass admission: already late when the worker looks
     worker._run_once([])
     assert events == [("gone", "deadline", None)] and not worker.pending
-    assert worker.front.encode_calls == 0  # never encoded
+    assert worker.engine.mm.encode_calls == 0  # never encoded
 
 
 def test_abort_before_and_after_admission(worker):
@@ -75,4 +75,4 @@ def test_abort_before_and_after_admission(worker):
     worker._run_once(["a", "b"])
     assert not worker.active and not worker.pending
     assert not worker.engine.has_unfinished_requests()
-    assert worker.front.cache.pinned_bytes == 0
+    assert worker.engine.mm.cache.pinned_bytes == 0

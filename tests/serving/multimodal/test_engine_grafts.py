@@ -60,9 +60,9 @@ def test_each_graft_answers_as_alone_in_mixed_batches(graft_runs, multi):
 
 def test_one_llm_and_a_shared_encoder_loaded_once(multi):
     grafts = multi.grafts
-    assert multi.mm is None and all(grafts[n].model.llm is None for n in grafts)
-    assert grafts["sig"].model.encoder is grafts["sig2"].model.encoder
-    assert grafts["sig"].model.encoder is not grafts["clip"].model.encoder
+    assert multi.mm is None and all(not hasattr(grafts[n], "llm") for n in grafts)
+    assert grafts["sig"].image_path.encoder is grafts["sig2"].image_path.encoder
+    assert grafts["sig"].image_path.encoder is not grafts["clip"].image_path.encoder
     assert len(grafts.encoders()) == 2
     assert all(grafts[n].cache is grafts.cache for n in grafts)  # one byte budget
     assert grafts["sig"].adapter_id != grafts["sig2"].adapter_id

@@ -74,7 +74,7 @@ def test_placeholder_positions_hold_projector_rows(tiny_run_dir):
     (r,) = mm.ranges
     assert ids[r.offset:r.offset + r.length] == [IMAGE_PLACEHOLDER] * r.length
     assert ids.count(IMAGE_PLACEHOLDER) == r.length
-    expected = engine.mm.model.image_features([RED])[0]
+    expected = engine.mm.image_path.image_features([RED])[0]
     assert torch.equal(r.get_embeds(), expected)
     engine.mm.cache.release("x")
 
