@@ -34,14 +34,14 @@ def quantize_search(model: str | Path, tasks: list[str], out_dir: str | Path,
     from graft.quantize.state import SearchState
 
     from graft.quantize.evaluator import parse_schemes
+    from graft.run_dir import model_dir_kind
     from graft.quantize.groups import parse_granularity
 
     settings = settings or EvalSettings()
     parse_schemes(settings.schemes)  # typos fail before anything loads
     parse_granularity(settings.granularity, 1)
     path = Path(model).expanduser()
-    if not (path / "graft.yaml").is_file() and not (path / "config.json").is_file():
-        raise GraftConfigError(f"{model}: neither a run dir (graft.yaml) nor an HF LLM dir (config.json)")
+    model_dir_kind(path, "MODEL")  # neither a run dir nor an LLM dir: one line naming both
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",") if t]
     splits = load_tasks(tasks, data_root, settings.heldout_fraction, settings.split_seed,

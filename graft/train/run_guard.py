@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from graft.errors import GraftConfigError
+from graft.run_dir import SPEC_FILE, RunDir, is_run_dir
 from graft.spec import GraftSpec
 
 # Fields a resumed run may change: how often it logs, validates and saves, where it reports
@@ -28,9 +29,9 @@ def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = Fal
                                "--set output_dir=PATH")
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return run_dir
-    if not (run_dir / "graft.yaml").is_file():
+    if not is_run_dir(run_dir):
         raise GraftConfigError(
-            f"output_dir {run_dir} is not empty and is not a run dir (no graft.yaml); pick a "
+            f"output_dir {run_dir} is not empty and is not a run dir (no {SPEC_FILE}); pick a "
             "new one with --set output_dir=PATH")
     if not overwrite:
         raise GraftConfigError(
@@ -43,16 +44,16 @@ def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = Fal
 def check_resume(spec: GraftSpec, run_dir: Path) -> None:
     from graft.train.checkpoint import latest_checkpoint
 
-    if not (run_dir / "graft.yaml").is_file() or latest_checkpoint(run_dir) is None:
-        raise GraftConfigError(f"--resume: {run_dir} has no graft.yaml and complete checkpoint "
+    if not is_run_dir(run_dir) or latest_checkpoint(run_dir) is None:
+        raise GraftConfigError(f"--resume: {run_dir} has no {SPEC_FILE} and complete checkpoint "
                                "to resume; drop --resume to start a new run")
-    saved = GraftSpec.load(run_dir / "graft.yaml")
+    saved = RunDir(run_dir).load_spec()
     diffs = [f"{k} ({saved_v!r} in the run, {new_v!r} now)"
              for k, saved_v, new_v in spec_diff(saved.to_dict(), spec.to_dict())
              if k not in RESUME_MAY_CHANGE]
     if diffs:
         raise GraftConfigError(
-            f"--resume: the spec differs from {run_dir / 'graft.yaml'} in {'; '.join(diffs)}; "
+            f"--resume: the spec differs from {RunDir(run_dir).spec_file} in {'; '.join(diffs)}; "
             "resume with the same values, or train a new run with --set output_dir=PATH")
     if spec.llm.sha256 is None:  # train() then checks the weights are the ones trained on
         spec.llm.sha256 = saved.llm.sha256
