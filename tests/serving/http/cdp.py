@@ -12,8 +12,14 @@ import subprocess
 import time
 
 
+# the names `make browser` (run by make test) looks for before it installs Debian's chromium
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+NO_CHROMIUM = (f"no Chromium on PATH ({', '.join(CHROMIUM_NAMES)}): `make test` installs Debian's "
+               "chromium when run as root with apt-get; else apt-get install chromium")
+
+
 def find_chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
+    for name in CHROMIUM_NAMES:
         if shutil.which(name):
             return shutil.which(name)
     return None

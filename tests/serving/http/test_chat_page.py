@@ -68,10 +68,10 @@ def _ask(browser, text: str, n_answers: int) -> None:
 def _browser_or_skip():
     import pytest
 
-    from tests.serving.http.cdp import Browser, find_chromium
+    from tests.serving.http.cdp import NO_CHROMIUM, Browser, find_chromium
 
     if find_chromium() is None:
-        pytest.skip("no Chromium installed (apt-get install chromium) to drive the page")
+        pytest.skip(NO_CHROMIUM)
     return Browser()
 
 
