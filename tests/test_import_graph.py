@@ -81,3 +81,15 @@ def test_no_import_cycles():
 
 def test_the_checker_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_engine_side_never_imports_the_http_layer():
+    """The engine core, the models and the multimodal front raise domain errors
+    (graft.errors); only serving/http maps them to status codes."""
+    mods = _modules()
+    below = ("graft.serving.engine", "graft.serving.models", "graft.serving.multimodal",
+             "graft.kernels")
+    found = {m: sorted(i for i in _imports(ast.parse(p.read_text()), mods)
+                       if i.startswith("graft.serving.http"))
+             for m, p in mods.items() if m.startswith(below)}
+    assert {m: i for m, i in found.items() if i} == {}
