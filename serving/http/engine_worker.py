@@ -286,6 +286,7 @@ class EngineWorker:
             # The budget is for the first token; once met, decoding runs to its own end.
             self.engine.clear_deadline(job.request_id)
             if self.metrics:
+                self.metrics.prompt_tokens.inc(len(job.prompt_token_ids))  # prefilled now
                 self.metrics.ttft.observe(now - job.arrival)
                 if job.estimate_s:
                     self.metrics.ttft_vs_estimate.observe((now - job.arrival) / job.estimate_s)
@@ -297,6 +298,8 @@ class EngineWorker:
         if out.finished and job.first_token_at is None and job.estimate_s:
             # stopped without a first token (deadline): its elapsed time is a lower bound
             self.admission.observe_ttft(now - job.arrival, job.estimate_s)
+        if self.metrics:  # counted as they come: a rate over an interval follows the stream
+            self.metrics.generation_tokens.inc(len(out.token_ids) - job.n_output)
         job.n_output = len(out.token_ids)
         if out.finished:  # bookkeeping first: a client holding its answer sees it counted
             with self._cond:
@@ -316,8 +319,6 @@ class EngineWorker:
         m = self.metrics
         m.finished.inc()
         m.e2e.observe(now - job.arrival)
-        m.prompt_tokens.inc(len(job.prompt_token_ids))
-        m.generation_tokens.inc(job.n_output)
         if job.first_token_at is not None and job.n_output > 1:
             m.tpot.observe((now - job.first_token_at) / (job.n_output - 1))
         if out.finish_reason == "deadline":

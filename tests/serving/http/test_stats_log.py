@@ -179,3 +179,30 @@ def test_graft_serve_process_logs_json_lines(tiny_run_dir):
     stats = rows[-1]
     assert stats["logger"] == stats_log.LOGGER and stats["finished"] == 1
     assert stats["generation_tokens_per_s"] > 0 and stats["running"] == 0
+
+
+def test_token_counters_follow_the_stream(tiny_run_dir):
+    """Prompt tokens count at the first token, generated tokens step by step, so the stats
+    line's throughput over an interval shows a long answer while it is written."""
+    from graft.serving import Engine, EngineConfig, SamplingParams
+    from graft.serving.http.engine_worker import EngineWorker, Job
+    from graft.serving.http.metrics import ServerMetrics
+
+    metrics = ServerMetrics({})
+    worker = EngineWorker(Engine.from_pretrained(tiny_run_dir, EngineConfig(num_kv_blocks=64)),
+                          metrics)
+    outs = []
+    prompt = [5, 6, 7, 8, 9]
+    job = Job("r", prompt, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+              sink=lambda kind, out: outs.append(out))
+    worker.submit(job, budget_s=None)
+    seen = []
+    while worker.pending or worker.engine.has_unfinished_requests():
+        worker._run_once([])
+        if outs:
+            seen.append((len(outs[-1].token_ids), metrics.generation_tokens.value,
+                         metrics.prompt_tokens.value, metrics.finished.value))
+    assert [s[1] for s in seen] == [s[0] for s in seen]  # every delivered token, at once
+    assert all(p == len(prompt) for _, _, p, _ in seen)
+    assert [f for *_, f in seen][:-1] == [0] * (len(seen) - 1) and seen[-1][3] == 1
+    assert seen[-1][0] == 6 and len(seen) > 2  # counted over several steps, not at the end
