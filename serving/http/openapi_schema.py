@@ -1,5 +1,6 @@
-"""/openapi.json for the chat route: the handler reads its body itself (size limit, parsing
-off the event loop), so the request and response models are added to the schema here."""
+"""/openapi.json: the chat handler reads its body itself (size limit, parsing off the event
+loop) and the other routes answer plain dicts or text, so every route's request and response
+models are added to the schema here (schemathesis checks answers against them)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from pydantic import BaseModel
 from graft.serving.http.protocol import ChatCompletionRequest
 
 CHAT_PATH = "/v1/chat/completions"
+# every status the chat route may refuse with (all with ErrorBody): bad request, key, a
+# forbidden image source, unknown model, body timeout, size, rate/queue limit, engine
+# failure, connection limit or engine down
+ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "500", "503")
 
 
 class Usage(BaseModel):
@@ -42,6 +47,24 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class Model(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    """GET /v1/models."""
+    object: Literal["list"]
+    data: list[Model]
+
+
+class Health(BaseModel):
+    """GET /health: "ok", or (503) why not."""
+    status: str
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -55,7 +78,7 @@ class ErrorBody(BaseModel):
 
 
 def install(app: FastAPI) -> None:
-    """Make app.openapi() describe the chat route's request and responses."""
+    """Make app.openapi() describe every route's request and responses."""
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
@@ -72,15 +95,25 @@ def install(app: FastAPI) -> None:
             return {"description": description, "content": {"application/json": {
                 "schema": ref(model)}}}
 
+        error = json_of(ErrorBody, "OpenAI-style error")
+        errors = {code: error for code in ERROR_STATUSES}
         op = schema["paths"][CHAT_PATH]["post"]
         op["requestBody"] = {"required": True, **json_of(ChatCompletionRequest, "")}
         op["requestBody"].pop("description")
-        error = json_of(ErrorBody, "OpenAI-style error")
-        op["responses"] = {
-            "200": {**json_of(ChatCompletion, "the completion (stream: false)"),
-                    "description": "the completion; with stream: true, text/event-stream "
-                                   "chunks ending in `data: [DONE]`"},
-            **{code: error for code in ("400", "401", "404", "413", "429", "500", "503")}}
+        completion = json_of(ChatCompletion, "the completion (stream: false)")
+        completion["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+        completion["description"] = ("the completion; with stream: true, text/event-stream "
+                                     "chunks ending in `data: [DONE]`")
+        op["responses"] = {"200": completion, **errors}
+        schema["paths"]["/v1/models"]["get"]["responses"] = {
+            "200": json_of(ModelList, "the served models"), "401": error, "503": error}
+        # /health and /metrics: 401 only with --auth-health / --auth-metrics
+        health = json_of(Health, "engine thread state")
+        schema["paths"]["/health"]["get"]["responses"] = {
+            "200": health, "503": health, "401": error}
+        schema["paths"]["/metrics"]["get"]["responses"] = {
+            "200": {"description": "Prometheus text format", "content": {
+                "text/plain": {"schema": {"type": "string"}}}}, "401": error}
         app.openapi_schema = schema
         return schema
 

@@ -30,6 +30,8 @@ __all__ = ["ServerSettings", "build_app"]
 
 _MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands
 _STATIC = Path(__file__).with_name("static")  # the chat page at / (package data)
+# a refusal before the body was read: the rest of it must not be parsed as the next request
+_CLOSE = {"Connection": "close"}
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -39,20 +41,20 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
         return await asyncio.wait_for(_read_capped(request, limit), timeout_s)
     except asyncio.TimeoutError:
         raise P.APIError(f"the request body did not arrive within {timeout_s:g} s",
-                         status=408, code="request_timeout") from None
+                         status=408, code="request_timeout", headers=_CLOSE) from None
 
 
 async def _read_capped(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise P.APIError(f"request body is {declared} bytes, over the limit of {limit}",
-                         status=413, code="request_too_large")
+                         status=413, code="request_too_large", headers=_CLOSE)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise P.APIError(f"request body is over the limit of {limit} bytes", status=413,
-                             code="request_too_large")
+                             code="request_too_large", headers=_CLOSE)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -87,6 +89,13 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
     async def _gone_while_sending(request: Request, err: ClientDisconnect):
         ctx.metrics.aborted.inc()  # hung up before its body arrived: nothing reached the engine
         return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception):
+        # Starlette logs the traceback after this answer; the client gets no internals
+        return error_response(P.APIError(
+            "the server failed while handling this request; the server log has the details",
+            status=500, type="server_error", code="internal_error"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException):

@@ -132,3 +132,24 @@ def test_huge_dimensions_are_the_documented_413(live_server, side):
     err = _error(_post(live_server, {"model": "tiny", "messages": msgs}), 413,
                  "messages[0].content[0].image_url.url")
     assert err["code"] == "image_too_large"
+
+
+def test_an_integral_float_is_an_integer(live_server):
+    # JSON has one number type (JSON Schema's "integer" includes 3.0); 1.5 stays a 400
+    resp = _post(live_server, {"model": "tiny", "messages": HELLO, "max_tokens": 3.0,
+                               "temperature": 0, "ignore_eos": True})
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+
+
+def test_an_unexpected_failure_is_a_json_500(live_server, monkeypatch):
+    ctx = live_server.app.state.ctx
+
+    def broken(*args):  # a bug in request preparation, not a client mistake
+        raise KeyError("internal detail")
+
+    monkeypatch.setattr(ctx, "prepare", broken)
+    err = _error(_post(live_server, {"model": "tiny", "messages": HELLO}), 500)
+    assert err["code"] == "internal_error" and "internal detail" not in err["message"]
+    monkeypatch.undo()
+    resp = _post(live_server, {"model": "tiny", "messages": HELLO, "max_tokens": 1})
+    assert resp.status_code == 200

@@ -1,6 +1,8 @@
 """Half-sent requests are not held: a header deadline (408 and close), a body deadline (408),
-a header size cap and uvicorn's concurrency limit, all from `graft serve` options."""
+a header size cap and a concurrency limit, all from `graft serve` options. Each refusal is
+the OpenAI-style JSON error body every other refusal has."""
 
+import json
 import socket
 import time
 
@@ -9,8 +11,7 @@ import pytest
 from tests.serving.http.conftest import LiveServer
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llama):
+def _serve(tiny_llama, *flags):
     import argparse
 
     from graft.serving.http import serve_cli
@@ -18,11 +19,25 @@ def server(tiny_llama):
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
     args = parser.parse_args([str(tiny_llama), "--served-model-name", "plain",
-                              "--header-timeout-s", "0.5", "--request-body-timeout-s", "0.5",
-                              "--max-header-bytes", "4096", "--limit-concurrency", "8",
-                              "--max-model-len", "128", "--num-kv-blocks", "32"])
-    with LiveServer(serve_cli.build(args), **serve_cli.uvicorn_options(args)) as live:
+                              "--max-model-len", "128", "--num-kv-blocks", "32", *flags])
+    return LiveServer(serve_cli.build(args), **serve_cli.uvicorn_options(args))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    with _serve(tiny_llama, "--header-timeout-s", "0.5", "--request-body-timeout-s", "0.5",
+                "--max-header-bytes", "4096", "--limit-concurrency", "8") as live:
         yield live
+
+
+def _error(reply: bytes, status: int, code: str) -> dict:
+    """The JSON error of a raw HTTP reply, checked for its status line and shape."""
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d" % status), reply
+    assert b"content-type: application/json" in head.lower(), head
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == code, err
+    return err
 
 
 def _talk(server, data: bytes, wait_s: float = 5.0) -> tuple[bytes, float]:
@@ -46,7 +61,8 @@ def _talk(server, data: bytes, wait_s: float = 5.0) -> tuple[bytes, float]:
                                      b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: 1"])
 def test_half_sent_headers_time_out(server, partial):
     reply, took = _talk(server, partial)
-    assert reply.startswith(b"HTTP/1.1 408") and took < 3.0
+    _error(reply, 408, "request_timeout")
+    assert took < 3.0
 
 
 def test_keep_alive_connection_gets_a_fresh_header_deadline(server):
@@ -60,16 +76,42 @@ def test_slow_body_times_out(server):
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json"
             b"\r\ncontent-length: 1000\r\n\r\n{\"model\":")
     reply, took = _talk(server, head)
-    assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
+    _error(reply, 408, "request_timeout")
     assert took < 3.0
 
 
 def test_oversized_headers_are_refused(server):
     # h11 refuses once it buffers more than the limit without a complete header block
     reply, _ = _talk(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000)
-    assert reply.startswith(b"HTTP/1.1 400")  # not the 408: refused before the deadline
+    _error(reply, 400, "invalid_http_request")  # not the 408: refused before the deadline
+
+
+def test_malformed_request_line_is_a_json_400(server):
+    reply, _ = _talk(server, b"NOT HTTP AT ALL\r\n\r\n")
+    _error(reply, 400, "invalid_http_request")
 
 
 def test_a_whole_request_still_works(server):
     reply, _ = _talk(server, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"status":"ok"}')
+
+
+def test_over_the_connection_limit_is_a_json_503(tiny_llama):
+    # a server of its own: idle connections must outlive a (default, 10 s) header deadline
+    with _serve(tiny_llama, "--limit-concurrency", "3") as live:
+        held = [socket.create_connection(("127.0.0.1", live.port), timeout=5) for _ in range(3)]
+        try:
+            reply, _ = _talk(live, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            err = _error(reply, 503, "over_capacity")
+            assert "--limit-concurrency" in err["message"] and b"retry-after: 1" in reply
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + 10  # the held connections' close reaches the server
+        while True:
+            reply, _ = _talk(live, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close"
+                                   b"\r\n\r\n")
+            if reply.startswith(b"HTTP/1.1 200") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert reply.startswith(b"HTTP/1.1 200"), reply
