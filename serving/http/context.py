@@ -56,6 +56,8 @@ class ServerContext:
                                              lambda: self._cache_stat("hit_rate")),
             "graft_encoder_cache_bytes": ("Bytes of embeddings in the encoder cache.",
                                           lambda: self._cache_stat("bytes")),
+            "graft_encoder_cache_pinned_bytes": ("Encoder cache bytes pinned by live requests.",
+                                                 lambda: self._cache_stat("pinned_bytes")),
             "graft_encoder_cache_hits": ("Encoder cache hits.", lambda: self._cache_stat("hits")),
             "graft_encoder_cache_misses": ("Encoder cache misses.",
                                            lambda: self._cache_stat("misses")),
