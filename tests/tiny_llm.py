@@ -92,14 +92,18 @@ def _llm_config(family: str, vocab_size: int, pad_id: int, eos_id: int):
 LLM_FAMILIES = ("llama", "qwen2", "qwen3", "glm4")
 
 
-def build_llm(out_dir: str | Path, family: str = "llama", seed: int = 0) -> Path:
-    """Save a tiny random causal LM of `family` plus the tiny tokenizer to `out_dir`."""
+def build_llm(out_dir: str | Path, family: str = "llama", seed: int = 0,
+              config_overrides: dict | None = None) -> Path:
+    """Save a tiny random causal LM of `family` plus the tiny tokenizer to `out_dir`;
+    `config_overrides` are set on its config (e.g. a head_dim another engine supports)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out_dir)
     config = _llm_config(family, len(tok), tok.pad_token_id, tok.eos_token_id)
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     # Random init gives near-uniform logits; larger weights make greedy choices decisive
