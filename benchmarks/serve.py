@@ -3,6 +3,7 @@
 Poisson arrivals at --rate (or a fixed --concurrency), text and image requests (with a
 repeat ratio that exercises the encoder cache); reports TTFT/TPOT/ITL percentiles,
 throughput, goodput under SLOs and the 429 rate, plus an encoder-cache hit-vs-miss probe.
+With --chaos, a soak by misbehaving clients instead (serve_chaos.py).
 """
 
 from __future__ import annotations
@@ -13,8 +14,13 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from graft.cli_types import number_in
+
 _WORDS = ("red green blue circle square triangle left right top bottom small large "
           "what is shown in the image describe the scene count the objects").split()
+
+
+_seconds = number_in(float, low=0.0, low_open=True)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pairs of (new image, same image again) sent alone first; 0 skips")
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--chaos", action="store_true",
+                   help="soak instead: --concurrency clients mix good, malformed, hung-up, "
+                        "given-up, huge-image and half-sent requests for --duration-s, then "
+                        "check nothing is held (exit 1 when a check fails)")
+    p.add_argument("--duration-s", type=_seconds, default=60.0, help="--chaos: how long")
+    p.add_argument("--half-head-wait-s", type=_seconds, default=15.0,
+                   help="--chaos: a half-sent head not answered (408) by then is a failure")
 
 
 @dataclass
@@ -248,8 +261,10 @@ def summarize(args, results: list[Result], duration: float, probe: dict | None,
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from graft.io import atomic_write_text
+    if args.chaos:
+        from graft.benchmarks import serve_chaos
 
+        return serve_chaos.run(args)
     report = asyncio.run(run_load(args))
     t = report["ttft_ms"]
     print(f"{report['completed']}/{report['requests']} ok in {report['duration_s']:.1f}s  "
@@ -263,9 +278,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"encoder cache: TTFT miss {probe['ttft_miss_ms']:.0f} ms, hit "
               f"{probe['ttft_hit_ms']:.0f} ms -> {probe['hit_speedup']:.2f}x "
               f"(one-step floor {probe['ttft_floor_ms'] or 0:.0f} ms)")
+    emit(report, args.out)
+    return 0
+
+
+def emit(report: dict, out: str | None) -> None:
+    """The JSON report to `out` (written atomically), or to stdout without one."""
+    from graft.io import atomic_write_text
+
     text = json.dumps(report, indent=2, default=str)
-    if args.out:
-        atomic_write_text(args.out, text)
+    if out:
+        atomic_write_text(out, text)
     else:
         print(text)
-    return 0

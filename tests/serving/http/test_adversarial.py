@@ -105,29 +105,13 @@ def test_special_tokens_typed_by_a_user_are_plain_text(live_server):
     assert plain > parsed + 4  # each typed control token became several plain-text tokens
 
 
-def _png_claiming(width, height):
-    """A real 1x1 PNG whose header claims width x height (CRC fixed up)."""
-    import io
-    import struct
-    import zlib
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (1, 1)).save(buf, format="PNG")
-    data = bytearray(buf.getvalue())
-    ihdr = 8 + 4  # signature, chunk length; then b"IHDR" + 13 bytes of header
-    data[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
-    crc = zlib.crc32(bytes(data[ihdr:ihdr + 4 + 13]))
-    data[ihdr + 17:ihdr + 21] = struct.pack(">I", crc)
-    return bytes(data)
-
-
 @pytest.mark.parametrize("side", [100, 60_000])  # over our limit; over PIL's bomb limit too
 def test_huge_dimensions_are_the_documented_413(live_server, side):
     import base64
 
-    url = "data:image/png;base64," + base64.b64encode(_png_claiming(side, side)).decode()
+    from graft.benchmarks.serve_chaos import png_claiming
+
+    url = "data:image/png;base64," + base64.b64encode(png_claiming(side, side)).decode()
     msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
     err = _error(_post(live_server, {"model": "tiny", "messages": msgs}), 413,
                  "messages[0].content[0].image_url.url")
