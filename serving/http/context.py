@@ -29,6 +29,7 @@ class ServerSettings:
     max_queued_requests: int | None = None  # waiting for a first token beyond this -> 429
     max_queued_tokens: int | None = None  # their prompt tokens beyond this -> 429
     request_body_timeout_s: float = 60.0  # a body still arriving after this -> 408
+    request_timeout_s: float | None = 600.0  # answer not complete this long after arrival: 408
 
 
 class ServerContext:

@@ -126,7 +126,9 @@ class ServerMetrics:
                                     "Requests refused by admission control (HTTP 429).")
         self.errors_4xx = Counter("graft_requests_4xx_total", "Requests answered with a 4xx.")
         self.aborted = Counter("graft_requests_aborted_total",
-                               "Requests aborted by client disconnect.")
+                               "Requests aborted: client gone, or --request-timeout-s.")
+        self.timed_out = Counter("graft_requests_timed_out_total",
+                                 "Requests stopped at --request-timeout-s (408).")
         self.deadline = Counter("graft_requests_deadline_total",
                                 "Requests stopped at their deadline.")
         self.prompt_tokens = Counter("graft_prompt_tokens_total", "Prompt tokens processed.")
@@ -142,8 +144,8 @@ class ServerMetrics:
     def render(self) -> str:
         lines: list[str] = []
         for m in (self.ttft, self.tpot, self.e2e, self.ttft_vs_estimate, self.requests, self.finished,
-                  self.rejected_429, self.errors_4xx, self.aborted, self.deadline,
-                  self.prompt_tokens, self.generation_tokens, *self.gauges):
+                  self.rejected_429, self.errors_4xx, self.aborted, self.timed_out,
+                  self.deadline, self.prompt_tokens, self.generation_tokens, *self.gauges):
             lines += m.render()
         seen: set[str] = set()  # one HELP/TYPE per family, then a sample set per graft
         by_name: dict[str, list] = {}

@@ -38,13 +38,30 @@ def watch_disconnect(request: Request, on_gone) -> asyncio.Task:
     return asyncio.create_task(watch())
 
 
+async def next_event(ctx, job: Job, queue: asyncio.Queue) -> tuple[str, object]:
+    """The job's next engine event; once the request is older than --request-timeout-s, its
+    abort and an ("error", 408) event instead."""
+    limit = ctx.settings.request_timeout_s
+    if limit is None:
+        return await queue.get()
+    try:
+        return await asyncio.wait_for(queue.get(), job.arrival + limit - time.monotonic())
+    except asyncio.TimeoutError:
+        ctx.worker.abort(job.request_id)
+        ctx.metrics.timed_out.inc()
+        return "error", P.APIError(
+            f"the answer was not complete within the server's {limit:g} s per request "
+            "(--request-timeout-s); ask for fewer tokens (max_tokens)",
+            status=408, code="request_timeout")
+
+
 async def complete(ctx, job: Job, queue: asyncio.Queue, model: str, request: Request,
                    top_logprobs: int) -> Response:
     text, n_out, reason, last = "", 0, None, None
     watcher = watch_disconnect(request, lambda: queue.put_nowait(("gone", None)))
     try:
         while True:
-            kind, out = await queue.get()
+            kind, out = await next_event(ctx, job, queue)
             if kind == "gone":
                 ctx.worker.abort(job.request_id)
                 return Response(status_code=499)  # nobody reads it; nginx's "client closed"
@@ -79,7 +96,7 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage:
         yield P.sse(P.chunk_body(job.request_id, model, {"role": "assistant", "content": ""},
                                  None, created))
         while True:
-            kind, out = await queue.get()
+            kind, out = await next_event(ctx, job, queue)
             if kind == "error":
                 yield P.sse(out.body())
                 done = True

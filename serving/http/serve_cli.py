@@ -97,6 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "time (408)")
     p.add_argument("--request-body-timeout-s", type=_positive_float, default=60.0,
                    help="answer 408 when a request body takes longer than this to arrive")
+    p.add_argument("--request-timeout-s", type=_positive_float, default=600.0,
+                   help="stop a request whose answer is not complete this long after it "
+                        "arrived (408 request_timeout; a stream ends with that error event)")
     p.add_argument("--timeout-keep-alive", type=_count, default=5,
                    help="close idle kept-alive connections after this many seconds")
     p.add_argument("--limit-concurrency", type=_at_least_1, default=1024,
@@ -152,7 +155,8 @@ def build(args: argparse.Namespace):
         parse_special_tokens_in_text=args.parse_special_tokens_in_text,
         api_keys=api_keys(args), auth_health=args.auth_health, auth_metrics=args.auth_metrics,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
-        request_body_timeout_s=args.request_body_timeout_s)
+        request_body_timeout_s=args.request_body_timeout_s,
+        request_timeout_s=args.request_timeout_s)
     return build_app(engine, settings)
 
 

@@ -26,7 +26,8 @@ def _serve(tiny_llama, *flags):
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     with _serve(tiny_llama, "--header-timeout-s", "0.5", "--request-body-timeout-s", "0.5",
-                "--max-header-bytes", "4096", "--limit-concurrency", "8") as live:
+                "--max-header-bytes", "4096", "--limit-concurrency", "8",
+                "--request-timeout-s", "0.001") as live:  # no answer of 200 tokens fits
         yield live
 
 
@@ -89,6 +90,32 @@ def test_oversized_headers_are_refused(server):
 def test_malformed_request_line_is_a_json_400(server):
     reply, _ = _talk(server, b"NOT HTTP AT ALL\r\n\r\n")
     _error(reply, 400, "invalid_http_request")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_over_the_request_timeout_is_stopped(server, stream):
+    import httpx
+
+    ctx = server.app.state.ctx
+    timed_out0 = ctx.metrics.timed_out.value
+    body = {"model": "plain", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 100, "ignore_eos": True, "stream": stream}
+    resp = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    if stream:  # headers went out with the first event: the stream ends with the error
+        assert resp.status_code == 200
+        events = [json.loads(line[6:]) for line in resp.text.splitlines()
+                  if line.startswith("data: {")]
+        err = events[-1]["error"]
+        assert not any(e.get("choices", [{}])[0].get("finish_reason") for e in events[:-1])
+    else:
+        assert resp.status_code == 408
+        err = resp.json()["error"]
+    assert err["code"] == "request_timeout" and "--request-timeout-s" in err["message"]
+    assert ctx.metrics.timed_out.value == timed_out0 + 1
+    end = time.monotonic() + 30  # the abort reaches the engine at its next step
+    while ctx.worker.num_running() and time.monotonic() < end:
+        time.sleep(0.02)
+    assert ctx.worker.num_running() == 0 and ctx.kv_blocks()[0] == 0
 
 
 def test_a_whole_request_still_works(server):
