@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for both engine and HF (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        choices=["auto", "float32", "bfloat16", "int8"],
+                        help="KV cache dtype of every engine measured (auto: = --dtype)")
     parser.add_argument("--quantization", default=None, metavar="none,fp32,bf16,int8,int4",
                         help="instead of the workload: batch-1/batch-32 decode and prefill-512 "
                         "tok/s of each weight format (or quant.json; none: no quantization "
@@ -85,7 +88,7 @@ def run(args) -> int:
         return 0
     config = EngineConfig(max_num_seqs=args.concurrency, dtype=args.dtype, device=args.device,
                           max_num_batched_tokens=args.max_num_batched_tokens,
-                          enforce_eager=args.enforce_eager)
+                          enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype)
     engine = Engine.from_pretrained(args.model_dir, config)
     reqs = workload(args.num_requests, args.input_len, args.output_len, engine.runner.vocab_size,
                     args.seed)
@@ -95,6 +98,7 @@ def run(args) -> int:
               "output_len": list(args.output_len), "seed": args.seed, "dtype": args.dtype,
               "device": args.device, "torch_threads": torch.get_num_threads(),
               "num_kv_blocks": engine.block_manager.num_blocks,
+              "kv_cache_dtype": str(engine.runner.kv_cache.dtype).removeprefix("torch."),
               "kernels_backend": _backend(engine),
               "cuda_graphs": engine.runner.decode_graphs is not None}
     # warm-up outside the timed region: first-call allocations, and on a GPU the Triton

@@ -70,7 +70,8 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
 
     config = EngineConfig(max_num_seqs=max(32, args.concurrency), dtype=args.dtype,
                           device=args.device, quantization=None if scheme == "none" else scheme,
-                          max_num_batched_tokens=max(args.max_num_batched_tokens, 512))
+                          max_num_batched_tokens=max(args.max_num_batched_tokens, 512),
+                          kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
     t0 = time.perf_counter()
     engine = Engine.from_pretrained(model_dir, config)
     load_s = time.perf_counter() - t0
@@ -82,6 +83,7 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     prefill = _timed_steps(engine, _prompts(1, prefill_len, vocab, seed + 3), 1)
     model = engine.runner.model
     return {"scheme": scheme, "load_seconds": load_s,
+            "kv_cache_dtype": str(engine.runner.kv_cache.dtype).removeprefix("torch."),
             "linears": scheme_counts(engine.runner.quant_plan),
             "weight_bytes_per_decode_step": model.weight_bytes_per_token(),
             "resident_bytes": sum(t.numel() * t.element_size() for t in model.resident_tensors()),

@@ -11,7 +11,7 @@ def open_backend(path: str, args):
     from graft.run_dir import model_dir_kind
 
     kind = model_dir_kind(path, "PATH")
-    if args.quantization is not None:
+    if args.quantization is not None or getattr(args, "kv_cache_dtype", None) is not None:
         return _engine_backend(path, args)
     if kind == "run":
         from graft.model import GraftedModel
@@ -65,7 +65,8 @@ def _engine_backend(path: str, args):
     from graft.template import encode_chat
 
     engine = Engine.from_pretrained(path, EngineConfig(
-        quantization=args.quantization, device=args.device, dtype=args.dtype or "float32"))
+        quantization=args.quantization, device=args.device, dtype=args.dtype or "float32",
+        kv_cache_dtype=args.kv_cache_dtype or "auto"))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_new_tokens, seed=args.seed)
 

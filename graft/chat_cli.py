@@ -40,6 +40,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quantization", default=None, metavar="SCHEME|quant.json",
                         help="answer on graft's engine with the LLM's linears in fp32 | bf16 | int8 | "
                         "int4 | int4-g32/-g64/-g128, or per module from a quant.json (graft quantize)")
+    parser.add_argument("--kv-cache-dtype", default=None,
+                        choices=["auto", "float32", "bfloat16", "int8"],
+                        help="answer on graft's engine with this KV cache dtype: auto (= --dtype) | "
+                        "float32 | bfloat16 | int8 (a scale per token and head; CPU)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show transformers' weight-loading bars")
 

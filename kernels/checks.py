@@ -25,6 +25,22 @@ def _check_int(op: str, name: str, t: torch.Tensor, dims: int) -> None:
                          f"got {t.dtype} of shape {_shape(t)}")
 
 
+def check_kv_scales(op: str, k_cache, k_scale, v_scale) -> None:
+    """An int8 cache needs fp32 scales [num_blocks, block_size, Hkv] for K and V; a float
+    cache takes none."""
+    if k_cache.dtype != torch.int8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"{op}: k_scale/v_scale belong to an int8 cache; this one is "
+                             f"{k_cache.dtype}")
+        return
+    want = tuple(k_cache.shape[:3])
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if sc is None or sc.dtype != torch.float32 or tuple(sc.shape) != want:
+            got = "None" if sc is None else f"{sc.dtype} of shape {_shape(sc)}"
+            raise ValueError(f"{op}: an int8 KV cache needs {name} as float32 {want} "
+                             f"(one scale per cached token and KV head), got {got}")
+
+
 def check_store_kv_args(k, v, k_cache, v_cache, slot_mapping) -> None:
     op = "store_kv"
     _check_cache(op, k_cache, v_cache)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from graft.kernels.checks import (check_paged_attention_args, check_rotary_args, check_store_kv_args,
-                                  slot_out_of_range)
+from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, check_rotary_args,
+                                  check_store_kv_args, slot_out_of_range)
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
@@ -34,6 +34,7 @@ HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the b
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU)
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_CACHE_DTYPES = {torch.bfloat16: 1, torch.int8: 3}  # caches the C decode reads under fp32 q
 
 
 def cache_dir() -> Path:
@@ -104,8 +105,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         return None, f"building the CPU kernels failed: {err}"
     fn = lib.graft_paged_decode
     fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int,
-                                                                     ctypes.c_int]
+    fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7
+                   + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3)
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     # per-token ops (norm_rope_cpu.c): the trailing ints before num_threads are dtype codes
     lib.graft_rms_norm.restype = None
@@ -146,23 +147,34 @@ def _lib():
     return lib
 
 
+def _cache_ok(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """The cache dtypes the C decode reads beside q's: q's own, or bf16 / int8 under fp32 q."""
+    return k_cache.dtype == q.dtype or (q.dtype == torch.float32 and k_cache.dtype in _CACHE_DTYPES)
+
+
 def supports_decode(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether paged_attention_decode below can take these tensors (else use the reference)."""
-    return (q.device.type == "cpu" and k_cache.device.type == "cpu" and q.dtype == k_cache.dtype
-            and q.dtype in _DTYPES and k_cache.is_contiguous() and available())
+    return (q.device.type == "cpu" and k_cache.device.type == "cpu" and q.dtype in _DTYPES
+            and _cache_ok(q, k_cache) and k_cache.is_contiguous() and available())
 
 
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """Same contract as graft.kernels.reference.paged_attention_decode (CPU, contiguous caches)."""
+                           scale: float, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as graft.kernels.reference.paged_attention_decode (CPU, contiguous caches
+    of q's dtype, or bf16 / int8 + scales under fp32 q)."""
     check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, "context_lens")
+    check_kv_scales("paged_attention_decode", k_cache, k_scale, v_scale)
     lib = _lib()
-    if not (q.dtype == k_cache.dtype == v_cache.dtype and q.dtype in _DTYPES):
-        raise ValueError(f"paged_attention_decode (C): q, k_cache and v_cache must share one of "
-                         f"float32/bfloat16/float16, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if not (q.dtype in _DTYPES and k_cache.dtype == v_cache.dtype and _cache_ok(q, k_cache)):
+        raise ValueError(f"paged_attention_decode (C): q must be float32/bfloat16/float16 and the "
+                         f"caches q's dtype (or bf16/int8 under fp32 q), got {q.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("paged_attention_decode (C): k_cache and v_cache must be contiguous")
+    if k_scale is not None:
+        k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()
     q = q.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
@@ -174,7 +186,10 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     bad = lib.graft_paged_decode(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), num_seqs, num_q_heads, num_kv_heads, head_dim, block_size,
-        tables.shape[1], num_blocks, float(scale), _DTYPES[q.dtype], torch.get_num_threads())
+        tables.shape[1], num_blocks, float(scale),
+        None if k_scale is None else k_scale.data_ptr(),
+        None if v_scale is None else v_scale.data_ptr(), _DTYPES[q.dtype],
+        _CACHE_DTYPES.get(k_cache.dtype, _DTYPES.get(k_cache.dtype)), torch.get_num_threads())
     if bad < 0:
         raise MemoryError(f"paged_attention_decode (C): no memory for the scratch buffers "
                           f"({num_q_heads} heads x {int(lens.max())} tokens per thread)")
@@ -259,12 +274,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> None:
     """Same contract as graft.kernels.reference.store_kv, for fp32/bf16 rows and caches (rows
-    are converted to the caches' dtype, rounding to nearest even like .to())."""
+    are converted to the caches' dtype, rounding to nearest even like .to()); an int8 cache
+    takes the reference (a few rows per step: quantizing them is not where time goes)."""
     from graft.kernels import reference
 
     check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
+    if k_scale is not None or v_scale is not None or k_cache.dtype == torch.int8:
+        return reference.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     if not (supports_rows(k, v) and _operand_ok(k_cache) and k_cache.dtype == v_cache.dtype
             and k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.device.type == "cpu"):
         return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)

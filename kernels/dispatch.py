@@ -98,17 +98,38 @@ def _rows_implementation(x: torch.Tensor, *others: torch.Tensor | None) -> Modul
     return implementation(x)
 
 
-def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    _rows_implementation(k, v).store_kv(k, v, k_cache, v_cache, slot_mapping)
+def _cache_implementation(impl: ModuleType, q: torch.Tensor, k_cache: torch.Tensor) -> ModuleType:
+    """impl, unless the cache holds another dtype than q: then the C kernels or the reference
+    (the Triton kernels read a cache of q's dtype only)."""
+    if k_cache.dtype == q.dtype or impl in (cpu_ops, reference):
+        return impl
+    if kernels_mode() == "triton":
+        raise GraftConfigError(f"GRAFT_KERNELS=triton: the Triton kernels read a KV cache of the "
+                               f"activations' dtype ({q.dtype}), not {k_cache.dtype}")
+    return reference
 
 
-def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
-    return _decode_implementation(q, k_cache).paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+def _scales(k_scale, v_scale) -> dict:
+    return {} if k_scale is None and v_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
 
 
-def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    return implementation(q).paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q,
-                                                     context_lens, scale)
+def store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
+    impl = _cache_implementation(_rows_implementation(k, v), k, k_cache)
+    impl.store_kv(k, v, k_cache, v_cache, slot_mapping, **_scales(k_scale, v_scale))
+
+
+def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                           k_scale=None, v_scale=None):
+    impl = _cache_implementation(_decode_implementation(q, k_cache), q, k_cache)
+    return impl.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                       **_scales(k_scale, v_scale))
+
+
+def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                            k_scale=None, v_scale=None):
+    impl = _cache_implementation(implementation(q), q, k_cache)
+    return impl.paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q,
+                                        context_lens, scale, **_scales(k_scale, v_scale))
 
 
 def rms_norm(x, weight, eps, residual=None):

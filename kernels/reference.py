@@ -8,14 +8,35 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graft.kernels.checks import (check_paged_attention_args, check_prefill_args, check_rope_args,
-                                  check_rotary_args, check_store_kv_args, slot_out_of_range)
+from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, check_prefill_args,
+                                  check_rope_args, check_rotary_args, check_store_kv_args,
+                                  slot_out_of_range)
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV rows [T, Hkv, D] -> (int8 [T, Hkv, D], fp32 scales [T, Hkv]): each token's head
+    vector on its own absmax scale (x ~ q * scale), so an appended token never changes the
+    rows already cached and a shared prefix block reads the same numbers in every sequence."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1) / 127.0  # [T, Hkv]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(xf / safe[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_kv(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Cached rows as fp32: int8 rows times their scales, other dtypes converted."""
+    return q.float() * scale[..., None] if scale is not None else q.float()
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Scatter rows k[t], v[t] into cache slot slot_mapping[t]; slots equal to -1 are skipped."""
+             slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> None:
+    """Scatter rows k[t], v[t] into cache slot slot_mapping[t]; slots equal to -1 are skipped.
+    An int8 cache takes quantize_kv's rows, and their scales into k_scale/v_scale
+    [num_blocks, block_size, Hkv]."""
     check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
+    check_kv_scales("store_kv", k_cache, k_scale, v_scale)
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     keep = slot_mapping >= 0  # [T]
     slots = slot_mapping[keep].long()
@@ -23,8 +44,14 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         raise slot_out_of_range(int(slots.max()), num_slots)
     k_flat = k_cache.view(num_slots, *k_cache.shape[2:])  # [num_slots, Hkv, D]
     v_flat = v_cache.view(num_slots, *v_cache.shape[2:])
-    k_flat.index_copy_(0, slots, k[keep].to(k_cache.dtype))
-    v_flat.index_copy_(0, slots, v[keep].to(v_cache.dtype))
+    if k_scale is None:
+        k_flat.index_copy_(0, slots, k[keep].to(k_cache.dtype))
+        v_flat.index_copy_(0, slots, v[keep].to(v_cache.dtype))
+        return
+    for rows, flat, scales in ((k[keep], k_flat, k_scale), (v[keep], v_flat, v_scale)):
+        q, s = quantize_kv(rows)
+        flat.index_copy_(0, slots, q)
+        scales.view(num_slots, -1).index_copy_(0, slots, s)
 
 
 def _gather_tokens(cache: torch.Tensor, block_row: torch.Tensor, n: int) -> torch.Tensor:
@@ -61,13 +88,17 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                           scale: float, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per sequence over its context_lens[i] cached tokens (zeros when 0).
+    The cache may hold another dtype than q (bf16, or int8 with k_scale/v_scale); scores and
+    sums are fp32 either way.
 
     Batched over sequences (one gather, two batched products, a length mask): on CPU the
     engine's decode step is dominated by per-sequence Python overhead otherwise.
     """
     check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, "context_lens")
+    check_kv_scales("paged_attention_decode", k_cache, k_scale, v_scale)
     num_seqs, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     lens = context_lens.long()
@@ -82,22 +113,27 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                          "within context_lens; fix the block table")
     blocks = blocks.masked_fill(~used, 0)  # padding rows read block 0 and are masked below
     group = num_q_heads // num_kv_heads
-    k = k_cache[blocks].view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
-    v = v_cache[blocks].view(num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
+    shape = (num_seqs, n_blocks * block_size, num_kv_heads, head_dim)
+    k = dequantize_kv(k_cache[blocks], None if k_scale is None else k_scale[blocks]).view(shape)
+    v = dequantize_kv(v_cache[blocks], None if v_scale is None else v_scale[blocks]).view(shape)
     qf = q.float().view(num_seqs, num_kv_heads, group, head_dim)
-    scores = torch.einsum("shgd,skhd->shgk", qf, k.float()) * scale  # [S, Hkv, G, K]
+    scores = torch.einsum("shgd,skhd->shgk", qf, k) * scale  # [S, Hkv, G, K]
     pad = torch.arange(n_blocks * block_size, device=q.device)[None, :] >= lens[:, None]  # [S, K]
     scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # empty sequences -> all-zero rows
-    out = torch.einsum("shgk,skhd->shgd", probs, v.float())  # [S, Hkv, G, D]
+    out = torch.einsum("shgk,skhd->shgd", probs, v)  # [S, Hkv, G, D]
     return out.reshape(num_seqs, num_q_heads, head_dim).to(q.dtype)
 
 
 def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """Each sequence's query chunk (its last q_len positions) attends causally to the cache."""
+                            context_lens: torch.Tensor, scale: float,
+                            k_scale: torch.Tensor | None = None,
+                            v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Each sequence's query chunk (its last q_len positions) attends causally to the cache
+    (of q's dtype, bf16, or int8 with k_scale/v_scale)."""
     check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    check_kv_scales("paged_attention_prefill", k_cache, k_scale, v_scale)
     out = torch.zeros_like(q)  # [total_q, Hq, D]
     starts = cu_seqlens_q.tolist()
     for i, n in enumerate(context_lens.tolist()):
@@ -108,8 +144,9 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             raise ValueError(f"paged_attention_prefill: sequence {i} has {hi - lo} queries but "
                              f"context_lens[{i}]={n}; context_lens must count the tokens in the cache "
                              f"after this chunk was stored (>= the chunk length)")
-        k = _gather_tokens(k_cache, block_tables[i], n)
-        v = _gather_tokens(v_cache, block_tables[i], n)
+        k, v = (dequantize_kv(_gather_tokens(cache, block_tables[i], n),
+                              None if sc is None else _gather_tokens(sc, block_tables[i], n))
+                for cache, sc in ((k_cache, k_scale), (v_cache, v_scale)))
         out[lo:hi] = _attend(q[lo:hi], k, v, scale)
     return out
 

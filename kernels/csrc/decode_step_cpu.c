@@ -53,7 +53,8 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                            const int32_t *block_tables, const int32_t *context_lens, void *out,
                            int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
                            int64_t head_dim, int64_t block_size, int64_t max_blocks,
-                           int64_t num_blocks, float scale, int dtype, int num_threads);
+                           int64_t num_blocks, float scale, const float *k_scale,
+                           const float *v_scale, int dtype, int cache_dtype, int num_threads);
 
 enum { F32 = 0 };
 
@@ -111,7 +112,8 @@ int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, con
             return 1 + 2 * i;
         const int64_t bad = graft_paged_decode(qr, L->k_cache, L->v_cache, tables, lens, attn, T,
                                                d->num_heads, d->num_kv_heads, D, d->block_size,
-                                               d->max_blocks, d->num_blocks, d->scale, F32, nt);
+                                               d->max_blocks, d->num_blocks, d->scale, NULL,
+                                               NULL, F32, F32, nt);
         if (bad) return bad < 0 ? -1 : 2 + 2 * i;
         if (linear(&L->o, attn, T, o, nt)) return -1;
         graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, F32, F32, nt);

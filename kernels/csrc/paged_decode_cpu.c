@@ -6,8 +6,11 @@
  * sequence walks its blocks in place for all heads at once, reading K and V once.
  *
  * Layouts (all contiguous): q/out [S, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D];
- * block_tables [S, max_blocks] int32; context_lens [S] int32. dtype: 0 fp32, 1 bf16, 2 fp16;
- * arithmetic is fp32 throughout (scores = (q . k) * scale, softmax, probs @ V) like the
+ * block_tables [S, max_blocks] int32; context_lens [S] int32. dtypes: 0 fp32, 1 bf16, 2 fp16,
+ * 3 int8 (caches only; k_scale/v_scale [num_blocks, block_size, Hkv] fp32, value = q * scale).
+ * q/out and the caches may differ in dtype (an fp32 engine with a bf16 or int8 cache): cache
+ * rows are converted to fp32 as they are read, in place, never copied out of the pool.
+ * Arithmetic is fp32 throughout (scores = (q . k) * scale, softmax, probs @ V) like the
  * reference. Built and loaded by graft/kernels/cpu_ops.py (gcc -O3 -march=native -fopenmp).
  */
 #include <math.h>
@@ -19,7 +22,7 @@
 #include "bf16.h"
 #include "fast_exp.h"
 
-enum { F32 = 0, BF16 = 1, F16 = 2 };
+enum { F32 = 0, BF16 = 1, F16 = 2, I8 = 3 };
 
 static inline float f16_to_float(uint16_t x) {
     _Float16 h;
@@ -43,6 +46,22 @@ static inline __attribute__((always_inline)) const float *row_f32(const void *ba
         for (int64_t i = 0; i < d; ++i) buf[i] = bf16_to_float(src[i]);
     else
         for (int64_t i = 0; i < d; ++i) buf[i] = f16_to_float(src[i]);
+    return buf;
+}
+
+/* Cache row `slot` (all kv heads, kv_width = Hkv * d values) as fp32; int8 rows are scaled
+ * per head by scales[slot * Hkv + h]. */
+static inline __attribute__((always_inline)) const float *cache_row_f32(
+        const void *base, const float *scales, int64_t slot, int64_t kv_width, int64_t d,
+        int dtype, float *buf) {
+    if (dtype != I8) return row_f32(base, slot, kv_width, dtype, buf);
+    const int8_t *src = (const int8_t *)base + slot * kv_width;
+    const int64_t heads = kv_width / d;
+    for (int64_t h = 0; h < heads; ++h) {
+        const float sc = scales[slot * heads + h];
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) buf[h * d + i] = (float)src[h * d + i] * sc;
+    }
     return buf;
 }
 
@@ -257,7 +276,8 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                            const int32_t *block_tables, const int32_t *context_lens, void *out,
                            int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
                            int64_t head_dim, int64_t block_size, int64_t max_blocks,
-                           int64_t num_blocks, float scale, int dtype, int num_threads) {
+                           int64_t num_blocks, float scale, const float *k_scale,
+                           const float *v_scale, int dtype, int cache_dtype, int num_threads) {
     const int64_t group = num_q_heads / num_kv_heads, d = head_dim;
     int64_t max_len = 0;
     for (int64_t s = 0; s < num_seqs; ++s) {
@@ -293,7 +313,7 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
             const int32_t *table = block_tables + s * max_blocks;
             memset(acc, 0, sizeof(float) * (size_t)(num_q_heads * d));
 #ifdef GRAFT_FAST_F32
-            if (n > 0 && dtype == F32 && (d == 64 || d == 128)) {
+            if (n > 0 && dtype == F32 && cache_dtype == F32 && (d == 64 || d == 128)) {
                 (d == 64 ? seq_decode_f32_64 : seq_decode_f32_128)(
                     (const float *)q + s * num_q_heads * d, (const float *)k_cache,
                     (const float *)v_cache, table, n, num_kv_heads, group, block_size, scale, scores,
@@ -310,7 +330,8 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                            sizeof(float) * (size_t)d);
                 for (int64_t t = 0; t < n; ++t) {
                     const int64_t slot = slot_of(table, t, block_size);
-                    const float *k = row_f32(k_cache, slot, kv_width, dtype, buf); /* [Hkv, D] */
+                    const float *k = cache_row_f32(k_cache, k_scale, slot, kv_width, d, cache_dtype,
+                                                   buf); /* [Hkv, D] */
                     for (int64_t h = 0, hq = 0; h < num_kv_heads; ++h)
                         for (int64_t g = 0; g < group; ++g, ++hq)
                             scores[hq * n + t] = dot(qf + hq * d, k + h * d, d) * scale;
@@ -323,7 +344,8 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                 }
                 for (int64_t t = 0; t < n; ++t) {
                     const int64_t slot = slot_of(table, t, block_size);
-                    const float *v = row_f32(v_cache, slot, kv_width, dtype, buf);
+                    const float *v = cache_row_f32(v_cache, v_scale, slot, kv_width, d, cache_dtype,
+                                                   buf);
                     for (int64_t h = 0, hq = 0; h < num_kv_heads; ++h)
                         for (int64_t g = 0; g < group; ++g, ++hq) {
                             const float p = scores[hq * n + t], *vh = v + h * d;

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from graft.errors import GraftConfigError
 
 _DTYPES = ("float32", "float16", "bfloat16")
+# auto: the activations' dtype; int8: one fp32 scale per cached token and KV head
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 SPECULATIVE_MODES = ("off", "ngram", "suffix")
 
 
@@ -18,7 +20,8 @@ class EngineConfig:
     max_num_seqs: int = 64  # most sequences running at once
     max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     enable_prefix_caching: bool = True  # reuse KV of identical full prompt blocks
-    dtype: str = "float32"  # weights, activations and KV cache
+    dtype: str = "float32"  # weights and activations (and the KV cache unless kv_cache_dtype)
+    kv_cache_dtype: str = "auto"  # auto (= dtype) | float32 | bfloat16 | int8
     device: str = "cpu"
     max_model_len: int | None = None  # context limit; default max_position_embeddings
     kv_cache_fraction: float = 0.9  # default pool: at most this share of free memory ...
@@ -56,6 +59,14 @@ class EngineConfig:
                                    f"{self.ngram_max}; lower ngram_min or raise ngram_max")
         if self.dtype not in _DTYPES:
             raise GraftConfigError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise GraftConfigError(f"EngineConfig.kv_cache_dtype must be one of "
+                                   f"{KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.device.startswith("cuda") and self.kv_cache_dtype not in ("auto", self.dtype):
+            raise GraftConfigError(
+                f"EngineConfig.kv_cache_dtype={self.kv_cache_dtype!r}: on CUDA the KV cache has "
+                "the activations' dtype (the Triton kernels read one dtype); use auto, or the "
+                "CPU engine for a bf16/int8 cache")
         if self.quantization is not None:
             from graft.serving.models.quantize import QuantConfig
 
@@ -69,3 +80,10 @@ class EngineConfig:
         import torch
 
         return getattr(torch, self.dtype)
+
+    @property
+    def kv_torch_dtype(self):
+        import torch
+
+        name = self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+        return getattr(torch, name)

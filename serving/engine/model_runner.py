@@ -91,9 +91,11 @@ class ModelRunner:
 
     # --- KV cache -------------------------------------------------------------------
     def bytes_per_block(self) -> int:
+        """KV bytes of one block over all layers: K and V values, plus an int8 cache's scales."""
         m = self.model
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * len(m.layers) * self.block_size * m.num_kv_heads * m.head_dim * elem
+        elem = torch.empty((), dtype=self.config.kv_torch_dtype).element_size()
+        per_head = m.head_dim * elem + (4 if self.config.kv_torch_dtype == torch.int8 else 0)
+        return 2 * len(m.layers) * self.block_size * m.num_kv_heads * per_head
 
     def _num_kv_blocks(self) -> int:
         cfg, per_block = self.config, self.bytes_per_block()
@@ -123,11 +125,17 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> None:
         m = self.model
         shape = (len(m.layers), 2, self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
+        kv_dtype = self.config.kv_torch_dtype
         # zeros, not empty: kernels may read (and mask) padding slots of a block
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
+        # int8: one fp32 scale per cached token and KV head (graft.kernels.reference.store_kv)
+        self.kv_scales = (torch.zeros(shape[:-1], dtype=torch.float32, device=self.device)
+                          if kv_dtype == torch.int8 else None)
         for i, layer in enumerate(m.layers):
-            layer.self_attn.k_cache = self.kv_cache[i, 0]
-            layer.self_attn.v_cache = self.kv_cache[i, 1]
+            attn = layer.self_attn
+            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+            if self.kv_scales is not None:
+                attn.k_scale, attn.v_scale = self.kv_scales[i, 0], self.kv_scales[i, 1]
 
     # --- one forward ----------------------------------------------------------------
     @torch.inference_mode()

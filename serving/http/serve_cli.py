@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   choices=["auto", "float32", "bfloat16", "int8"],
+                   help="KV cache dtype: auto (= --dtype) | float32 | bfloat16 | int8 (a scale per token and head; CPU)")
     p.add_argument("--quantization", default=None, metavar="SCHEME|quant.json", help="weights of the LLM's linears: fp32 | bf16 | int8 | int4 | int4-g32/-g64/-g128, or a quant.json per module (graft quantize)")
     p.add_argument("--speculative", default="off", choices=["off", "ngram", "suffix"],
                    help="speculative decoding default (a request may override it): ngram = "
@@ -121,7 +124,8 @@ def build(args: argparse.Namespace):
                           max_model_len=args.max_model_len,
                           enable_prefix_caching=not args.no_prefix_caching,
                           dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager,
-                          quantization=args.quantization, speculative=args.speculative,
+                          quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                          speculative=args.speculative,
                           num_speculative_tokens=args.num_speculative_tokens,
                           ngram_min=args.ngram_min, ngram_max=args.ngram_max)
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)

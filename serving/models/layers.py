@@ -101,19 +101,23 @@ class GatedMLP(nn.Module):
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, Hq, D] over the paged cache (this step's K/V already stored) -> [T, Hq, D]."""
+                    meta: AttentionMetadata, scale: float, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, Hq, D] over the paged cache (this step's K/V already stored) -> [T, Hq, D];
+    k_scale/v_scale for an int8 cache."""
     nd = meta.num_decodes
+    sc = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
     if nd == q.shape[0]:
         return paged_attention_decode(q, k_cache, v_cache, meta.decode_block_tables,
-                                      meta.decode_context_lens, scale)
+                                      meta.decode_context_lens, scale, **sc)
     if nd == 0:
         return paged_attention_prefill(q, k_cache, v_cache, meta.prefill_block_tables,
-                                       meta.prefill_cu_seqlens, meta.prefill_context_lens, scale)
+                                       meta.prefill_cu_seqlens, meta.prefill_context_lens, scale,
+                                       **sc)
     out_d = paged_attention_decode(q[:nd], k_cache, v_cache, meta.decode_block_tables,
-                                   meta.decode_context_lens, scale)
+                                   meta.decode_context_lens, scale, **sc)
     out_p = paged_attention_prefill(q[nd:], k_cache, v_cache, meta.prefill_block_tables,
-                                    meta.prefill_cu_seqlens, meta.prefill_context_lens, scale)
+                                    meta.prefill_cu_seqlens, meta.prefill_context_lens, scale, **sc)
     return torch.cat([out_d, out_p])
 
 
@@ -135,6 +139,7 @@ class Attention(nn.Module):
         self.interleaved = interleaved
         self.scale = head_dim ** -0.5
         self.k_cache = self.v_cache = None  # [num_blocks, block_size, Hkv, D], set by the runner
+        self.k_scale = self.v_scale = None  # an int8 cache's [num_blocks, block_size, Hkv] scales
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -150,8 +155,9 @@ class Attention(nn.Module):
         # cos/sin are [T, R/2]: the first R dims rotate (R < head_dim for partial rotary)
         q = apply_rotary(q, cos, sin, self.interleaved)
         k = apply_rotary(k, cos, sin, self.interleaved)
-        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale)  # [T, Hq, D]
+        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale,
+                              self.k_scale, self.v_scale)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, self.q_size))
 
 

@@ -8,9 +8,11 @@ from graft.cli import main
 def test_bench_engine_cli(tiny_llama, tmp_path):
     out = tmp_path / "bench.json"
     rc = main(["bench", "engine", str(tiny_llama), "--num-requests", "5", "--concurrency", "4",
-               "--input-len", "8", "40", "--output-len", "2", "9", "--out", str(out)])
+               "--input-len", "8", "40", "--output-len", "2", "9", "--kv-cache-dtype", "int8",
+               "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
+    assert result["kv_cache_dtype"] == "int8"
     engine, hf = result["engine"], result["hf"]
     assert engine["output_tokens"] == hf["output_tokens"] > 0
     assert result["throughput_ratio"] > 0 and 0 < result["engine_roofline_fraction"]

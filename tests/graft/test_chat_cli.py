@@ -31,6 +31,8 @@ def test_plain_llm_dir_answers_text_and_refuses_images(tiny_llama, tmp_path, cap
                  "--max-new-tokens", "2"]) == 0
     assert main(["chat", str(tiny_llama), "hi", "--max-new-tokens", "2",
                  "--quantization", "int8"]) == 0  # the engine, text only
+    assert main(["chat", str(tiny_llama), "hi", "--max-new-tokens", "2",
+                 "--kv-cache-dtype", "int8"]) == 0  # the engine with an int8 KV cache
     capsys.readouterr()
     img = tmp_path / "q.png"
     Image.new("RGB", (32, 32)).save(img)
