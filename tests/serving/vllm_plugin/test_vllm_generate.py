@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,5 @@ def test_vllm_greedy_tokens_equal_graft_engine(family, tower, vllm_results, vllm
             parted[PROMPTS[k][0]] = step
     if family == "smollm2":  # a trained LLM has no near-ties here: every token must agree
         assert not parted, parted
+    if parted:  # shown in pytest's summary: how often the tiny LLMs' ties decided
+        warnings.warn(f"{family}-{tower}: vLLM left graft's tokens at near-ties {parted}")
