@@ -20,11 +20,9 @@ from pathlib import Path
 
 from graft.errors import GraftConfigError
 from graft.interop.export_llava import IMAGE_TOKEN, multimodal_chat_template
+from graft.serving.vllm_plugin import ARCHITECTURE  # no vllm import: graft's venv has none
 
 MARKER = "graft_export.json"
-ARCHITECTURE = "GraftForConditionalGeneration"  # graft.serving.vllm_plugin.ARCHITECTURE
-# what the plugin is tested with here; other vLLM causal LMs with model.* + lm_head may work
-TESTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Glm4ForCausalLM")
 _WEIGHT_GLOBS = ("*.safetensors", "*.safetensors.index.json")
 # sizes the export checks the weight-free count against the real encoder + projector with
 _CHECK_SIZES = ((37, 23), (23, 37), (64, 64), (640, 480), (1024, 1024))
@@ -84,7 +82,7 @@ def export_vllm(run_dir: str | Path, out: str | Path) -> dict:
     from graft.io import atomic_write_json, atomic_write_text
     from graft.run_dir import RunDir
     from graft.serving.vllm_plugin.geometry import (CONFIG_KEY, GRAFT_SUBDIR, ImageTokenCounter,
-                                                    encoder_geometry)
+                                                    encoder_geometry, load_export_spec)
     from graft.spec import GraftSpec
 
     import yaml
@@ -141,8 +139,7 @@ def export_vllm(run_dir: str | Path, out: str | Path) -> dict:
         for f in (run.adapter_weights, run.adapter_config):
             _link_or_copy(f, sub / f.name)
         atomic_write_text(sub / "graft.yaml", yaml.safe_dump(graft_yaml, sort_keys=False))
-        atomic_write_json(tmp / "config.json", {**config, CONFIG_KEY: meta})
-        counter = ImageTokenCounter(tmp)
+        counter = ImageTokenCounter(meta, load_export_spec(tmp))
         for w, h in _CHECK_SIZES:  # the front-end's weight-free count must be graft's
             want, got = image_path.image_token_count(w, h), counter(w, h)
             if want != got:

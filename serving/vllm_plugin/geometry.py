@@ -43,13 +43,12 @@ def load_export_spec(export_dir: str | Path):
 class ImageTokenCounter:
     """(width, height) -> number of image positions, without any weights."""
 
-    def __init__(self, export_dir: str | Path):
+    def __init__(self, meta: dict, spec):
+        """meta: config.json's `graft` block; spec: the export's GraftSpec."""
         import torch
 
         from graft.adapters import build_adapter
 
-        meta = read_export_meta(export_dir)
-        spec = load_export_spec(export_dir)
         self.prefix_tokens = int(meta["prefix_tokens"])
         self.fixed_grid = tuple(meta["token_grid"]) if meta.get("token_grid") else None
         self.moonvit = None
@@ -58,6 +57,10 @@ class ImageTokenCounter:
         with torch.device("meta"):
             self.projector = build_adapter(spec.adapter_config(), int(meta["d_vision"]),
                                            int(meta["d_model"]))
+
+    @classmethod
+    def from_export(cls, export_dir: str | Path) -> "ImageTokenCounter":
+        return cls(read_export_meta(export_dir), load_export_spec(export_dir))
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
         if self.fixed_grid is not None:

@@ -64,7 +64,7 @@ class GraftProcessingInfo(BaseProcessingInfo):
 
     @cached_property
     def counter(self) -> ImageTokenCounter:
-        return ImageTokenCounter(self.model_id)
+        return ImageTokenCounter.from_export(self.model_id)
 
     @property
     def image_token_id(self) -> int:
