@@ -15,6 +15,9 @@
  */
 #include <math.h>
 #include <omp.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,7 +116,8 @@ static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_siz
 
 #if defined(__GNUC__) && !defined(__clang__)
 #define GRAFT_FAST_F32 1
-/* fp32 fast path for head_dim 64 and 128 (GCC vector extensions). The plain path spends most
+/* Fast path for an fp32 query and head_dim 64 or 128, over fp32, bf16 or int8 caches (GCC
+ * vector extensions). The plain path spends most
  * of its time folding each 16-lane dot product into one score and keeping accumulators on
  * the stack; here the partial sums of 16 tokens are folded together in four shuffle-add
  * rounds, and each head's query and output row stay in registers while K and V stream past
@@ -166,45 +170,70 @@ static inline float exp_shifted16(float *sc, int64_t n) {
     return total;
 }
 
-/* The 16 lane-wise partial sums of q . k over `chunks` 16-float chunks. */
-static inline __attribute__((always_inline)) v16f dot_lanes(const v16f *qv, const float *k,
-                                                           const int64_t chunks) {
-    v16f a = qv[0] * load16(k);
-    for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load16(k + 16 * c);
+typedef int8_t v16c __attribute__((vector_size(16)));
+
+/* 16 cache values at element offset `off` as fp32 (int8: unscaled; the caller applies the
+ * row's scale once per dot product or per probability). `cd` is a constant at every call. */
+static inline __attribute__((always_inline)) v16f load_kv16(const void *base, int64_t off,
+                                                           const int cd) {
+    if (cd == F32) return load16((const float *)base + off);
+    if (cd == BF16) return (v16f)bf16_to_float16((const uint16_t *)base + off);
+#ifdef __AVX512F__
+    /* gcc's __builtin_convertvector from 16 int8 goes element by element: one sign-extend
+     * and one convert instead */
+    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128((const __m128i *)((const int8_t *)base + off))));
+#else
+    v16c c;
+    memcpy(&c, (const int8_t *)base + off, sizeof c);
+    return __builtin_convertvector(c, v16f);
+#endif
+}
+
+/* The 16 lane-wise partial sums of q . k over `chunks` 16-value chunks of a cache row. */
+static inline __attribute__((always_inline)) v16f dot_lanes(const v16f *qv, const void *k,
+                                                           int64_t off, const int64_t chunks,
+                                                           const int cd) {
+    v16f a = qv[0] * load_kv16(k, off, cd);
+    for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load_kv16(k, off + 16 * c, cd);
     return a;
 }
 
-/* Ask for the K and V rows of tokens [lo, hi) of a sequence to be brought into L2. */
-static inline void prefetch_rows(const float *k_cache, const float *v_cache, const int32_t *table,
-                                 int64_t lo, int64_t hi, int64_t block_size, int64_t kv_width) {
+/* Ask for the K and V rows of tokens [lo, hi) of a sequence to be brought into L2
+ * (row_bytes: one slot's values of all kv heads). */
+static inline void prefetch_rows(const void *k_cache, const void *v_cache, const int32_t *table,
+                                 int64_t lo, int64_t hi, int64_t block_size, int64_t row_bytes) {
     for (int64_t t = lo; t < hi; ++t) {
-        const int64_t slot = slot_of(table, t, block_size);
-        for (int64_t o = 0; o < kv_width; o += 16) {
-            __builtin_prefetch(k_cache + slot * kv_width + o, 0, 2);
-            __builtin_prefetch(v_cache + slot * kv_width + o, 0, 2);
+        const int64_t at = slot_of(table, t, block_size) * row_bytes;
+        for (int64_t o = 0; o < row_bytes; o += 64) {
+            __builtin_prefetch((const char *)k_cache + at + o, 0, 2);
+            __builtin_prefetch((const char *)v_cache + at + o, 0, 2);
         }
     }
 }
 
-/* One sequence: out rows [Hq, D] from q rows [Hq, D] (fp32) over n cached tokens. `chunks`
- * (head_dim / 16) is a compile-time constant at each call below, so qv, part and acc are
- * indexed by constants and live in registers; a run-time index puts them on the stack.
+/* One sequence: out rows [Hq, D] from q rows [Hq, D] (fp32) over n cached tokens of cache
+ * dtype `cd` (fp32, bf16, or int8 with per-token-and-head scales ks/vs). `chunks`
+ * (head_dim / 16) and `cd` are compile-time constants at each call below, so qv, part and
+ * acc are indexed by constants and live in registers; a run-time index puts them on the stack.
  *
  * Memory: the sequence's K and V are read from DRAM once (the later heads find them in L2).
  * Demand misses alone left the core waiting on memory for about a third of the time, so
  * the rows of the sequence this thread takes next (pf_table, pf_n) are prefetched a few at
  * a time during this one's score tiles, and a thread's first sequence all at once. */
-static inline __attribute__((always_inline)) void seq_decode_f32(
-        const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
-        int64_t n, int64_t num_kv_heads, int64_t group, const int64_t chunks, int64_t block_size,
-        float scale, float *scores, float *out, const int32_t *pf_table, int64_t pf_n, int first) {
+static inline __attribute__((always_inline)) void seq_decode_fast(
+        const float *q, const void *k_cache, const void *v_cache, const float *ks,
+        const float *vs, const int cd, const int32_t *table, int64_t n, int64_t num_kv_heads,
+        int64_t group, const int64_t chunks, int64_t block_size, float scale, float *scores,
+        float *out, const int32_t *pf_table, int64_t pf_n, int first) {
     const int64_t d = 16 * chunks, kv_width = num_kv_heads * d, num_q_heads = num_kv_heads * group;
-    if (first) prefetch_rows(k_cache, v_cache, table, 0, n, block_size, kv_width);
+    const int64_t row_bytes = kv_width * (cd == F32 ? 4 : cd == BF16 ? 2 : 1);
+    if (first) prefetch_rows(k_cache, v_cache, table, 0, n, block_size, row_bytes);
     /* rows of the next sequence per 16-token tile, spread over this one's tiles */
     const int64_t tiles = num_q_heads * (n / 16), per_tile = tiles ? (pf_n + tiles - 1) / tiles : 0;
     int64_t pf_next = tiles ? 0 : pf_n;
     for (int64_t hq = 0; hq < num_q_heads; ++hq) {
-        const int64_t koff = (hq / group) * d;
+        const int64_t kvh = hq / group, koff = kvh * d;
         v16f qv[chunks];
         for (int64_t c = 0; c < chunks; ++c) qv[c] = load16(q + hq * d + 16 * c) * scale;
         float *sc = scores + hq * n;
@@ -213,21 +242,24 @@ static inline __attribute__((always_inline)) void seq_decode_f32(
             v16f part[16];
 #pragma GCC unroll 16
             for (int j = 0; j < 16; ++j) {
-                part[j] = dot_lanes(qv, k_cache + slot_of(table, t + j, block_size) * kv_width + koff, chunks);
+                const int64_t slot = slot_of(table, t + j, block_size);
+                part[j] = dot_lanes(qv, k_cache, slot * kv_width + koff, chunks, cd);
+                if (cd == I8) part[j] *= ks[slot * num_kv_heads + kvh];
             }
             const v16f r = fold16(part);
             memcpy(sc + t, &r, sizeof r);
             if (pf_next < pf_n) {
                 const int64_t hi = pf_next + per_tile < pf_n ? pf_next + per_tile : pf_n;
-                prefetch_rows(k_cache, v_cache, pf_table, pf_next, hi, block_size, kv_width);
+                prefetch_rows(k_cache, v_cache, pf_table, pf_next, hi, block_size, row_bytes);
                 pf_next = hi;
             }
         }
         for (; t < n; ++t) { /* the tail, one token at a time */
-            const v16f a = dot_lanes(qv, k_cache + slot_of(table, t, block_size) * kv_width + koff, chunks);
+            const int64_t slot = slot_of(table, t, block_size);
+            const v16f a = dot_lanes(qv, k_cache, slot * kv_width + koff, chunks, cd);
             float sum = 0.0f;
             for (int l = 0; l < 16; ++l) sum += a[l];
-            sc[t] = sum;
+            sc[t] = cd == I8 ? sum * ks[slot * num_kv_heads + kvh] : sum;
         }
         const float inv = 1.0f / exp_shifted16(sc, n);
         /* two accumulator sets (even and odd tokens): one set is a chain of dependent adds
@@ -236,36 +268,55 @@ static inline __attribute__((always_inline)) void seq_decode_f32(
         for (int64_t c = 0; c < chunks; ++c) acc[c] = acc2[c] = (v16f){0};
         int64_t i = 0;
         for (; i + 2 <= n; i += 2) {
-            const float *v = v_cache + slot_of(table, i, block_size) * kv_width + koff;
-            const float *v2 = v_cache + slot_of(table, i + 1, block_size) * kv_width + koff;
-            const float p = sc[i] * inv, p2 = sc[i + 1] * inv;
+            const int64_t s1 = slot_of(table, i, block_size), s2 = slot_of(table, i + 1, block_size);
+            float p = sc[i] * inv, p2 = sc[i + 1] * inv;
+            if (cd == I8) {
+                p *= vs[s1 * num_kv_heads + kvh];
+                p2 *= vs[s2 * num_kv_heads + kvh];
+            }
             for (int64_t c = 0; c < chunks; ++c) {
-                acc[c] += p * load16(v + 16 * c);
-                acc2[c] += p2 * load16(v2 + 16 * c);
+                acc[c] += p * load_kv16(v_cache, s1 * kv_width + koff + 16 * c, cd);
+                acc2[c] += p2 * load_kv16(v_cache, s2 * kv_width + koff + 16 * c, cd);
             }
         }
         if (i < n) {
-            const float *v = v_cache + slot_of(table, i, block_size) * kv_width + koff;
-            const float p = sc[i] * inv;
-            for (int64_t c = 0; c < chunks; ++c) acc[c] += p * load16(v + 16 * c);
+            const int64_t s1 = slot_of(table, i, block_size);
+            const float p = sc[i] * inv * (cd == I8 ? vs[s1 * num_kv_heads + kvh] : 1.0f);
+            for (int64_t c = 0; c < chunks; ++c)
+                acc[c] += p * load_kv16(v_cache, s1 * kv_width + koff + 16 * c, cd);
         }
         for (int64_t c = 0; c < chunks; ++c) acc[c] += acc2[c];
         memcpy(out + hq * d, acc, sizeof acc);
     }
 }
 
-static void seq_decode_f32_64(const float *q, const float *k, const float *v, const int32_t *table,
-                              int64_t n, int64_t hkv, int64_t group, int64_t bs, float scale,
-                              float *scores, float *out, const int32_t *pf_table, int64_t pf_n,
-                              int first) {
-    seq_decode_f32(q, k, v, table, n, hkv, group, 4, bs, scale, scores, out, pf_table, pf_n, first);
-}
+/* One instance per (cache dtype, head_dim): the constants make each a straight-line kernel. */
+#define GRAFT_SEQ_DECODE(name, cd, chunks)                                                      \
+    static void name(const float *q, const void *k, const void *v, const float *ks,            \
+                     const float *vs, const int32_t *table, int64_t n, int64_t hkv,            \
+                     int64_t group, int64_t bs, float scale, float *scores, float *out,        \
+                     const int32_t *pf_table, int64_t pf_n, int first) {                       \
+        seq_decode_fast(q, k, v, ks, vs, cd, table, n, hkv, group, chunks, bs, scale, scores,  \
+                        out, pf_table, pf_n, first);                                           \
+    }
+GRAFT_SEQ_DECODE(seq_decode_f32_64, F32, 4)
+GRAFT_SEQ_DECODE(seq_decode_f32_128, F32, 8)
+GRAFT_SEQ_DECODE(seq_decode_bf16_64, BF16, 4)
+GRAFT_SEQ_DECODE(seq_decode_bf16_128, BF16, 8)
+GRAFT_SEQ_DECODE(seq_decode_i8_64, I8, 4)
+GRAFT_SEQ_DECODE(seq_decode_i8_128, I8, 8)
 
-static void seq_decode_f32_128(const float *q, const float *k, const float *v, const int32_t *table,
-                               int64_t n, int64_t hkv, int64_t group, int64_t bs, float scale,
-                               float *scores, float *out, const int32_t *pf_table, int64_t pf_n,
-                               int first) {
-    seq_decode_f32(q, k, v, table, n, hkv, group, 8, bs, scale, scores, out, pf_table, pf_n, first);
+typedef void (*seq_decode_fn)(const float *, const void *, const void *, const float *,
+                              const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
+                              float, float *, float *, const int32_t *, int64_t, int);
+
+/* The fast kernel for an fp32 query over a cache of dtype cd with head_dim d, or NULL. */
+static seq_decode_fn fast_kernel(int cd, int64_t d) {
+    if (d != 64 && d != 128) return NULL;
+    if (cd == F32) return d == 64 ? seq_decode_f32_64 : seq_decode_f32_128;
+    if (cd == BF16) return d == 64 ? seq_decode_bf16_64 : seq_decode_bf16_128;
+    if (cd == I8) return d == 64 ? seq_decode_i8_64 : seq_decode_i8_128;
+    return NULL;
 }
 #endif
 
@@ -313,10 +364,10 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
             const int32_t *table = block_tables + s * max_blocks;
             memset(acc, 0, sizeof(float) * (size_t)(num_q_heads * d));
 #ifdef GRAFT_FAST_F32
-            if (n > 0 && dtype == F32 && cache_dtype == F32 && (d == 64 || d == 128)) {
-                (d == 64 ? seq_decode_f32_64 : seq_decode_f32_128)(
-                    (const float *)q + s * num_q_heads * d, (const float *)k_cache,
-                    (const float *)v_cache, table, n, num_kv_heads, group, block_size, scale, scores,
+            const seq_decode_fn fast = dtype == F32 ? fast_kernel(cache_dtype, d) : NULL;
+            if (n > 0 && fast) {
+                fast((const float *)q + s * num_q_heads * d, k_cache, v_cache, k_scale, v_scale,
+                    table, n, num_kv_heads, group, block_size, scale, scores,
                     (float *)out + s * num_q_heads * d,
                     s + stride < num_seqs ? block_tables + (s + stride) * max_blocks : table,
                     s + stride < num_seqs ? context_lens[s + stride] : 0, first);

@@ -100,17 +100,18 @@ def test_the_pool_holds_more_blocks_for_the_same_bytes(tiny_llama):
 @pytest.mark.skipif(not cpu_ops.available(), reason="the C kernels could not be built")
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_c_decode_reads_bf16_and_int8_caches_like_the_reference(cache_dtype, threads):
+@pytest.mark.parametrize("d", [32, 64, 128])  # 64/128: the vectorised kernels; 32: the general loop
+def test_c_decode_reads_bf16_and_int8_caches_like_the_reference(cache_dtype, threads, d):
     torch.manual_seed(0)
-    nb, bs, hkv, d, hq = 12, 4, 2, 64, 6
+    nb, bs, hkv, hq = 24, 4, 2, 6
     kc, vc = (torch.zeros(nb, bs, hkv, d, dtype=cache_dtype) for _ in range(2))
     ks = vs = None
     if cache_dtype == torch.int8:
         ks, vs = torch.zeros(nb, bs, hkv), torch.zeros(nb, bs, hkv)
-    k, v = torch.randn(40, hkv, d), torch.randn(40, hkv, d)
-    reference.store_kv(k, v, kc, vc, torch.randperm(nb * bs)[:40], ks, vs)
-    tables = torch.randint(0, nb, (3, 5), dtype=torch.int32)
-    lens = torch.tensor([7, 0, 19], dtype=torch.int32)  # ragged, one empty
+    k, v = torch.randn(80, hkv, d), torch.randn(80, hkv, d)
+    reference.store_kv(k, v, kc, vc, torch.randperm(nb * bs)[:80], ks, vs)
+    tables = torch.randint(0, nb, (3, 10), dtype=torch.int32)
+    lens = torch.tensor([7, 0, 37], dtype=torch.int32)  # ragged (16-token tiles + tails), one empty
     q = torch.randn(3, hq, d)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
