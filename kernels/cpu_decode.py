@@ -22,13 +22,13 @@ class LinearDesc(ctypes.Structure):
 class LayerDesc(ctypes.Structure):
     _fields_ = [("qkv", LinearDesc), ("o", LinearDesc), ("gate_up", LinearDesc), ("down", LinearDesc),
                 ("in_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr),
-                ("k_cache", _ptr), ("v_cache", _ptr)]
+                ("k_cache", _ptr), ("v_cache", _ptr), ("k_scale", _ptr), ("v_scale", _ptr)]
 
 
 class Dims(ctypes.Structure):
     _fields_ = [(name, _i64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim", "rot",
                                           "inter", "interleaved", "block_size", "num_blocks",
-                                          "max_blocks")] + \
+                                          "max_blocks", "cache_dtype")] + \
                [("eps", ctypes.c_float), ("qk_eps", ctypes.c_float), ("scale", ctypes.c_float)]
 
 

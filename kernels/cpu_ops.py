@@ -116,6 +116,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.graft_rotary.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64] + [ctypes.c_int] * 4
     lib.graft_silu_mul.restype = None
     lib.graft_silu_mul.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int]
+    lib.graft_store_kv_i8.restype = i64
+    lib.graft_store_kv_i8.argtypes = [ptr, i64, ptr, i64] + [ptr] * 5 + [i64] * 4
     lib.graft_store_kv.restype = i64
     lib.graft_store_kv.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int,
                                    ctypes.c_int]
@@ -277,13 +279,17 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
              v_scale: torch.Tensor | None = None) -> None:
     """Same contract as graft.kernels.reference.store_kv, for fp32/bf16 rows and caches (rows
-    are converted to the caches' dtype, rounding to nearest even like .to()); an int8 cache
-    takes the reference (a few rows per step: quantizing them is not where time goes)."""
+    are converted to the caches' dtype, rounding to nearest even like .to()); fp32 rows into
+    an int8 cache are quantized with its scales exactly as the reference does."""
     from graft.kernels import reference
 
     check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
-    if k_scale is not None or v_scale is not None or k_cache.dtype == torch.int8:
-        return reference.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    if k_cache.dtype == torch.int8 or k_scale is not None:
+        check_kv_scales("store_kv", k_cache, k_scale, v_scale)
+        if not (supports_rows(k, v) and k.dtype == torch.float32 and k_cache.device.type == "cpu"
+                and all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale))):
+            return reference.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return _store_i8(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     if not (supports_rows(k, v) and _operand_ok(k_cache) and k_cache.dtype == v_cache.dtype
             and k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.device.type == "cpu"):
         return reference.store_kv(k, v, k_cache, v_cache, slot_mapping)
@@ -294,6 +300,17 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                                 k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                                 k.shape[0], width, num_slots, _ROW_DTYPES[k.dtype],
                                 _ROW_DTYPES[k_cache.dtype])
+    if bad:
+        raise slot_out_of_range(int(slots[bad - 1]), num_slots)
+
+
+def _store_i8(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> None:
+    slots = slot_mapping.to(torch.int64).contiguous()
+    num_slots, heads, d = k_cache.shape[0] * k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    bad = _lib().graft_store_kv_i8(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+                                   k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
+                                   v_scale.data_ptr(), slots.data_ptr(), k.shape[0], heads, d,
+                                   num_slots)
     if bad:
         raise slot_out_of_range(int(slots[bad - 1]), num_slots)
 

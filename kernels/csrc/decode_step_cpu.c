@@ -25,12 +25,14 @@ typedef struct {
     graft_linear_t qkv, o, gate_up, down;
     const float *in_norm, *post_norm; /* [hidden] */
     const float *q_norm, *k_norm;     /* [head_dim] or NULL (Qwen3's per-head norms) */
-    void *k_cache, *v_cache;          /* [num_blocks, block_size, Hkv, D] fp32 */
+    void *k_cache, *v_cache;          /* [num_blocks, block_size, Hkv, D] of dims.cache_dtype */
+    float *k_scale, *v_scale;         /* int8 caches: [num_blocks, block_size, Hkv], else NULL */
 } graft_layer_t;
 
 typedef struct {
     int64_t hidden, num_heads, num_kv_heads, head_dim, rot, inter, interleaved;
     int64_t block_size, num_blocks, max_blocks;
+    int64_t cache_dtype; /* paged_decode_cpu.c codes: 0 fp32, 1 bf16, 3 int8 */
     float eps, qk_eps, scale;
 } graft_dims_t;
 
@@ -49,6 +51,10 @@ int64_t graft_store_kv(const void *k, int64_t k_stride, const void *v, int64_t v
                        int64_t width, int64_t num_slots, int dtype, int cache_dtype);
 void graft_silu_mul(const void *gate_up, int64_t stride, void *out, int64_t rows, int64_t inter,
                     int dtype, int num_threads);
+int64_t graft_store_kv_i8(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                          int8_t *k_cache, int8_t *v_cache, float *k_scale, float *v_scale,
+                          const int64_t *slots, int64_t tokens, int64_t heads, int64_t d,
+                          int64_t num_slots);
 int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cache,
                            const int32_t *block_tables, const int32_t *context_lens, void *out,
                            int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
@@ -56,7 +62,7 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                            int64_t num_blocks, float scale, const float *k_scale,
                            const float *v_scale, int dtype, int cache_dtype, int num_threads);
 
-enum { F32 = 0 };
+enum { F32 = 0, I8 = 3 };
 
 static int linear(const graft_linear_t *l, const float *x, int64_t rows, float *y, int nt) {
     return graft_quant_linear((int)l->kind, x, l->k, rows, l->k, l->w, l->scale8, l->scales4,
@@ -107,13 +113,17 @@ int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, con
                      (int)d->interleaved, F32, F32, nt);
         graft_rotary(ksrc, kstride, cos_t, sin_t, kr, T, d->num_kv_heads, D, d->rot,
                      (int)d->interleaved, F32, F32, nt);
-        if (graft_store_kv(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, slots, T, kvs,
-                           num_slots, F32, F32))
-            return 1 + 2 * i;
+        const int64_t stored = d->cache_dtype == I8
+            ? graft_store_kv_i8(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, L->k_scale,
+                                L->v_scale, slots, T, d->num_kv_heads, D, num_slots)
+            : graft_store_kv(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, slots, T, kvs,
+                             num_slots, F32, (int)d->cache_dtype);
+        if (stored) return 1 + 2 * i;
         const int64_t bad = graft_paged_decode(qr, L->k_cache, L->v_cache, tables, lens, attn, T,
                                                d->num_heads, d->num_kv_heads, D, d->block_size,
-                                               d->max_blocks, d->num_blocks, d->scale, NULL,
-                                               NULL, F32, F32, nt);
+                                               d->max_blocks, d->num_blocks, d->scale,
+                                               L->k_scale, L->v_scale, F32, (int)d->cache_dtype,
+                                               nt);
         if (bad) return bad < 0 ? -1 : 2 + 2 * i;
         if (linear(&L->o, attn, T, o, nt)) return -1;
         graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, F32, F32, nt);

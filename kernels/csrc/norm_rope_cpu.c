@@ -220,6 +220,42 @@ int64_t graft_store_kv(const void *k, int64_t k_stride, const void *v, int64_t v
     return 0;
 }
 
+/* One fp32 row of `heads` head vectors of d values -> int8 + a scale per head, exactly as
+ * graft.kernels.reference.quantize_kv: scale = absmax / 127, q = round-half-even(x / scale)
+ * clamped to [-127, 127] (an all-zero vector: scale 0, q 0). */
+static void quantize_row_i8(const float *x, int64_t heads, int64_t d, int8_t *q, float *scales) {
+    for (int64_t h = 0; h < heads; ++h) {
+        const float *xh = x + h * d;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < d; ++i) amax = fmaxf(amax, fabsf(xh[i]));
+        const float sc = amax / 127.0f, safe = sc > 0.0f ? sc : 1.0f;
+        for (int64_t i = 0; i < d; ++i) {
+            float r = nearbyintf(xh[i] / safe);
+            r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+            q[h * d + i] = (int8_t)r;
+        }
+        scales[h] = sc;
+    }
+}
+
+/* store_kv into an int8 cache (fp32 rows): k_cache/v_cache slot slots[t] <- quantized rows,
+ * k_scale/v_scale [num_slots, heads] <- their scales; -1 slots skip. Returns as
+ * graft_store_kv. */
+int64_t graft_store_kv_i8(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                          int8_t *k_cache, int8_t *v_cache, float *k_scale, float *v_scale,
+                          const int64_t *slots, int64_t tokens, int64_t heads, int64_t d,
+                          int64_t num_slots) {
+    for (int64_t t = 0; t < tokens; ++t)
+        if (slots[t] >= num_slots) return t + 1;
+    const int64_t width = heads * d;
+    for (int64_t t = 0; t < tokens; ++t) {
+        if (slots[t] < 0) continue;
+        quantize_row_i8(k + t * k_stride, heads, d, k_cache + slots[t] * width, k_scale + slots[t] * heads);
+        quantize_row_i8(v + t * v_stride, heads, d, v_cache + slots[t] * width, v_scale + slots[t] * heads);
+    }
+    return 0;
+}
+
 /* silu(x) = x / (1 + exp(-x)) as torch computes it, with exp(-x) from exp_neg: for x >= 0
  * directly, for x < 0 as 1 / exp_neg(x) (exp_neg takes arguments <= 0). Within a few ulp of
  * torch's silu (another exp). */

@@ -11,6 +11,8 @@ from graft.kernels import cpu_decode, cpu_ops
 from graft.kernels.dispatch import kernels_mode
 from graft.serving.models.layers import AttentionMetadata
 
+CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 3}  # decode_step_cpu.c codes
+
 
 def unsupported_reason(model, layer_class) -> str | None:
     """None when FusedDecode can run `model`, whose layers must all be exactly
@@ -26,8 +28,9 @@ def unsupported_reason(model, layer_class) -> str | None:
         for lin in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if lin.quantized is None or "cpu" not in lin.quantized.packed:
                 return f"layer {i} has a linear outside the C layout"
-        if attn.k_cache is None or attn.k_cache.dtype != torch.float32 or not attn.k_cache.is_contiguous():
-            return "the KV cache is not contiguous fp32"
+        if (attn.k_cache is None or attn.k_cache.dtype not in CACHE_DTYPES
+                or not attn.k_cache.is_contiguous()):
+            return "the KV cache is not a contiguous fp32, bf16 or int8 pool"
     if model.embed_tokens.weight.dtype != torch.float32:
         return "activations are not fp32"
     return None
@@ -46,7 +49,8 @@ class FusedDecode:
             hidden=cfg.hidden_size, num_heads=attn0.num_heads, num_kv_heads=attn0.num_kv_heads,
             head_dim=attn0.head_dim, rot=0, inter=layers[0].mlp.intermediate,
             interleaved=int(attn0.interleaved), block_size=k_cache.shape[1],
-            num_blocks=k_cache.shape[0], max_blocks=0, eps=layers[0].input_layernorm.eps,
+            num_blocks=k_cache.shape[0], max_blocks=0, cache_dtype=CACHE_DTYPES[k_cache.dtype],
+            eps=layers[0].input_layernorm.eps,
             qk_eps=attn0.q_norm.eps if attn0.q_norm is not None else 0.0, scale=attn0.scale)
         descs = []
         for layer in layers:
@@ -58,7 +62,9 @@ class FusedDecode:
                 layer.post_attention_layernorm.weight.data_ptr(),
                 None if a.q_norm is None else a.q_norm.weight.data_ptr(),
                 None if a.k_norm is None else a.k_norm.weight.data_ptr(),
-                a.k_cache.data_ptr(), a.v_cache.data_ptr()))
+                a.k_cache.data_ptr(), a.v_cache.data_ptr(),
+                None if a.k_scale is None else a.k_scale.data_ptr(),
+                None if a.v_scale is None else a.v_scale.data_ptr()))
         self.layers = (cpu_decode.LayerDesc * len(descs))(*descs)
         self._scratch = torch.empty(0)
 

@@ -110,13 +110,15 @@ def test_bad_configs_fail_before_weights_load(tiny_llm_factory, monkeypatch, val
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family):
+@pytest.mark.parametrize("kv", ["auto", "bfloat16", "int8"])
+def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family, kv):
     """The one-call C decode step gives the per-op path's logits and KV cache bit for bit
-    (same C functions in the same order): mixed schemes, sequences of different lengths."""
+    (same C functions in the same order): mixed schemes, sequences of different lengths,
+    fp32 / bf16 / int8 KV caches (int8: the scales too)."""
     model_dir = tiny_llm_factory(family)
     config = {"default": "int4", "modules": {"layers.0.*": "int8", "layers.1.mlp.down_proj": "fp32",
                                              "layers.1.self_attn.*": "bf16"}}
-    engine = Engine.from_pretrained(model_dir, EngineConfig(quantization=config))
+    engine = Engine.from_pretrained(model_dir, EngineConfig(quantization=config, kv_cache_dtype=kv))
     model, runner = engine.runner.model, engine.runner
     assert model.fused_decode is not None
     params = SamplingParams(temperature=0.0, max_tokens=6)
@@ -125,15 +127,18 @@ def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family):
     engine.step()  # the prompts: the per-op path
     batch, _ = engine.scheduler.schedule()
     assert batch.num_decodes == len(batch.seqs) == 3
-    before = runner.kv_cache.clone()
+    pools = [runner.kv_cache] + ([runner.kv_scales] if runner.kv_scales is not None else [])
+    before = [t.clone() for t in pools]
     fused_logits, _ = runner.execute(batch)
-    fused_cache = runner.kv_cache.clone()
-    runner.kv_cache.copy_(before)
+    fused = [t.clone() for t in pools]
+    for t, b in zip(pools, before):
+        t.copy_(b)
     keep, model.fused_decode = model.fused_decode, None
     per_op_logits, _ = runner.execute(batch)
     model.fused_decode = keep
     assert torch.equal(fused_logits, per_op_logits)
-    assert torch.equal(fused_cache, runner.kv_cache)
+    assert all(torch.equal(f, t) for f, t in zip(fused, pools))
+    assert not torch.equal(fused[0], before[0])  # the step stored this token's K/V
 
 
 def test_fused_decode_is_off_where_it_does_not_apply(tiny_llm_factory):
