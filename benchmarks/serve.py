@@ -14,6 +14,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from graft.benchmarks.report import emit, percentiles
 from graft.cli_types import number_in
 
 _WORDS = ("red green blue circle square triangle left right top bottom small large "
@@ -72,16 +73,6 @@ class Result:
         if self.ttft is None or self.output_tokens < 2:
             return None
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
-
-
-def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
-    import numpy as np
-
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "mean": None, "n": 0}
-    a = np.asarray(values) * scale
-    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": len(values)}
 
 
 class Workload:
@@ -280,14 +271,3 @@ def run(args: argparse.Namespace) -> int:
               f"(one-step floor {probe['ttft_floor_ms'] or 0:.0f} ms)")
     emit(report, args.out)
     return 0
-
-
-def emit(report: dict, out: str | None) -> None:
-    """The JSON report to `out` (written atomically), or to stdout without one."""
-    from graft.io import atomic_write_text
-
-    text = json.dumps(report, indent=2, default=str)
-    if out:
-        atomic_write_text(out, text)
-    else:
-        print(text)

@@ -18,7 +18,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from graft.benchmarks.serve import percentiles
+from graft.benchmarks.report import emit, percentiles
 
 CHAT = "/v1/chat/completions"
 # kind -> weight in the mix
@@ -305,8 +305,6 @@ def summarize(outcomes: list[Outcome], duration: float, before: dict, after: dic
 
 
 def run(args: argparse.Namespace) -> int:
-    from graft.benchmarks.serve import emit
-
     report = asyncio.run(run_chaos(args))
     failed = [name for name, ok in report["checks"].items() if not ok]
     lat = report["latency_ms"]

@@ -15,6 +15,7 @@ from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.mm_inputs import MultiModalInputs
 from graft.serving.engine.outputs import Detokenizer, RequestOutput, find_stop_string, make_output
+from graft.serving.engine.sampler import restore_rng_states, seeded_rng_states
 from graft.serving.engine.sampling_params import SamplingParams
 from graft.serving.engine.scheduler import Scheduler
 from graft.serving.engine.sequence import Sequence
@@ -188,11 +189,13 @@ class Engine:
             outputs.append(make_output(seq, final=True))
         if not batch:
             return outputs
+        rngs = seeded_rng_states(batch.seqs)
         try:
             logits, sampling = self.runner.execute(batch)
             tokens, logprobs = self._sample(logits, sampling)
             self._record_timing(batch, time.perf_counter() - t0)
         except Exception:  # noqa: BLE001 - the batch failed; find whose request did it
+            restore_rng_states(rngs)  # seeded rows redraw what the failed batch drew
             sampling, tokens, logprobs = self._run_each_alone(batch)
         for seq, n in zip(batch.seqs, batch.num_tokens):
             if seq.is_finished:  # failed alone: its blocks are already freed
@@ -216,8 +219,8 @@ class Engine:
     def _run_each_alone(self, batch):
         """After a failed batched step: run each sequence as a batch of one, so one request's
         failure (its seed, its logprobs, its data) finishes that request alone. Rewriting the
-        same KV slots is harmless; the others' tokens are the ones they get alone (a seeded
-        sampled row that drew noise before the failure draws again)."""
+        same KV slots is harmless; the others' tokens are the ones they get alone (seeded
+        rows' generators are back where they stood before the failed batch)."""
         from graft.serving.engine.scheduler import ScheduledBatch
 
         sampling, tokens, logprobs = [], [], []

@@ -78,6 +78,21 @@ class Sampler:
         return torch.softmax(logits, dim=-1)
 
 
+def seeded_rng_states(seqs: list[Sequence]) -> list[tuple[Sequence, torch.Tensor | None]]:
+    """Where each seeded sequence's generator stands (None: not made yet), so a step that
+    fails after drawing can be redrawn as if the failed draws never happened."""
+    return [(s, None if s.generator is None else s.generator.get_state())
+            for s in seqs if s.params.seed is not None]
+
+
+def restore_rng_states(saved: list[tuple[Sequence, torch.Tensor | None]]) -> None:
+    for seq, state in saved:
+        if state is None:
+            seq.generator = None  # made afresh from the seed on its next draw
+        else:
+            seq.generator.set_state(state)
+
+
 def logprob_entry(lp: torch.Tensor, k: int, token: int) -> dict[int, float]:
     """{token id: logprob} of the k most likely tokens of one row, plus the chosen token."""
     top = torch.topk(lp, k) if k > 0 else None

@@ -24,10 +24,11 @@ def alone(tiny_llama):
             for rid, ids in PROMPTS.items()}
 
 
-def _run(engine, steps_before_fault: int, fault):
+def _run(engine, steps_before_fault: int, fault, params=None):
     free0 = engine.block_manager.num_free_blocks
     for rid, ids in PROMPTS.items():
-        engine.add_request(rid, prompt_token_ids=ids, sampling_params=GREEDY)
+        engine.add_request(rid, prompt_token_ids=ids,
+                           sampling_params=params[rid] if params else GREEDY)
     final = {}
     for step in range(200):  # bounded: 3 requests of 8 tokens need far fewer steps
         if step == steps_before_fault:
@@ -57,6 +58,26 @@ def test_batched_failure_stays_with_its_request(tiny_llama, alone):
     for rid in ("a", "c"):
         assert final[rid].finish_reason == "length"
         assert final[rid].token_ids == alone[rid]
+
+
+def test_seeded_requests_draw_as_alone_after_a_failure_mid_sample(tiny_llama):
+    seeded = {rid: SamplingParams(temperature=1.0, seed=i + 1, max_tokens=8, ignore_eos=True)
+              for i, rid in enumerate(PROMPTS)}
+    alone = {rid: _engine(tiny_llama).generate(prompt_token_ids=[PROMPTS[rid]],
+                                               sampling_params=seeded[rid])[0].token_ids
+             for rid in ("a", "c")}
+    engine = _engine(tiny_llama)
+    real = engine.sampler
+
+    def sampler(logits, seqs):  # every row drew its noise, then the batch failed
+        got = real(logits, seqs)
+        if any(s.request_id == "bad" for s in seqs):
+            raise RuntimeError("injected after sampling")
+        return got
+
+    final = _run(engine, 2, lambda: setattr(engine, "sampler", sampler), seeded)
+    assert final["bad"].finish_reason == "internal_error"
+    assert {rid: final[rid].token_ids for rid in ("a", "c")} == alone
 
 
 def test_per_token_failure_stays_with_its_request(tiny_llama, alone):
