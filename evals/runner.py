@@ -75,7 +75,10 @@ def _bar(show: bool):
 
         from tqdm.auto import tqdm
 
-        with tqdm(total=total, desc=desc, unit="q", file=sys.stderr, leave=False) as b:
+        # mininterval=0: every update is drawn (one per backend call, so few); tqdm's default
+        # skips updates within 0.1 s of the last, and a fast task would never show its end
+        with tqdm(total=total, desc=desc, unit="q", file=sys.stderr, leave=False,
+                  mininterval=0) as b:
             yield b.update
     return bar
 
