@@ -28,6 +28,9 @@ class QuantEngine:
         self.model = self.runner.model
         self.shapes = linear_shapes(self.model)
         self.plan = {name: FP32 for name in self.shapes}
+        # what each linear holds as loaded (fp32: the C-layout copy, or None over the torch
+        # weights): an fp32 module goes back to exactly this
+        self._loaded = {name: self.model.linear_weight(name) for name in self.shapes}
         self._fp32 = _fp32_weights(self.engine.model_dir, self.runner)
         self._quantized: dict[tuple[str, str], object] = {}
 
@@ -57,17 +60,13 @@ class QuantEngine:
         return self.quantized(name, scheme).read_bytes()
 
     def apply(self, plan: dict) -> None:
-        """Hold every linear in its scheme under `plan`; fp32 modules go back to the weights
-        (or oneDNN copies) the engine loaded, which a quantized copy only shadows."""
-        for name, scheme in plan.items():
-            if self.plan[name] == scheme:
-                continue
-            weight = None if scheme.kind == "fp32" else self.quantized(name, scheme)
-            if name == "lm_head" and self.model.lm_head is None:
-                self.model.head_quantized = weight
-            else:
-                self.model.get_submodule(name).quantized = weight
-            self.plan[name] = scheme
+        """Hold every linear in its scheme under `plan`; fp32 modules go back to what the
+        engine loaded (the C-layout fp32 copy, or the torch weights), which a quantized copy
+        only shadows."""
+        changed = {name: self._loaded[name] if scheme.kind == "fp32" else self.quantized(name, scheme)
+                   for name, scheme in plan.items() if self.plan[name] != scheme}
+        self.model.set_linear_weights(changed)
+        self.plan.update({name: plan[name] for name in changed})
         self.runner.quant_plan = dict(self.plan)
 
     def plan_backend(self, plan: dict) -> "PlanBackend":
@@ -133,7 +132,8 @@ class PlanBackend:
 
 def _fp32_weights(model_dir: Path, runner) -> dict[str, torch.Tensor]:
     """{module name: fp32 weight [out, in]}: a second load of the checkpoint, because the
-    engine keeps its fp32 linears only as oneDNN-prepacked copies (their plain weight is meta)."""
+    engine keeps its fp32 linears only in a kernel layout (C-packed or oneDNN-prepacked; the
+    plain weight is meta)."""
     from graft.serving.models import build_model, load_weights
     from graft.serving.models.layers import Linear
 

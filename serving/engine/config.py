@@ -28,8 +28,9 @@ class EngineConfig:
     cpu_kv_cache_cap: int = 2 << 30  # ... and on CPU never above this many bytes
     enforce_eager: bool = False  # CUDA: no graphs; decode steps launch kernel by kernel
     seed: int = 0  # generator for sampled requests that give no seed of their own
-    # how the LLM's linears are held: None/fp32 | bf16 | int8 | int4[-g32|-g64|-g128] for all,
-    # or a quantization config JSON path/dict per module (graft.serving.models.quantize)
+    # how the LLM's linears are held: fp32 | bf16 | int8 | int4[-g32|-g64|-g128] for all, a
+    # quantization config JSON path/dict per module (graft.serving.models.quantize), "none"
+    # (the torch linears), or None: fp32 on the C kernels on CPU in fp32, else none
     quantization: str | dict | None = None
     # speculative decoding: off | ngram (prompt lookup over the sequence's own tokens) |
     # suffix (ngram, or continuations seen in recent requests' outputs when longer); a

@@ -86,6 +86,31 @@ class CausalLM(nn.Module):
             else:
                 self.get_submodule(name).quantize(scheme)
 
+    def linear_weight(self, name: str):
+        """What linear `name` (a module name, or "lm_head") runs on: its QuantizedWeight, or
+        None for the module's own torch weight."""
+        if name == "lm_head" and self.lm_head is None:
+            return self.head_quantized
+        return self.get_submodule(name).quantized
+
+    def set_linear_weights(self, weights: dict) -> None:
+        """Swap linears' weights in place ({name: QuantizedWeight or None}, as linear_weight
+        returns them), e.g. for a quantization search over one loaded model. The one-call
+        decode step reads weights through descriptors, so when it was on the new weights are
+        packed in the C layout and it is rebuilt."""
+        fused = self.fused_decode is not None
+        for name, weight in weights.items():
+            if fused and weight is not None:
+                from graft.kernels import cpu_quant
+
+                cpu_quant.pack_only(weight)
+            if name == "lm_head" and self.lm_head is None:
+                self.head_quantized = weight
+            else:
+                self.get_submodule(name).quantized = weight
+        if weights and fused:
+            self.enable_fused_decode()
+
     def enable_fused_decode(self) -> str | None:
         """Run all-decode steps in one C call when every layer can; returns why not, or None."""
         from graft.serving.models.fused_decode import FusedDecode, unsupported_reason

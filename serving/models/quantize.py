@@ -37,9 +37,12 @@ class QuantConfig:
 
     @classmethod
     def parse(cls, value: "str | Path | dict | QuantConfig | None") -> "QuantConfig | None":
-        """None, a scheme name, a path to a JSON config, or the JSON as a dict."""
+        """None or "none" (no config: the model's own linears), a scheme name, a path to a
+        JSON config, or the JSON as a dict."""
         if value is None or isinstance(value, QuantConfig):
             return value
+        if isinstance(value, str) and value.strip().lower() == "none":
+            return None
         if isinstance(value, dict):
             return cls._from_dict(value, "quantization")
         text = str(value).strip()
@@ -47,8 +50,8 @@ class QuantConfig:
             return cls(QuantScheme.parse(text), [], text.lower())
         path = Path(text).expanduser()
         if path.suffix != ".json" and not path.is_file():
-            raise GraftConfigError(f"quantization={text!r} is neither a scheme ({', '.join(SCHEME_NAMES)}) "
-                                   "nor a quantization config file (.json)")
+            raise GraftConfigError(f"quantization={text!r} is neither a scheme ({', '.join(SCHEME_NAMES)}), "
+                                   "none, nor a quantization config file (.json)")
         if not path.is_file():
             raise GraftConfigError(f"quantization config {path} does not exist; write one with "
                                    "`graft quantize` or give a scheme name")

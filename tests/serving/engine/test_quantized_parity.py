@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from graft.errors import GraftConfigError
+from graft.kernels import cpu_ops
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.quantize import QuantConfig, dequantize_hf_model
 from tests.serving.conftest import make_prompts
@@ -144,8 +145,19 @@ def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family, kv):
 def test_fused_decode_is_off_where_it_does_not_apply(tiny_llm_factory):
     glm = Engine.from_pretrained(tiny_llm_factory("glm4"), EngineConfig(quantization="int8"))
     assert glm.runner.model.fused_decode is None  # GLM4's extra norms: op by op
-    fp32 = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig())
-    assert fp32.runner.model.fused_decode is None  # no quantization: the oneDNN linears
+    plain = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(quantization="none"))
+    assert plain.runner.model.fused_decode is None and plain.runner.quant_plan == {}  # torch linears
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="the C kernels could not be built")
+def test_the_cpu_fp32_default_is_the_c_linears(tiny_llm_factory):
+    """quantization=None on CPU in fp32: every linear fp32 on the C kernels, decode in one call."""
+    engine = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig())
+    plan = engine.runner.quant_plan
+    assert plan and {s.kind for s in plan.values()} == {"fp32"}
+    assert engine.runner.model.fused_decode is not None
+    bf16 = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(dtype="bfloat16"))
+    assert bf16.runner.quant_plan == {}  # other dtypes keep the model's own linears
 
 
 def test_the_load_log_says_which_paths_run(tiny_llm_factory, caplog):
