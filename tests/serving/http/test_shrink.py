@@ -32,6 +32,7 @@ def test_shrink_images_to_budget(moonvit_server):
     assert front.image_path.image_token_count(56, 56) < full  # native resolution: size sets tokens
     # Deterministic costs: 10 ms per prompt token, free encoding; the full-size prompt is
     # over budget by a few tokens, a smaller image fits.
+    ctx.worker.cost.coefficients  # fit the warm-up steps now, so the costs below stay put
     ctx.worker.cost._coef[:] = [0.0, 0.01, 0.0]
     ctx.worker.cost.encode_s_per_token = 0.0
     body = {"model": "kimi", "max_tokens": 2, "messages": [{"role": "user", "content": [
