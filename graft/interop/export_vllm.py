@@ -20,6 +20,7 @@ from pathlib import Path
 
 from graft.errors import GraftConfigError
 from graft.interop.export_llava import IMAGE_TOKEN, multimodal_chat_template
+from graft.run_dir import SPEC_FILE
 from graft.serving.vllm_plugin import ARCHITECTURE  # no vllm import: graft's venv has none
 
 MARKER = "graft_export.json"
@@ -138,7 +139,7 @@ def export_vllm(run_dir: str | Path, out: str | Path) -> dict:
             _link_or_copy(src, sub / "encoder" / rel)
         for f in (run.adapter_weights, run.adapter_config):
             _link_or_copy(f, sub / f.name)
-        atomic_write_text(sub / "graft.yaml", yaml.safe_dump(graft_yaml, sort_keys=False))
+        atomic_write_text(sub / SPEC_FILE, yaml.safe_dump(graft_yaml, sort_keys=False))
         counter = ImageTokenCounter(meta, load_export_spec(tmp))
         for w, h in _CHECK_SIZES:  # the front-end's weight-free count must be graft's
             want, got = image_path.image_token_count(w, h), counter(w, h)
