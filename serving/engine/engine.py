@@ -112,7 +112,7 @@ class Engine:
                     sampling_params: SamplingParams | None = None, *,
                     prompt_token_ids: list[int] | None = None,
                     mm_inputs: MultiModalInputs | None = None, deadline: float | None = None,
-                    priority: int | None = None) -> None:
+                    priority: int | None = None, graft: str | None = None) -> None:
         """Queue a request. Bad sampling settings raise; a prompt the model cannot take
         finishes this request alone with finish_reason "error" (reported by the next step)."""
         if request_id in self.seqs:
@@ -131,7 +131,7 @@ class Engine:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_token_ids):
             raise ValueError(f"request {request_id!r}: prompt_token_ids must be a list of ints")
         seq = Sequence(request_id, prompt_token_ids, params, next(self._order), mm_inputs,
-                       deadline, priority)
+                       deadline, priority, graft)
         problem = self._prompt_problem(seq)
         if problem is not None:
             seq.finish_reason, seq.error = "error", problem
@@ -352,11 +352,13 @@ class Engine:
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  prompt_token_ids: list[list[int]] | None = None,
                  mm_inputs: list[MultiModalInputs | None] | None = None,
-                 request_ids: list[str] | None = None) -> list[RequestOutput]:
+                 request_ids: list[str] | None = None,
+                 grafts: list[str | None] | None = None) -> list[RequestOutput]:
         """Run prompts (strings or token id lists, with their images' `mm_inputs` where they
         have any) to completion in one continuous batch; outputs in input order. The one
         offline loop: generate_chats, the eval engine backend and graft chat run on it.
-        request_ids name the requests (default `generate-N`)."""
+        request_ids name the requests (default `generate-N`); grafts, the graft each asked
+        for (per-graft state such as the suffix-decoding table)."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("generate needs exactly one of prompts or prompt_token_ids")
         if isinstance(prompts, str):
@@ -372,17 +374,20 @@ class Engine:
         if mm_inputs is not None and len(mm_inputs) != len(items):
             raise ValueError(f"mm_inputs has {len(mm_inputs)} entries for {len(items)} prompts")
         mms = list(mm_inputs) if mm_inputs is not None else [None] * len(items)
+        if grafts is not None and len(grafts) != len(items):
+            raise ValueError(f"grafts has {len(grafts)} entries for {len(items)} prompts")
+        names = list(grafts) if grafts is not None else [None] * len(items)
         if request_ids is not None and len(request_ids) != len(items):
             raise ValueError(f"request_ids has {len(request_ids)} entries for {len(items)} prompts")
         ids = (list(request_ids) if request_ids is not None
                else [f"generate-{next(self._gen_ids)}" for _ in items])
         try:
-            for rid, item, p, mm in zip(ids, items, params, mms):
+            for rid, item, p, mm, graft in zip(ids, items, params, mms, names):
                 if prompts is not None:
-                    self.add_request(rid, item, p, mm_inputs=mm)
+                    self.add_request(rid, item, p, mm_inputs=mm, graft=graft)
                 else:
                     self.add_request(rid, prompt_token_ids=list(item), sampling_params=p,
-                                     mm_inputs=mm)
+                                     mm_inputs=mm, graft=graft)
         except Exception:  # leave nothing of this call queued
             for rid in ids:
                 self.abort(rid)

@@ -27,8 +27,10 @@ class Sequence:
         mm_inputs: MultiModalInputs | None = None,
         deadline: float | None = None,
         priority: int | None = None,
+        graft: str | None = None,
     ):
         self.request_id = request_id
+        self.graft = graft  # the graft that asked (None: the bare LLM or the default graft)
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.params = params

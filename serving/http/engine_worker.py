@@ -233,7 +233,7 @@ class EngineWorker:
                       if job.prepared is not None else None)
                 self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
                                         sampling_params=job.sampling_params, mm_inputs=mm,
-                                        deadline=job.deadline)
+                                        deadline=job.deadline, graft=job.graft)
             except Exception as err:  # noqa: BLE001 - this job's failure, nobody else's
                 self._fail_job(job, err)
                 continue

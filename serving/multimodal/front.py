@@ -193,10 +193,11 @@ def generate_chats(engine, chats: dict[str, tuple], sampling_params) -> dict:
     images[, graft name])} -> {request id: final RequestOutput}, all in one continuous
     batch through `Engine.generate`. The graft name picks `engine.grafts[name]` (several
     grafts); else the engine's default graft."""
-    fronts, ids, mms = {}, [], []
+    fronts, ids, mms, names = {}, [], [], []
     try:
         for rid, (messages, images, *graft) in chats.items():
-            front = engine.grafts.front(graft[0] if graft else None)
+            names.append(graft[0] if graft else None)
+            front = engine.grafts.front(names[-1])
             if front is None:
                 raise GraftConfigError(f"chat {rid!r}: this engine serves a bare LLM dir (no "
                                        "graft); load a run dir or name a graft")
@@ -205,7 +206,7 @@ def generate_chats(engine, chats: dict[str, tuple], sampling_params) -> dict:
             ids.append(prompt_ids)
             mms.append(mm)
         outs = engine.generate(prompt_token_ids=ids, sampling_params=sampling_params,
-                               mm_inputs=mms, request_ids=list(fronts))
+                               mm_inputs=mms, request_ids=list(fronts), grafts=names)
     finally:  # the embeddings stay cached for later prompts, unpinned
         for rid, front in fronts.items():
             front.cache.release(rid)

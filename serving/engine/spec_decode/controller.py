@@ -46,9 +46,24 @@ class SpecDecoder:
         self.default = config.speculative
         self.max_model_len = max_model_len
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max, config.num_speculative_tokens)
-        self.suffix = SuffixIndex(config.ngram_min, config.ngram_max,
-                                  config.num_speculative_tokens, config.suffix_cache_tokens)
+        self._config = config
+        # one suffix table per graft (None: the bare LLM): a graft's answers never propose
+        # tokens to another graft's requests, and each table has its own token bound
+        self.suffixes: dict[str | None, SuffixIndex] = {}
         self.proposed = self.accepted = self.steps = 0  # engine-wide, for /metrics
+
+    def suffix_table(self, graft: str | None = None) -> SuffixIndex:
+        """The suffix table of `graft`'s requests (made on first use)."""
+        if graft not in self.suffixes:
+            c = self._config
+            self.suffixes[graft] = SuffixIndex(c.ngram_min, c.ngram_max, c.num_speculative_tokens,
+                                               c.suffix_cache_tokens)
+        return self.suffixes[graft]
+
+    @property
+    def suffix(self) -> SuffixIndex:
+        """The bare LLM's suffix table (requests that name no graft)."""
+        return self.suffix_table(None)
 
     def mode(self, seq: Sequence) -> str:
         return seq.params.speculative or self.default
@@ -72,7 +87,7 @@ class SpecDecoder:
         own = self.ngram.propose(seq.token_ids, limit)
         if self.mode(seq) != "suffix" or len(own) >= min(limit, self.ngram.num_tokens):
             return own
-        seen = self.suffix.propose(seq.token_ids, limit)
+        seen = self.suffix_table(seq.graft).propose(seq.token_ids, limit)
         return seen if len(seen) > len(own) else own
 
     def observe(self, seq: Sequence) -> None:
@@ -80,9 +95,10 @@ class SpecDecoder:
         the suffix index; image placeholders never do."""
         if self.mode(seq) != "suffix" or not seq.num_output_tokens:
             return
-        tokens = seq.token_ids[max(seq.num_prompt_tokens - self.suffix.max_n, 0):]
+        table = self.suffix_table(seq.graft)
+        tokens = seq.token_ids[max(seq.num_prompt_tokens - table.max_n, 0):]
         negative = [i for i, t in enumerate(tokens) if t < 0]
-        self.suffix.add(tokens[negative[-1] + 1:] if negative else tokens)
+        table.add(tokens[negative[-1] + 1:] if negative else tokens)
 
     def record(self, seq: Sequence, proposed: int, accepted: int, num_decoding: int = 1) -> None:
         """A verify step of seq proposed `proposed` tokens and `accepted` matched, in a step

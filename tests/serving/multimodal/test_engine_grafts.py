@@ -28,7 +28,7 @@ def _run(engine, requests):
         return execute(batch)
 
     engine.runner.execute = recording
-    several = getattr(engine, "grafts", None) is not None  # else one graft: engine.mm
+    several = engine.mm is None  # else one run dir served alone: its default graft
     done = generate_chats(engine, {rid: (messages, images, graft) if several else (messages, images)
                                    for rid, (graft, messages, images) in requests.items()}, GREEDY)
     engine.runner.execute = execute
@@ -90,3 +90,27 @@ def test_same_image_never_reuses_another_grafts_kv(multi):
         assert multi.grafts[other].misses == misses[other] + 1  # its own embeddings
     again = run("g-sig-again", "sig")
     assert again.num_cached_tokens > image_at + 16  # its own image blocks do hit
+
+
+def test_speculation_in_mixed_graft_batches_is_lossless_with_a_table_per_graft(graft_runs, multi):
+    """Suffix decoding over several grafts: the same greedy tokens as without speculation,
+    and each graft's outputs feed only its own suffix table."""
+    requests = {"sig-red": ("sig", ASK, [RED]), "clip-red": ("clip", ASK, [RED]),
+                "clip-text": ("clip", TEXT, []), "sig2-blue": ("sig2", ASK, [BLUE])}
+    want, _ = _run(multi, requests)
+    spec = Engine.from_grafts(graft_runs, EngineConfig(**CFG, speculative="suffix",
+                                                       enable_prefix_caching=False))
+    for _ in range(2):  # the second pass can draw on the first pass's outputs
+        got, steps = _run(spec, requests)
+        assert {rid: o.token_ids for rid, o in got.items()} == \
+            {rid: o.token_ids for rid, o in want.items()}
+    assert any(len(graft_set) >= 2 for graft_set in steps)
+    assert set(spec.spec.suffixes) == {"sig", "clip", "sig2"}
+    for name, table in spec.spec.suffixes.items():
+        outputs = [got[rid].token_ids for rid, r in requests.items() if r[0] == name]
+        others = [got[rid].token_ids for rid, r in requests.items() if r[0] != name]
+        mine = {tuple(o[i:i + 2]) for o in outputs for i in range(len(o) - 1)}
+        theirs = {tuple(o[i:i + 2]) for o in others for i in range(len(o) - 1)} - mine
+        keys = {k for k in table.next if len(k) == 2}
+        assert keys & mine and not keys & theirs
+    assert spec.stats().free_kv_blocks == CFG["num_kv_blocks"]
