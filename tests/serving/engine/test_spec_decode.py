@@ -125,6 +125,17 @@ def test_glm4_and_int8_weights_stay_lossless(tiny_llm_factory):
         assert (engine.runner.model.fused_decode is not None) == (family == "llama")
 
 
+@pytest.mark.parametrize("kv", ["bfloat16", "int8"])
+def test_low_precision_kv_caches_stay_lossless(tiny_llama, kv):
+    """Rejected proposals' K/V (and an int8 pool's scales) roll back like fp32 rows do."""
+    prompts = _copy_prompts((5, 17, 40), seed=2)
+    cfg = dict(num_kv_blocks=64, kv_cache_dtype=kv)
+    _, want, _ = _run(tiny_llama, prompts, **cfg)
+    engine, got, _ = _run(tiny_llama, prompts, oracle=OracleProposer(prompts, want),
+                          speculative="ngram", **cfg)
+    assert got == want and engine.stats().spec_accepted_tokens > 0
+
+
 def test_per_request_override_and_off_by_default(tiny_llama):
     prompts = _copy_prompts((12,))
     engine, _, outs = _run(tiny_llama, prompts, num_kv_blocks=64)
