@@ -5,10 +5,8 @@ add_request / step / abort interface the server streams from.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from graft.serving.engine.block_manager import BlockManager
@@ -21,29 +19,13 @@ from graft.serving.engine.scheduler import Scheduler
 from graft.serving.engine.sequence import Sequence
 from graft.serving.engine.spec_decode.controller import SpecDecoder
 from graft.serving.engine.spec_decode.verify import sample_step
+from graft.serving.engine.stats import EngineStats
 from graft.serving.engine.step_cost import StepCostModel
+from graft.serving.engine.tokenizer import eos_token_ids, load_tokenizer
 from graft.serving.multimodal.front import DEFAULT_CACHE_BYTES
 from graft.serving.multimodal.grafts import GraftSet, load_grafts
 
 log = logging.getLogger("graft.serving")
-
-
-@dataclass
-class EngineStats:
-    """Queue and timing state an admission controller can read."""
-
-    num_waiting: int
-    num_running: int
-    queued_prefill_tokens: int  # prompt tokens not yet computed (waiting + running chunks)
-    prefill_seconds_per_token: float | None  # the cost model's fitted prefill cost (None: unfitted)
-    decode_step_seconds: float | None  # ... and its decode step at the running batch size
-    free_kv_blocks: int
-    total_kv_blocks: int
-    prefix_cache_hit_rate: float  # prompt tokens served from cache / prompt tokens admitted
-    num_preemptions: int
-    spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed ...
-    spec_accepted_tokens: int = 0  # ... and accepted
-    spec_verify_steps: int = 0  # (sequence, step) pairs that verified proposals
 
 
 class Engine:
@@ -67,10 +49,10 @@ class Engine:
         self.sampler = Sampler(self.runner.device, self.config.seed)
         if tokenizer is None and grafts is not None:
             tokenizer = grafts.tokenizer
-        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(self.model_dir)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.model_dir)
         self.grafts = grafts if grafts is not None else GraftSet.empty(self.model_dir, self.tokenizer)
         self.detokenizer = Detokenizer(self.tokenizer)
-        self.eos_token_ids = _eos_ids(self.model_dir, self.runner.hf_config, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.model_dir, self.runner.hf_config, self.tokenizer)
         self.seqs: dict[str, Sequence] = {}  # unfinished requests by id
         self._pending: list[RequestOutput] = []  # finished at admission (bad input)
         self._order = itertools.count()
@@ -406,27 +388,3 @@ def _whole(out: RequestOutput) -> RequestOutput:
     """An offline result reports everything as new."""
     out.new_token_ids, out.new_text = list(out.token_ids), out.text
     return out
-
-
-def _load_tokenizer(model_dir: Path):
-    if not any((model_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
-                                                    "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-def _eos_ids(model_dir: Path, hf_config, tokenizer) -> set[int]:
-    """EOS ids as HF generate uses them: generation_config.json first, then config, tokenizer."""
-    found = None
-    gen = model_dir / "generation_config.json"
-    if gen.is_file():
-        found = json.loads(gen.read_text()).get("eos_token_id")
-    if found is None:
-        found = getattr(hf_config, "eos_token_id", None)
-    if found is None and tokenizer is not None:
-        found = tokenizer.eos_token_id
-    if found is None:
-        return set()
-    return set(found) if isinstance(found, (list, tuple)) else {int(found)}
