@@ -106,7 +106,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """q [T, Hq, D] over the paged cache (this step's K/V already stored) -> [T, Hq, D];
     k_scale/v_scale for an int8 cache."""
     nd = meta.num_decodes
-    sc = {} if k_scale is None else {"k_scale": k_scale, "v_scale": v_scale}
+    sc = dict(k_scale=k_scale, v_scale=v_scale)  # None for float caches: dispatch drops them
     if nd == q.shape[0]:
         return paged_attention_decode(q, k_cache, v_cache, meta.decode_block_tables,
                                       meta.decode_context_lens, scale, **sc)
