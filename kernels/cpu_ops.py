@@ -28,9 +28,9 @@ from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, c
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
-                             "decode_step_cpu.c"))
+                             "quant_vnni_cpu.c", "decode_step_cpu.c"))
 HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
-                for name in ("fast_exp.h", "bf16.h"))
+                for name in ("fast_exp.h", "bf16.h", "quant_epilogue.h"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU)
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}

@@ -3,8 +3,8 @@ weights with fp32 activations, and the blocked layout they read.
 
 `pack` turns a QuantizedWeight's canonical tensors into 16-lane output blocks once, at load
 time; `quant_linear` has the contract of graft.kernels.quant.quant_linear (the reference).
-The library is the one cpu_ops builds; its vector path needs AVX-512F, elsewhere the C file
-compiles a portable loop (`isa()` says which one runs).
+The library is the one cpu_ops builds: int8/int4 run on AVX-512 VNNI, bf16/fp32 on AVX-512F,
+and whatever this CPU lacks runs the C file's portable loop (`isa()` says which).
 """
 
 from __future__ import annotations
@@ -30,9 +30,14 @@ class CpuPacked:
         return [t for t in (self.weight, self.scales, self.mins) if t is not None]
 
 
+ISA_NAMES = ("portable", "avx512", "avx512-vnni")
+
+
 def isa() -> str:
-    """'avx512' or 'portable': the path graft_quant_linear takes on this machine."""
-    return "avx512" if cpu_ops._lib().graft_quant_isa() else "portable"
+    """The path graft_quant_linear takes on this machine: 'avx512-vnni' (every format
+    vectorised), 'avx512' (bf16/fp32 vectorised, int8/int4 on the portable loop) or
+    'portable'."""
+    return ISA_NAMES[cpu_ops._lib().graft_quant_isa()]
 
 
 def supports(x: torch.Tensor, weight: QuantizedWeight) -> bool:
@@ -49,6 +54,38 @@ def _blocks(t: torch.Tensor, n_pad: int) -> torch.Tensor:
     return t.reshape(n_pad // 16, 16, c).transpose(1, 2).contiguous()
 
 
+def _steps(t: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """[N, S, 4] bytes -> [NB, S, 16, 4]: rows padded to n_pad, 16 rows per block, each row a
+    4-byte word per step (the VNNI layouts of quant_vnni_cpu.c)."""
+    n, steps, _ = t.shape
+    if n_pad > n:
+        t = torch.cat([t, t.new_zeros(n_pad - n, steps, 4)])
+    return t.reshape(n_pad // 16, 16, steps, 4).transpose(1, 2).contiguous()
+
+
+def _unsteps(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of _steps: [NB, S, 16, 4] -> [n, S, 4]."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1], 4)[:n]
+
+
+def _int8_steps(q: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """int8 q [N, K] -> q + 128 as uint8, K padded with q = 0 to a multiple of 4."""
+    n, k = q.shape
+    k4 = -(-k // 4) * 4
+    u = (q.to(torch.int16) + 128).to(torch.uint8)
+    if k4 > k:
+        u = torch.cat([u, u.new_full((n, k4 - k), 128)], dim=1)
+    return _steps(u.reshape(n, k4 // 4, 4), n_pad)
+
+
+def _int4_steps(packed: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """Canonical int4 bytes [N, K/2] (column 2j low, 2j+1 high) -> steps of 8 columns, byte t
+    holding column 8j + t (low nibble) and 8j + 4 + t (high)."""
+    n = packed.shape[0]
+    q = torch.stack([packed & 0xF, packed >> 4], dim=2).reshape(n, -1, 2, 4)  # [N, K/8, 2, 4]
+    return _steps(q[:, :, 0] | (q[:, :, 1] << 4), n_pad)
+
+
 def pack(weight: QuantizedWeight) -> CpuPacked:
     """The C layout of `weight` (cached in weight.packed["cpu"])."""
     if "cpu" in weight.packed:
@@ -59,7 +96,11 @@ def pack(weight: QuantizedWeight) -> CpuPacked:
     n, _ = weight.shape
     n_pad = -(-n // 32) * 32
     scales = mins = None
-    if kind == "bf16":
+    if kind == "int8":
+        blocks = _int8_steps(weight.qweight, n_pad)
+    elif kind == "int4":
+        blocks = _int4_steps(weight.qweight, n_pad)
+    elif kind == "bf16":
         blocks = _blocks(weight.qweight.view(torch.int16), n_pad)
     else:
         blocks = _blocks(weight.qweight, n_pad)
@@ -81,15 +122,19 @@ def _unblocks(t: torch.Tensor, n: int) -> torch.Tensor:
 def unpack(weight: QuantizedWeight) -> tuple:
     """The canonical (qweight, scales, zeros) of weight, rebuilt from its C layout."""
     p, kind = weight.packed["cpu"], weight.scheme.kind
-    n, _ = weight.shape
+    n, k = weight.shape
+    if kind == "int8":
+        q = (_unsteps(p.weight, n).reshape(n, -1)[:, :k].to(torch.int16) - 128).to(torch.int8)
+        return q.contiguous(), p.scales[:n].clone(), None
+    if kind == "int4":
+        steps = _unsteps(p.weight, n)  # [n, K/8, 4]
+        q = torch.stack([steps & 0xF, steps >> 4], dim=2).reshape(n, k)  # columns in order
+        canonical = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+        return canonical, _unblocks(p.scales, n).view(torch.float16), _unblocks(p.mins, n).view(torch.float16)
     q = _unblocks(p.weight, n)
     if kind == "bf16":
         return q.view(torch.bfloat16), None, None
-    if kind == "fp32":
-        return q, None, None
-    if kind == "int8":
-        return q, p.scales[:n].clone(), None
-    return q, _unblocks(p.scales, n).view(torch.float16), _unblocks(p.mins, n).view(torch.float16)
+    return q, None, None
 
 
 def pack_only(weight: QuantizedWeight) -> CpuPacked:

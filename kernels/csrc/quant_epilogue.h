@@ -1,0 +1,35 @@
+/* The store of a quantized-linear tile (quant_linear_cpu.c, quant_vnni_cpu.c): two blocks of
+ * 16 output channels per row, y = out * rs[m] * scale + bias, lanes past N left alone. */
+#ifndef GRAFT_QUANT_EPILOGUE_H
+#define GRAFT_QUANT_EPILOGUE_H
+#include <immintrin.h>
+#include <stdint.h>
+
+static inline void store_lanes(float *y, __m512 v, int64_t valid) {
+    if (valid >= 16) _mm512_storeu_ps(y, v);
+    else if (valid > 0) _mm512_mask_storeu_ps(y, (__mmask16)((1u << valid) - 1), v);
+}
+
+/* rs: per-row factor or NULL (1); scale: per-channel factor [N padded to 32] or NULL (1);
+ * bias: [N] or NULL (0). */
+static inline void finish_pair(__m512 out[][2], int MR, const float *rs, const float *scale,
+                               const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {
+    __m512 s0 = _mm512_set1_ps(1.0f), s1 = s0, b0 = _mm512_setzero_ps(), b1 = b0;
+    if (scale) { s0 = _mm512_loadu_ps(scale + o0); s1 = _mm512_loadu_ps(scale + o0 + 16); }
+    if (bias) {
+        const int64_t v0 = N - o0, v1 = N - o0 - 16;
+        if (v0 > 0) b0 = _mm512_maskz_loadu_ps(v0 >= 16 ? 0xffff : (__mmask16)((1u << v0) - 1), bias + o0);
+        if (v1 > 0) b1 = _mm512_maskz_loadu_ps(v1 >= 16 ? 0xffff : (__mmask16)((1u << v1) - 1), bias + o0 + 16);
+    }
+    for (int m = 0; m < MR; ++m) {
+        __m512 a0 = out[m][0], a1 = out[m][1];
+        if (rs) {
+            const __m512 r = _mm512_set1_ps(rs[m]);
+            a0 = _mm512_mul_ps(a0, r);
+            a1 = _mm512_mul_ps(a1, r);
+        }
+        store_lanes(y + m * ldy + o0, _mm512_fmadd_ps(a0, s0, b0), N - o0);
+        store_lanes(y + m * ldy + o0 + 16, _mm512_fmadd_ps(a1, s1, b1), N - o0 - 16);
+    }
+}
+#endif

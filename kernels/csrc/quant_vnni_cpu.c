@@ -1,0 +1,255 @@
+/* int8 and int4 weight-only linears on AVX-512 VNNI: y[M, N] = x[M, K] @ dequant(W)^T + bias.
+ *
+ * Why not fp32 FMAs: at 1-4 rows the FMA path spends three instructions per 16 weights
+ * (widen, convert, multiply-add) and ran at 10-15 GMAC/s a core, below memory speed for int8
+ * and int4. vpdpbusd multiplies 64 bytes by 64 bytes and sums each 4 into an int32 lane:
+ * the weights go into it as stored.
+ *
+ * The activations enter as integers without giving up fp32 accuracy: each row x is written
+ * as s * X with X = round(x / s) a 24-bit integer (s = max|x| / (127 * 2^16)), and X in
+ * balanced base-256 digits X = d2 * 2^16 + d1 * 2^8 + d0, every d in [-128, 127]. Three
+ * integer dot products per weight vector then give sum_k q_k X_k exactly; the only rounding
+ * is x -> s * X, about 2^-23 of the row's largest |x| per element (fp32 rounds each element
+ * to 2^-24 of itself), so outputs stay within float noise of the dequantized reference.
+ * vpdpbusd takes one unsigned operand: the weights, stored as
+ * q + 128 (int8) or the raw nibble (int4); the digits are the signed operand, and
+ * 128 * sum(d) is subtracted (as the accumulator's start value) for int8.
+ *
+ * Layouts (graft.kernels.cpu_quant.pack), output channels in blocks of 16 lanes, two blocks
+ * per tile, each lane a 4-byte word per step:
+ *   int8: [NB][K4/4][16][4] bytes, q + 128, K padded with q = 0 to K4 (multiple of 4);
+ *   int4: [NB][K/8][16][4] bytes, byte t of step j holds column 8j + t (low nibble) and
+ *         8j + 4 + t (high nibble); per-group fp16 scale and minimum as in quant_linear_cpu.c.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include "quant_epilogue.h"
+#define GRAFT_QUANT_VNNI 1
+#else
+#define GRAFT_QUANT_VNNI 0
+#endif
+
+int graft_quant_vnni(void) { return GRAFT_QUANT_VNNI; }
+
+#if GRAFT_QUANT_VNNI
+enum { KIND_INT8 = 0, KIND_INT4 = 1 };
+#define PIECES 3
+#define MAX_MR8 4       /* int8 tile: 4 rows x 2 blocks x 3 digit accumulators = 24 registers */
+#define MAX_MR4 3       /* int4 tile: 18 digit accumulators + 6 fp32 outputs */
+#define CHUNK_K 32768   /* int8: columns per int32 accumulation (|sum| < 255 * 128 * K + 128^2 * K) */
+#define M_CHUNK 96      /* rows whose digits stay in L2 while every block of W passes over them */
+#define X_RANGE 8323072.0f /* 127 * 2^16: |X| stays below the 3 balanced digits' limit 8355711 */
+
+static inline int32_t load_word(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* acc += 4-byte dot products of u (unsigned) and s (signed). Inline asm because GCC 12
+ * copies the accumulator around every _mm512_dpbusd_epi32 (three moves per dot). */
+static inline __m512i dot(__m512i acc, __m512i u, __m512i s) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
+
+/* Row m of x -> rs[m] (the step s) and digits [PIECES][KP] (K..KP padded with 0); dsum
+ * [PIECES][chunks]: each piece's digit sum per CHUNK_K columns (int8's offset). Returns 0,
+ * or 1 when the row holds inf or NaN (the fixed point cannot represent it). */
+static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *dig, float *rs,
+                    int32_t *dsum, int64_t chunks) {
+    __m512 mx = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+    float amax = _mm512_reduce_max_ps(mx);
+    for (; k < K; ++k) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+    /* inf/NaN, or so small that 1/s overflows: the fixed point cannot hold the row */
+    if (!(amax <= 3.4028235e38f) || (amax > 0.0f && amax < 1e-30f)) return 1;
+    *rs = amax / X_RANGE;
+    const float inv = amax > 0.0f ? X_RANGE / amax : 0.0f;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
+    for (k = 0; k < KP; k += 16) {
+        const __mmask16 live = K - k >= 16 ? 0xffff : K > k ? (__mmask16)((1u << (K - k)) - 1) : 0;
+        const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, x + k), vinv));
+        const __m512i d0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X, c128), c255), c128);
+        const __m512i X1 = _mm512_srai_epi32(_mm512_sub_epi32(X, d0), 8);
+        const __m512i d1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X1, c128), c255), c128);
+        const __m512i d2 = _mm512_srai_epi32(_mm512_sub_epi32(X1, d1), 8);
+        const int64_t n = KP - k >= 16 ? 16 : KP - k;
+        const __mmask16 store = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+        _mm512_mask_cvtepi32_storeu_epi8(dig + k, store, d0);
+        _mm512_mask_cvtepi32_storeu_epi8(dig + KP + k, store, d1);
+        _mm512_mask_cvtepi32_storeu_epi8(dig + 2 * KP + k, store, d2);
+    }
+    for (int p = 0; p < PIECES; ++p)
+        for (int64_t c = 0; c < chunks; ++c) {
+            int32_t t = 0;
+            const int64_t end = (c + 1) * CHUNK_K < KP ? (c + 1) * CHUNK_K : KP;
+            for (k = c * CHUNK_K; k < end; ++k) t += dig[p * KP + k];
+            dsum[p * chunks + c] = t;
+        }
+    return 0;
+}
+
+/* acc pieces -> 2^16 a2 + 2^8 a1 + a0 in fp32 */
+static inline __m512 combine(const __m512i a[PIECES]) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[2]), _mm512_set1_ps(65536.0f),
+                           _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[1]), _mm512_set1_ps(256.0f),
+                                           _mm512_cvtepi32_ps(a[0])));
+}
+
+/* int8: dig [MR][PIECES][K4] digits, dsum [MR][PIECES][chunks], w0p the pair's first block. */
+#define DEFINE_I8_TILE(NAME, MR)                                                                \
+    static void NAME(const int8_t *dig, const int32_t *dsum, int64_t chunks, int64_t K4,          \
+                     const uint8_t *w0p, const float *rs, const float *scale, const float *bias,  \
+                     int64_t o0, float *y, int64_t ldy, int64_t N) {                              \
+        const uint8_t *w1p = w0p + K4 * 16;                                                       \
+        __m512 out[MR][2];                                                                        \
+        for (int m = 0; m < MR; ++m) out[m][0] = out[m][1] = _mm512_setzero_ps();                 \
+        for (int64_t c = 0; c < chunks; ++c) {                                                    \
+            __m512i acc[MR][2][PIECES];                                                           \
+            for (int m = 0; m < MR; ++m)                                                          \
+                for (int p = 0; p < PIECES; ++p)                                                  \
+                    acc[m][0][p] = acc[m][1][p] =                                                 \
+                        _mm512_set1_epi32(-128 * dsum[(m * PIECES + p) * chunks + c]);            \
+            const int64_t q1 = ((c + 1) * CHUNK_K < K4 ? (c + 1) * CHUNK_K : K4) / 4;             \
+            for (int64_t q = c * (CHUNK_K / 4); q < q1; ++q) {                                    \
+                const __m512i w0 = _mm512_loadu_si512(w0p + q * 64);                              \
+                const __m512i w1 = _mm512_loadu_si512(w1p + q * 64);                              \
+                _Pragma("GCC unroll 4") for (int m = 0; m < MR; ++m) {                            \
+                    _Pragma("GCC unroll 3") for (int p = 0; p < PIECES; ++p) {                    \
+                        const __m512i xb = _mm512_set1_epi32(load_word(dig + (m * PIECES + p) * K4 + 4 * q)); \
+                        acc[m][0][p] = dot(acc[m][0][p], w0, xb);                                  \
+                        acc[m][1][p] = dot(acc[m][1][p], w1, xb);                                  \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+            for (int m = 0; m < MR; ++m) {                                                        \
+                out[m][0] = _mm512_add_ps(out[m][0], combine(acc[m][0]));                         \
+                out[m][1] = _mm512_add_ps(out[m][1], combine(acc[m][1]));                         \
+            }                                                                                     \
+        }                                                                                         \
+        finish_pair(out, MR, rs, scale, bias, o0, y, ldy, N);                                          \
+    }
+
+/* int4: per group, out += scale_g * (sum q X) + min_g * xs'_g with xs' = (sum of x over the
+ * group) / s, so that the final * s gives scale * sum q x + min * sum x. */
+#define DEFINE_I4_TILE(NAME, MR)                                                                \
+    static void NAME(const int8_t *dig, int64_t K, const uint8_t *w0p, const uint16_t *sc0,       \
+                     const uint16_t *mn0, const float *xs, int64_t group, const float *rs,        \
+                     const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {           \
+        const int64_t G = K / group, steps = group / 8;                                           \
+        const uint8_t *w1p = w0p + K * 8;                                                         \
+        const uint16_t *sc1 = sc0 + G * 16, *mn1 = mn0 + G * 16;                                  \
+        const __m512i nib = _mm512_set1_epi8(0x0f);                                               \
+        __m512 out[MR][2];                                                                        \
+        for (int m = 0; m < MR; ++m) out[m][0] = out[m][1] = _mm512_setzero_ps();                 \
+        for (int64_t g = 0; g < G; ++g) {                                                         \
+            __m512i acc[MR][2][PIECES];                                                           \
+            for (int m = 0; m < MR; ++m)                                                          \
+                for (int p = 0; p < PIECES; ++p) acc[m][0][p] = acc[m][1][p] = _mm512_setzero_si512(); \
+            for (int64_t j = g * steps; j < (g + 1) * steps; ++j) {                               \
+                const __m512i v0 = _mm512_loadu_si512(w0p + j * 64), v1 = _mm512_loadu_si512(w1p + j * 64); \
+                const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi32(v0, 4), nib); \
+                const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi32(v1, 4), nib); \
+                _Pragma("GCC unroll 3") for (int m = 0; m < MR; ++m) {                            \
+                    _Pragma("GCC unroll 3") for (int p = 0; p < PIECES; ++p) {                    \
+                        const int8_t *d = dig + (m * PIECES + p) * K + 8 * j;                     \
+                        const __m512i xl = _mm512_set1_epi32(load_word(d)), xh = _mm512_set1_epi32(load_word(d + 4)); \
+                        acc[m][0][p] = dot(dot(acc[m][0][p], lo0, xl), hi0, xh); \
+                        acc[m][1][p] = dot(dot(acc[m][1][p], lo1, xl), hi1, xh); \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+            const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc0 + g * 16))); \
+            const __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc1 + g * 16))); \
+            const __m512 n0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn0 + g * 16))); \
+            const __m512 n1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn1 + g * 16))); \
+            for (int m = 0; m < MR; ++m) {                                                        \
+                const __m512 xsum = _mm512_set1_ps(xs[m * G + g]);                                \
+                out[m][0] = _mm512_fmadd_ps(xsum, n0, _mm512_fmadd_ps(combine(acc[m][0]), s0, out[m][0])); \
+                out[m][1] = _mm512_fmadd_ps(xsum, n1, _mm512_fmadd_ps(combine(acc[m][1]), s1, out[m][1])); \
+            }                                                                                     \
+        }                                                                                         \
+        finish_pair(out, MR, rs, 0, bias, o0, y, ldy, N);                                          \
+    }
+
+DEFINE_I8_TILE(vnni_i8_1, 1)
+DEFINE_I8_TILE(vnni_i8_2, 2)
+DEFINE_I8_TILE(vnni_i8_3, 3)
+DEFINE_I8_TILE(vnni_i8_4, 4)
+DEFINE_I4_TILE(vnni_i4_1, 1)
+DEFINE_I4_TILE(vnni_i4_2, 2)
+DEFINE_I4_TILE(vnni_i4_3, 3)
+
+typedef void (*i8_tile_fn)(const int8_t *, const int32_t *, int64_t, int64_t, const uint8_t *,
+                           const float *, const float *, const float *, int64_t, float *,
+                           int64_t, int64_t);
+typedef void (*i4_tile_fn)(const int8_t *, int64_t, const uint8_t *, const uint16_t *,
+                           const uint16_t *, const float *, int64_t, const float *, const float *,
+                           int64_t, float *, int64_t, int64_t);
+static const i8_tile_fn I8_TILES[MAX_MR8 + 1] = {0, vnni_i8_1, vnni_i8_2, vnni_i8_3, vnni_i8_4};
+static const i4_tile_fn I4_TILES[MAX_MR4 + 1] = {0, vnni_i4_1, vnni_i4_2, vnni_i4_3};
+#endif
+
+/* int8 (kind 0) or int4 (kind 1) in the layouts above; scale8 [NB*16] fp32 per channel;
+ * scales4/mins4 fp16 [NB][G][16]. Returns 0; 1 when this path does not apply (no VNNI in
+ * this build, or a row of x with inf/NaN or a largest |x| below 1e-30: the caller runs
+ * the portable loop); -1 when scratch could not be allocated (y is not written then). */
+int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
+                            const void *w, const float *scale8, const uint16_t *scales4,
+                            const uint16_t *mins4, int64_t group, const float *bias, float *y,
+                            int64_t ldy, int64_t N, int64_t NB, int nthreads) {
+#if GRAFT_QUANT_VNNI
+    if (kind != KIND_INT8 && kind != KIND_INT4) return 1;
+    const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K, pairs = NB / 2;
+    const int64_t chunks = kind == KIND_INT8 ? (KP + CHUNK_K - 1) / CHUNK_K : 1;
+    const int64_t G = kind == KIND_INT4 ? K / group : 0, block_bytes = KP * 16 / (kind == KIND_INT4 ? 2 : 1);
+    int8_t *dig = malloc((size_t)(M * PIECES * KP) + 64);
+    float *rs = malloc(sizeof(float) * (size_t)M);
+    int32_t *dsum = malloc(sizeof(int32_t) * (size_t)(M * PIECES * chunks));
+    float *xs = malloc(sizeof(float) * (size_t)(M * G + 1));
+    int status = dig && rs && dsum && xs ? 0 : -1;
+    for (int64_t m = 0; m < M && !status; ++m) {
+        if (prep_row(x + m * ldx, K, KP, dig + m * PIECES * KP, rs + m, dsum + m * PIECES * chunks, chunks))
+            status = 1;
+        for (int64_t g = 0; g < G; ++g) { /* int4: group sums of x, divided by the step */
+            float t = 0.0f;
+            for (int64_t k = g * group; k < (g + 1) * group; ++k) t += x[m * ldx + k];
+            xs[m * G + g] = rs[m] > 0.0f ? t / rs[m] : 0.0f;
+        }
+    }
+    for (int64_t mc = 0; mc < M && !status; mc += M_CHUNK) {
+        const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
+        const int max_mr = kind == KIND_INT8 ? MAX_MR8 : MAX_MR4;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
+        for (int64_t p = 0; p < pairs; ++p) {
+            const uint8_t *wp = (const uint8_t *)w + 2 * p * block_bytes;
+            for (int64_t m0 = mc; m0 < mend; m0 += max_mr) {
+                const int mr = (int)(mend - m0 < max_mr ? mend - m0 : max_mr);
+                const int8_t *dm = dig + m0 * PIECES * KP;
+                if (kind == KIND_INT8)
+                    I8_TILES[mr](dm, dsum + m0 * PIECES * chunks, chunks, KP, wp, rs + m0, scale8,
+                                 bias, p * 32, y + m0 * ldy, ldy, N);
+                else
+                    I4_TILES[mr](dm, K, wp, scales4 + 2 * p * G * 16, mins4 + 2 * p * G * 16,
+                                 xs + m0 * G, group, rs + m0, bias, p * 32, y + m0 * ldy, ldy, N);
+            }
+        }
+    }
+    free(dig);
+    free(rs);
+    free(dsum);
+    free(xs);
+    return status;
+#else
+    (void)kind; (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)scale8; (void)scales4;
+    (void)mins4; (void)group; (void)bias; (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
+    return 1;
+#endif
+}

@@ -1,0 +1,94 @@
+"""The int8/int4 C linears' integer path (kernels/csrc/quant_vnni_cpu.c): activations as 24-bit
+fixed point in three signed digits. Checked against the dequantize-then-matmul reference
+where that representation is at its edges: K not a multiple of 4, K past one int32
+accumulation chunk, rows whose values span many orders of magnitude, zero rows, and rows
+the fixed point cannot hold (inf, NaN, tiny), which must take the portable loop."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from graft.kernels import cpu_ops, cpu_quant
+from graft.kernels.quant import QuantScheme, quant_linear, quantize
+
+needs_c = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
+
+
+def _weight(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05
+
+
+def _fixed_point_bound(x: torch.Tensor, qw) -> torch.Tensor:
+    """|error| the fixed point may add per output: about 2^-23 of each row's largest |x| times
+    the output's sum of |w| (float32 noise on top)."""
+    w = qw.dequantize().abs().sum(dim=1)
+    return 2.0 ** -22 * x.abs().amax(dim=1, keepdim=True) * w + 1e-6
+
+
+@needs_c
+@pytest.mark.parametrize("k", [5, 90, 577])  # int8: K padded to a multiple of 4 in the layout
+def test_int8_takes_any_width(k):
+    qw = quantize(_weight(40, k, seed=k), QuantScheme.parse("int8"))
+    x = torch.randn(7, k)
+    bias = torch.randn(40)
+    want = quant_linear(x, qw, bias)
+    for portable in (False, True):
+        torch.testing.assert_close(cpu_quant.quant_linear(x, qw, bias, portable=portable), want,
+                                   rtol=1e-5, atol=1e-5)
+
+
+@needs_c
+def test_int8_past_one_accumulation_chunk():
+    k = 40000  # > 32768 columns: the int32 sums are folded into fp32 per chunk
+    qw = quantize(_weight(32, k, seed=3), QuantScheme.parse("int8"))
+    x = torch.randn(3, k)
+    got, want = cpu_quant.quant_linear(x, qw), quant_linear(x, qw)
+    assert ((got - want).abs() <= _fixed_point_bound(x, qw)).all()
+
+
+@needs_c
+@pytest.mark.parametrize("scheme", ["int8", "int4-g32", "int4-g128"])
+def test_wide_dynamic_range_stays_within_the_fixed_point_bound(scheme):
+    g = torch.Generator().manual_seed(1)
+    k = 256
+    x = torch.randn(5, k, generator=g) * torch.logspace(-6, 3, k)[torch.randperm(k, generator=g)]
+    x[2, 7] = 5e4  # one outlier sets the step of its row
+    qw = quantize(_weight(64, k), QuantScheme.parse(scheme))
+    exact = x.double() @ qw.dequantize().double().T
+    fp32_noise = k * 2.0 ** -24 * (x.abs().double() @ qw.dequantize().abs().double().T)
+    err = (cpu_quant.quant_linear(x, qw).double() - exact).abs()
+    assert (err <= _fixed_point_bound(x, qw).double() + fp32_noise).all()
+
+
+@needs_c
+@pytest.mark.parametrize("scheme", ["int8", "int4-g32"])
+def test_zero_tiny_and_non_finite_rows(scheme):
+    qw = quantize(_weight(48, 64), QuantScheme.parse(scheme))
+    bias = torch.randn(48)
+    x = torch.randn(4, 64)
+    x[1] = 0.0
+    zero = cpu_quant.quant_linear(x, qw, bias)
+    torch.testing.assert_close(zero[1], bias)  # a zero row gives exactly the bias
+    torch.testing.assert_close(zero, quant_linear(x, qw, bias), rtol=1e-5, atol=1e-5)
+    x[2] = 1e-33 * torch.randn(64)  # 1/step would overflow: the call takes the portable loop
+    torch.testing.assert_close(cpu_quant.quant_linear(x, qw, bias),
+                               cpu_quant.quant_linear(x, qw, bias, portable=True))
+    x[3, 5] = float("inf")
+    x[0, 9] = float("nan")
+    got = cpu_quant.quant_linear(x, qw, bias)
+    torch.testing.assert_close(got, cpu_quant.quant_linear(x, qw, bias, portable=True), equal_nan=True)
+    assert got[0].isnan().all() and not got[3].isfinite().any() and got[1:3].isfinite().all()
+
+
+@needs_c
+def test_isa_names_the_integer_path():
+    name = cpu_quant.isa()
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "avx512_vnni" in flags and "avx512bw" in flags:
+        assert name == "avx512-vnni"
+    elif "avx512f" in flags:
+        assert name == "avx512"
+    else:
+        assert name == "portable"
