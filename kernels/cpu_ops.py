@@ -35,6 +35,7 @@ HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the b
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _CACHE_DTYPES = {torch.bfloat16: 1, torch.int8: 3}  # caches the C decode reads under fp32 q
+ISA_NAMES = ("portable", "avx512", "avx512-vnni")  # quant_linear_cpu.c graft_quant_isa levels
 
 
 def cache_dir() -> Path:
@@ -103,6 +104,11 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         lib = ctypes.CDLL(str(_build(cc)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         return None, f"building the CPU kernels failed: {err}"
+    cap = os.environ.get("GRAFT_CPU_ISA", "").strip()
+    if cap:  # run the fallback paths of a CPU with fewer instructions than this one
+        if cap not in ISA_NAMES:
+            raise ValueError(f"GRAFT_CPU_ISA={cap!r}: use one of {', '.join(ISA_NAMES)}, or unset it")
+        lib.graft_quant_cap_isa(ISA_NAMES.index(cap))
     fn = lib.graft_paged_decode
     fn.restype = ctypes.c_int64
     fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7

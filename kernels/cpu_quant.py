@@ -30,7 +30,7 @@ class CpuPacked:
         return [t for t in (self.weight, self.scales, self.mins) if t is not None]
 
 
-ISA_NAMES = ("portable", "avx512", "avx512-vnni")
+ISA_NAMES = cpu_ops.ISA_NAMES
 
 
 def isa() -> str:
@@ -38,6 +38,15 @@ def isa() -> str:
     vectorised), 'avx512' (bf16/fp32 vectorised, int8/int4 on the portable loop) or
     'portable'."""
     return ISA_NAMES[cpu_ops._lib().graft_quant_isa()]
+
+
+def isa_description() -> str:
+    """isa() with what runs where, for load logs."""
+    return {"avx512-vnni": "avx512-vnni path: int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F",
+            "avx512": "avx512 path: bf16/fp32 on AVX-512F; int8/int4 on the portable loop, "
+                      "this CPU has no AVX-512 VNNI",
+            "portable": "portable path: no AVX-512 on this CPU, every format on the portable loop",
+            }[isa()]
 
 
 def supports(x: torch.Tensor, weight: QuantizedWeight) -> bool:

@@ -39,8 +39,15 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
                             const uint16_t *mins4, int64_t group, const float *bias, float *y,
                             int64_t ldy, int64_t N, int64_t NB, int nthreads);
 
-/* 0: portable only; 1: bf16/fp32 on AVX-512F; 2: and int8/int4 on AVX-512 VNNI */
-int graft_quant_isa(void) { return GRAFT_QUANT_AVX512 ? 1 + graft_quant_vnni() : 0; }
+/* 0: portable only; 1: bf16/fp32 on AVX-512F; 2: and int8/int4 on AVX-512 VNNI. The
+ * level can be lowered (GRAFT_CPU_ISA, via graft.kernels.cpu_ops) to run a CPU's fallback
+ * paths on a machine that has more. */
+static int level_cap = 2;
+int graft_quant_isa(void) {
+    const int built = GRAFT_QUANT_AVX512 ? 1 + graft_quant_vnni() : 0;
+    return built < level_cap ? built : level_cap;
+}
+void graft_quant_cap_isa(int level) { level_cap = level; }
 
 static inline float half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
@@ -190,11 +197,12 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
                         const void *w, const float *scale8, const uint16_t *scales4,
                         const uint16_t *mins4, int64_t group, const float *bias, float *y,
                         int64_t ldy, int64_t N, int64_t NB, int nthreads) {
-    if (kind == KIND_INT8 || kind == KIND_INT4) {
+    const int level = graft_quant_isa();
+    if ((kind == KIND_INT8 || kind == KIND_INT4) && level >= 2) {
         const int status = graft_quant_linear_vnni(kind, x, ldx, M, K, w, scale8, scales4, mins4,
                                                    group, bias, y, ldy, N, NB, nthreads);
         if (status <= 0) return status;
-    } else {
+    } else if ((kind == KIND_BF16 || kind == KIND_F32) && level >= 1) {
 #if GRAFT_QUANT_AVX512
         const int64_t pairs = NB / 2, elem = kind == KIND_F32 ? 4 : 2;
         /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */

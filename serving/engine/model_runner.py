@@ -30,7 +30,7 @@ def quant_backend(device: torch.device) -> str:
     if device.type == "cuda":
         return "Triton"
     if cpu_ops.available():
-        return f"the C kernels ({cpu_quant.isa()} path)"
+        return f"the C kernels ({cpu_quant.isa_description()})"
     return f"the PyTorch reference ({cpu_ops.unavailable_reason()})"
 
 

@@ -4,6 +4,9 @@ where that representation is at its edges: K not a multiple of 4, K past one int
 accumulation chunk, rows whose values span many orders of magnitude, zero rows, and rows
 the fixed point cannot hold (inf, NaN, tiny), which must take the portable loop."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,29 @@ def test_isa_names_the_integer_path():
         assert name == "avx512"
     else:
         assert name == "portable"
+
+
+@needs_c
+@pytest.mark.parametrize("cap", ["avx512", "portable"])
+def test_a_cpu_without_vnni_runs_the_portable_loop(cap):
+    """GRAFT_CPU_ISA lowers the path as on a CPU without VNNI (or without AVX-512): isa() and
+    the description the engine logs say so, and the results are still the reference's."""
+    code = (
+        "import torch\n"
+        "from graft.kernels import cpu_quant\n"
+        "from graft.kernels.quant import QuantScheme, quant_linear, quantize\n"
+        "print(cpu_quant.isa())\n"
+        "print(cpu_quant.isa_description())\n"
+        "for s in ('int8', 'int4-g32', 'bf16'):\n"
+        "    qw = quantize(torch.randn(40, 128) * 0.05, QuantScheme.parse(s))\n"
+        "    x = torch.randn(3, 128)\n"
+        "    torch.testing.assert_close(cpu_quant.quant_linear(x, qw), quant_linear(x, qw), rtol=1e-5, atol=1e-5)\n")
+    env = {**os.environ, "GRAFT_CPU_ISA": cap}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    name, description = out.stdout.splitlines()[:2]
+    assert name == cap or (cap == "avx512" and name == "portable")  # a build without AVX-512
+    assert "int8/int4 on the portable loop" in description or "every format on the portable loop" in description
+    bad = subprocess.run([sys.executable, "-c", "from graft.kernels import cpu_ops; cpu_ops.available()"],
+                         env={**env, "GRAFT_CPU_ISA": "sse"}, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "GRAFT_CPU_ISA='sse': use one of portable, avx512, avx512-vnni" in bad.stderr

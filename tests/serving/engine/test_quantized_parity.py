@@ -167,4 +167,4 @@ def test_the_load_log_says_which_paths_run(tiny_llm_factory, caplog):
         Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(quantization="int4-g64"))
     text = caplog.text
     assert "weights: int4-g64 x 9 (int4-g64; quantized linears on the C kernels" in text
-    assert f"({cpu_quant.isa()} path)" in text and "decode steps: one C call per step" in text
+    assert f"({cpu_quant.isa()} path: " in text and "decode steps: one C call per step" in text
