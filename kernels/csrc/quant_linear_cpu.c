@@ -71,53 +71,107 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
-/* ---- portable path: one output channel at a time, same arithmetic per product -------------- */
-static float weight_at(int kind, const uint8_t *w, int64_t K, int64_t o, int64_t k) {
-    const int64_t b = o / 16, lane = o % 16;
-    if (kind == KIND_INT8) { /* [NB][K4/4][16][4] bytes holding q + 128 */
+/* ---- portable path: one block of 16 output lanes at a time, in plain loops over the lanes
+ * that the compiler vectorizes for whatever -march this build has (AVX2 on CPUs without
+ * AVX-512); fp32 products of the same weights. */
+#define LANES 16
+
+static inline float bf16_bits_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* out[r][16] = rows x[r] . block b's weights (int8: before the channel scale), r < R. The
+ * accumulators are locals so the compiler keeps them in vector registers; R rows share each
+ * weight load. */
+static inline __attribute__((always_inline)) void portable_rows(
+    int kind, const float *restrict x, int64_t ldx, int R, int64_t K, const uint8_t *restrict w,
+    int64_t b, const uint16_t *scales4, const uint16_t *mins4, int64_t group, float out[][LANES]) {
+    float acc[4][LANES] = {{0}};
+    if (kind == KIND_F32) {
+        const float *wb = (const float *)w + b * K * LANES;
+        for (int64_t k = 0; k < K; ++k)
+            for (int r = 0; r < R; ++r)
+                for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wb[k * LANES + l];
+    } else if (kind == KIND_BF16) {
+        const uint16_t *wb = (const uint16_t *)w + b * K * LANES;
+        for (int64_t k = 0; k < K; ++k) {
+            float wk[LANES];
+            for (int l = 0; l < LANES; ++l) wk[l] = bf16_bits_to_float(wb[k * LANES + l]);
+            for (int r = 0; r < R; ++r)
+                for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wk[l];
+        }
+    } else if (kind == KIND_INT8) { /* [K4/4][16][4] bytes, q + 128 */
         const int64_t K4 = (K + 3) / 4 * 4;
-        return (float)((int)w[((b * (K4 / 4) + k / 4) * 16 + lane) * 4 + k % 4] - 128);
+        const uint8_t *wb = w + b * K4 * LANES;
+        for (int64_t k = 0; k < K; ++k) {
+            float wk[LANES];
+            for (int l = 0; l < LANES; ++l) wk[l] = (float)((int)wb[((k / 4) * LANES + l) * 4 + k % 4] - 128);
+            for (int r = 0; r < R; ++r)
+                for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wk[l];
+        }
+    } else { /* int4 [K/8][16][4]: byte t of step j holds column 8j + t (low), 8j + 4 + t (high) */
+        const uint8_t *wb = w + b * (K / 2) * LANES;
+        const int64_t G = K / group;
+        for (int64_t g = 0; g < G; ++g) {
+            float part[4][LANES] = {{0}}, sc[LANES], mn[LANES];
+            for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+                float wk[LANES];
+                const int64_t j = k / 8, t = k % 4, high = (k % 8) >= 4;
+                for (int l = 0; l < LANES; ++l) {
+                    const uint8_t byte = wb[(j * LANES + l) * 4 + t];
+                    wk[l] = (float)(high ? byte >> 4 : byte & 0xf);
+                }
+                for (int r = 0; r < R; ++r)
+                    for (int l = 0; l < LANES; ++l) part[r][l] += x[r * ldx + k] * wk[l];
+            }
+            for (int l = 0; l < LANES; ++l) { /* sum x (q s + min) = s sum x q + min sum x */
+                sc[l] = half_to_float(scales4[(b * G + g) * LANES + l]);
+                mn[l] = half_to_float(mins4[(b * G + g) * LANES + l]);
+            }
+            for (int r = 0; r < R; ++r) {
+                float xsum = 0.0f;
+                for (int64_t k = g * group; k < (g + 1) * group; ++k) xsum += x[r * ldx + k];
+                for (int l = 0; l < LANES; ++l) acc[r][l] += part[r][l] * sc[l] + xsum * mn[l];
+            }
+        }
     }
-    if (kind == KIND_F32) return ((const float *)w)[(b * K + k) * 16 + lane];
-    if (kind == KIND_BF16) {
-        const uint32_t bits = (uint32_t)((const uint16_t *)w)[(b * K + k) * 16 + lane] << 16;
-        float f;
-        memcpy(&f, &bits, 4);
-        return f;
+    for (int r = 0; r < R; ++r)
+        for (int l = 0; l < LANES; ++l) out[r][l] = acc[r][l];
+}
+
+static void portable_block(int kind, const float *x, int64_t ldx, int R, int64_t K,
+                           const uint8_t *w, int64_t b, const uint16_t *scales4,
+                           const uint16_t *mins4, int64_t group, float out[][LANES]) {
+    switch (R) { /* constant R: each specialisation unrolls its row loop */
+    case 4: portable_rows(kind, x, ldx, 4, K, w, b, scales4, mins4, group, out); break;
+    case 3: portable_rows(kind, x, ldx, 3, K, w, b, scales4, mins4, group, out); break;
+    case 2: portable_rows(kind, x, ldx, 2, K, w, b, scales4, mins4, group, out); break;
+    default: portable_rows(kind, x, ldx, 1, K, w, b, scales4, mins4, group, out); break;
     }
-    /* int4 [NB][K/8][16][4]: byte t of step j: column 8j + t low, 8j + 4 + t high */
-    const uint8_t byte = w[((b * (K / 8) + k / 8) * 16 + lane) * 4 + k % 4];
-    return (float)((k % 8) >= 4 ? byte >> 4 : byte & 0xf); /* q; scale and min per group */
 }
 
 static void qlinear_portable(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                              const uint8_t *w, const float *scale8, const uint16_t *scales4,
                              const uint16_t *mins4, int64_t group, const float *bias, float *y,
                              int64_t ldy, int64_t N, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t o = 0; o < N; ++o) {
-        const int64_t b = o / 16, lane = o % 16, G = kind == KIND_INT4 ? K / group : 1;
-        for (int64_t m = 0; m < M; ++m) {
-            float acc = 0.0f;
-            for (int64_t g = 0; g < G; ++g) {
-                const int64_t k0 = kind == KIND_INT4 ? g * group : 0;
-                const int64_t k1 = kind == KIND_INT4 ? k0 + group : K;
-                float part = 0.0f, xsum = 0.0f;
-                for (int64_t k = k0; k < k1; ++k) {
-                    part += x[m * ldx + k] * weight_at(kind, w, K, o, k);
-                    xsum += x[m * ldx + k];
+    const int64_t NB = (N + LANES - 1) / LANES, MB = (M + 3) / 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static) collapse(2) if (nthreads > 1)
+    for (int64_t b = 0; b < NB; ++b)
+        for (int64_t mb = 0; mb < MB; ++mb) {
+            const int64_t m0 = mb * 4;
+            const int R = (int)(M - m0 < 4 ? M - m0 : 4);
+            float out[4][LANES];
+            portable_block(kind, x + m0 * ldx, ldx, R, K, w, b, scales4, mins4, group, out);
+            for (int r = 0; r < R; ++r)
+                for (int l = 0; l < LANES && b * LANES + l < N; ++l) {
+                    const int64_t o = b * LANES + l;
+                    y[(m0 + r) * ldy + o] = (kind == KIND_INT8 ? out[r][l] * scale8[o] : out[r][l])
+                                            + (bias ? bias[o] : 0.0f);
                 }
-                if (kind == KIND_INT4) { /* sum x * (q * s + min) = s * sum x q + min * sum x */
-                    const int64_t i = (b * G + g) * 16 + lane;
-                    acc += part * half_to_float(scales4[i]) + xsum * half_to_float(mins4[i]);
-                } else {
-                    acc += part;
-                }
-            }
-            if (kind == KIND_INT8) acc *= scale8[o];
-            y[m * ldy + o] = acc + (bias ? bias[o] : 0.0f);
         }
-    }
 }
 
 #if GRAFT_QUANT_AVX512
