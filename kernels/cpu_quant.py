@@ -9,6 +9,7 @@ and whatever this CPU lacks runs the C file's portable loop (`isa()` says which)
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -34,18 +35,34 @@ ISA_NAMES = cpu_ops.ISA_NAMES
 
 
 def isa() -> str:
-    """The path graft_quant_linear takes on this machine: 'avx512-vnni' (every format
-    vectorised), 'avx512' (bf16/fp32 vectorised, int8/int4 on the portable loop) or
-    'portable'."""
+    """The path graft_quant_linear takes on this machine: 'avx512-vnni' (int8/int4 on VNNI,
+    bf16/fp32 on AVX-512F), 'avx512' (int8/int4 on AVX2), 'avx2' (every format on AVX2 + FMA)
+    or 'portable'."""
     return ISA_NAMES[cpu_ops._lib().graft_quant_isa()]
+
+
+@contextlib.contextmanager
+def isa_capped(name: str):
+    """Within the block, run the paths a CPU with at most `name`'s instructions would (what
+    GRAFT_CPU_ISA does for a whole process): tests and comparisons of the fallbacks."""
+    if name not in ISA_NAMES:
+        raise ValueError(f"isa_capped: {name!r} is not one of {', '.join(ISA_NAMES)}")
+    lib = cpu_ops._lib()
+    before = lib.graft_quant_isa()
+    lib.graft_quant_cap_isa(ISA_NAMES.index(name))
+    try:
+        yield
+    finally:
+        lib.graft_quant_cap_isa(before)
 
 
 def isa_description() -> str:
     """isa() with what runs where, for load logs."""
     return {"avx512-vnni": "avx512-vnni path: int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F",
-            "avx512": "avx512 path: bf16/fp32 on AVX-512F; int8/int4 on the portable loop, "
-                      "this CPU has no AVX-512 VNNI",
-            "portable": "portable path: no AVX-512 on this CPU, every format on the portable loop",
+            "avx512": "avx512 path: bf16/fp32 on AVX-512F; int8/int4 on AVX2 + FMA, this CPU has "
+                      "no AVX-512 VNNI",
+            "avx2": "avx2 path: every format on AVX2 + FMA, this CPU has no AVX-512",
+            "portable": "portable path: no AVX2 + FMA on this CPU, every format on the portable loop",
             }[isa()]
 
 

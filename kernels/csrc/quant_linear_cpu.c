@@ -10,8 +10,9 @@
  *
  * Paths: int8 and int4 run on AVX-512 VNNI (quant_vnni_cpu.c, which also documents their
  * layouts); bf16 and fp32 weights are widened to fp32 in registers (exact) and multiplied
- * with fp32 FMAs on AVX-512F. Without those instructions (or for a call whose x holds inf or
- * NaN) the portable loop below runs: fp32 products in the same layouts.
+ * with fp32 FMAs on AVX-512F. What a CPU lacks runs on AVX2 + FMA (quant_avx2_cpu.c; also
+ * int8/int4 calls whose x holds inf or NaN), and without AVX2 on the portable loop below:
+ * fp32 products in the same layouts.
  *
  * bf16/fp32 layout (graft.kernels.cpu_quant.pack): output channels in blocks of 16 lanes, N
  * padded to a multiple of 32 (two blocks per tile); per block the K columns follow each
@@ -39,12 +40,19 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
                             const uint16_t *mins4, int64_t group, const float *bias, float *y,
                             int64_t ldy, int64_t N, int64_t NB, int nthreads);
 
-/* 0: portable only; 1: bf16/fp32 on AVX-512F; 2: and int8/int4 on AVX-512 VNNI. The
- * level can be lowered (GRAFT_CPU_ISA, via graft.kernels.cpu_ops) to run a CPU's fallback
- * paths on a machine that has more. */
-static int level_cap = 2;
+int graft_quant_avx2(void);
+int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
+                            const void *w, const float *scale8, const uint16_t *scales4,
+                            const uint16_t *mins4, int64_t group, const float *xs,
+                            const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
+                            int nthreads);
+
+/* 0: portable only; 1: every format on AVX2 + FMA; 2: bf16/fp32 on AVX-512F (int8/int4 on
+ * AVX2); 3: int8/int4 on AVX-512 VNNI too. The level can be lowered (GRAFT_CPU_ISA, via
+ * graft.kernels.cpu_ops) to run a smaller CPU's paths on a machine that has more. */
+static int level_cap = 3;
 int graft_quant_isa(void) {
-    const int built = GRAFT_QUANT_AVX512 ? 1 + graft_quant_vnni() : 0;
+    const int built = GRAFT_QUANT_AVX512 ? 2 + graft_quant_vnni() : graft_quant_avx2();
     return built < level_cap ? built : level_cap;
 }
 void graft_quant_cap_isa(int level) { level_cap = level; }
@@ -252,12 +260,14 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
                         const uint16_t *mins4, int64_t group, const float *bias, float *y,
                         int64_t ldy, int64_t N, int64_t NB, int nthreads) {
     const int level = graft_quant_isa();
-    if ((kind == KIND_INT8 || kind == KIND_INT4) && level >= 2) {
+    const int integer = kind == KIND_INT8 || kind == KIND_INT4;
+    if (integer && level >= 3) {
         const int status = graft_quant_linear_vnni(kind, x, ldx, M, K, w, scale8, scales4, mins4,
                                                    group, bias, y, ldy, N, NB, nthreads);
-        if (status <= 0) return status;
-    } else if ((kind == KIND_BF16 || kind == KIND_F32) && level >= 1) {
+        if (status <= 0) return status; /* else a row the fixed point cannot hold: below */
+    }
 #if GRAFT_QUANT_AVX512
+    if (!integer && level >= 2) {
         const int64_t pairs = NB / 2, elem = kind == KIND_F32 ? 4 : 2;
         /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */
         for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
@@ -273,7 +283,25 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
             }
         }
         return 0;
+    }
 #endif
+    if (level >= 1) {
+        const int64_t G = kind == KIND_INT4 ? K / group : 0;
+        float *xs = 0; /* int4: the group sums of x, [M][G] */
+        if (G) {
+            xs = malloc(sizeof(float) * (size_t)(M * G));
+            if (!xs) return -1;
+            for (int64_t m = 0; m < M; ++m)
+                for (int64_t g = 0; g < G; ++g) {
+                    float t = 0.0f;
+                    for (int64_t k = g * group; k < (g + 1) * group; ++k) t += x[m * ldx + k];
+                    xs[m * G + g] = t;
+                }
+        }
+        const int status = graft_quant_linear_avx2(kind, x, ldx, M, K, w, scale8, scales4, mins4,
+                                                   group, xs, bias, y, ldy, N, NB, nthreads);
+        free(xs);
+        if (status == 0) return 0;
     }
     qlinear_portable(kind, x, ldx, M, K, (const uint8_t *)w, scale8, scales4, mins4, group,
                      bias, y, ldy, N, nthreads);

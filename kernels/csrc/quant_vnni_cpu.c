@@ -200,7 +200,7 @@ static const i4_tile_fn I4_TILES[MAX_MR4 + 1] = {0, vnni_i4_1, vnni_i4_2, vnni_i
 /* int8 (kind 0) or int4 (kind 1) in the layouts above; scale8 [NB*16] fp32 per channel;
  * scales4/mins4 fp16 [NB][G][16]. Returns 0; 1 when this path does not apply (no VNNI in
  * this build, or a row of x with inf/NaN or a largest |x| below 1e-30: the caller runs
- * the portable loop); -1 when scratch could not be allocated (y is not written then). */
+ * the AVX2 or portable path); -1 when scratch could not be allocated (y is not written then). */
 int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *scale8, const uint16_t *scales4,
                             const uint16_t *mins4, int64_t group, const float *bias, float *y,

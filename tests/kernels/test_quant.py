@@ -11,6 +11,9 @@ from graft.kernels.quant import (QuantScheme, QuantSchemeError, quant_linear, qu
 
 needs_c = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
 SCHEMES = ["fp32", "bf16", "int8", "int4-g32", "int4-g64", "int4-g128"]
+# the quantized-linear paths this machine can run: its own and the fallbacks below it
+PATHS = (cpu_quant.ISA_NAMES[:cpu_quant.ISA_NAMES.index(cpu_quant.isa()) + 1]
+         if cpu_ops.available() else ())
 
 
 def _weight(n, k, seed=0):
@@ -86,11 +89,14 @@ def test_c_linear_equals_reference(scheme, n, k, threads):
         for rows in (1, 2, 3, 4, 5, 6, 7, 13, 100):  # every tile height and the M chunking
             x = torch.randn(rows, k)
             want = quant_linear(x, qw, bias)
-            for portable in (False, True):
-                got = cpu_quant.quant_linear(x, qw, bias, portable=portable)
-                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            no_bias = cpu_quant.quant_linear(x, qw)
-            torch.testing.assert_close(no_bias, quant_linear(x, qw), rtol=1e-5, atol=1e-5)
+            for path in PATHS:  # this CPU's path and every fallback below it
+                with cpu_quant.isa_capped(path):
+                    got = cpu_quant.quant_linear(x, qw, bias)
+                    no_bias = cpu_quant.quant_linear(x, qw)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{path}: {m}")
+                torch.testing.assert_close(no_bias, quant_linear(x, qw), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cpu_quant.quant_linear(x, qw, bias, portable=True), want,
+                                       rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(before)
 

@@ -2,7 +2,7 @@
 fixed point in three signed digits. Checked against the dequantize-then-matmul reference
 where that representation is at its edges: K not a multiple of 4, K past one int32
 accumulation chunk, rows whose values span many orders of magnitude, zero rows, and rows
-the fixed point cannot hold (inf, NaN, tiny), which must take the portable loop."""
+the fixed point cannot hold (inf, NaN, tiny), which must take a fallback path."""
 
 import os
 import subprocess
@@ -75,7 +75,7 @@ def test_zero_tiny_and_non_finite_rows(scheme):
     zero = cpu_quant.quant_linear(x, qw, bias)
     torch.testing.assert_close(zero[1], bias)  # a zero row gives exactly the bias
     torch.testing.assert_close(zero, quant_linear(x, qw, bias), rtol=1e-5, atol=1e-5)
-    x[2] = 1e-33 * torch.randn(64)  # 1/step would overflow: the call takes the portable loop
+    x[2] = 1e-33 * torch.randn(64)  # 1/step would overflow: the call takes a fallback path
     torch.testing.assert_close(cpu_quant.quant_linear(x, qw, bias),
                                cpu_quant.quant_linear(x, qw, bias, portable=True))
     x[3, 5] = float("inf")
@@ -88,27 +88,33 @@ def test_zero_tiny_and_non_finite_rows(scheme):
 @needs_c
 def test_isa_names_the_integer_path():
     name = cpu_quant.isa()
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    if "avx512_vnni" in flags and "avx512bw" in flags:
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    if {"avx512_vnni", "avx512bw"} <= flags:
         assert name == "avx512-vnni"
     elif "avx512f" in flags:
         assert name == "avx512"
+    elif {"avx2", "fma", "f16c"} <= flags:
+        assert name == "avx2"
     else:
         assert name == "portable"
 
 
 @needs_c
-@pytest.mark.parametrize("cap", ["avx512", "portable"])
-def test_a_cpu_without_vnni_runs_the_portable_loop(cap):
-    """GRAFT_CPU_ISA lowers the path as on a CPU without VNNI (or without AVX-512): isa() and
-    the description the engine logs say so, and the results are still the reference's."""
+@pytest.mark.parametrize("cap,says", [("avx512", "int8/int4 on AVX2 + FMA"),
+                                      ("avx2", "every format on AVX2 + FMA"),
+                                      ("portable", "every format on the portable loop")])
+def test_a_smaller_cpu_runs_its_fallback(cap, says):
+    """GRAFT_CPU_ISA lowers the path as on a CPU without VNNI, AVX-512 or AVX2: isa() and the
+    description the engine logs say so, and the results are still the reference's."""
+    if cpu_quant.ISA_NAMES.index(cap) > cpu_quant.ISA_NAMES.index(cpu_quant.isa()):
+        pytest.skip(f"this CPU has no {cap}")
     code = (
         "import torch\n"
         "from graft.kernels import cpu_quant\n"
         "from graft.kernels.quant import QuantScheme, quant_linear, quantize\n"
         "print(cpu_quant.isa())\n"
         "print(cpu_quant.isa_description())\n"
-        "for s in ('int8', 'int4-g32', 'bf16'):\n"
+        "for s in ('int8', 'int4-g32', 'bf16', 'fp32'):\n"
         "    qw = quantize(torch.randn(40, 128) * 0.05, QuantScheme.parse(s))\n"
         "    x = torch.randn(3, 128)\n"
         "    torch.testing.assert_close(cpu_quant.quant_linear(x, qw), quant_linear(x, qw), rtol=1e-5, atol=1e-5)\n")
@@ -116,8 +122,7 @@ def test_a_cpu_without_vnni_runs_the_portable_loop(cap):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     name, description = out.stdout.splitlines()[:2]
-    assert name == cap or (cap == "avx512" and name == "portable")  # a build without AVX-512
-    assert "int8/int4 on the portable loop" in description or "every format on the portable loop" in description
+    assert name == cap and says in description
     bad = subprocess.run([sys.executable, "-c", "from graft.kernels import cpu_ops; cpu_ops.available()"],
                          env={**env, "GRAFT_CPU_ISA": "sse"}, capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "GRAFT_CPU_ISA='sse': use one of portable, avx512, avx512-vnni" in bad.stderr
+    assert bad.returncode != 0 and "GRAFT_CPU_ISA='sse': use one of portable, avx2, avx512, avx512-vnni" in bad.stderr
