@@ -38,12 +38,12 @@ def default_quantization(config: EngineConfig, device: torch.device) -> str | No
     """What quantization=None means: on CPU in fp32 with the C kernels built, every linear
     in fp32 on them ("fp32": measured faster than the oneDNN-prepacked torch linears at
     batch 1, batch 32 and prefill, and all-decode steps run as one C call); else (GPU, other
-    dtypes, GRAFT_KERNELS=reference, a CPU without AVX-512, where the C linears run their
-    portable loop: slower than MKL's) the model's own linears."""
+    dtypes, GRAFT_KERNELS=reference, a CPU without AVX-512, where the C fp32 linear was not
+    measured against MKL's) the model's own linears."""
     from graft.kernels.dispatch import kernels_mode
 
     if (device.type == "cpu" and config.dtype == "float32" and kernels_mode() in ("auto", "cpu")
-            and cpu_ops.available() and cpu_quant.isa() != "portable"):
+            and cpu_ops.available() and cpu_quant.isa() in ("avx512", "avx512-vnni")):
         return "fp32"
     return None
 
