@@ -65,12 +65,23 @@ def _paths(weights):
     paths["torch.ao dynamic int8 (activations too)"] = (
         [_ao_dynamic(w) for w in weights], lambda x, m: m(x), None)
     if cpu_ops.available():
+        own = cpu_quant.isa()
+        # this CPU's path, and the AVX2 one a CPU without AVX-512 would run
+        levels = [own, "avx2"] if own in ("avx512", "avx512-vnni") else [own]
         for name in ("fp32", "bf16", "int8", "int4-g32", "int4-g64"):
             scheme = QuantScheme.parse(name)
             if all(w.shape[1] % max(scheme.group_size, 1) == 0 for w in weights):
                 qs = [quantize(w, scheme) for w in weights]
-                paths[f"graft C {name}"] = (qs, cpu_quant.quant_linear, name)
+                for level in levels:
+                    paths[f"graft C {name} ({level})"] = (qs, _capped(cpu_quant, level), name)
     return paths
+
+
+def _capped(cpu_quant, level):
+    def run(x, weight):
+        with cpu_quant.isa_capped(level):
+            return cpu_quant.quant_linear(x, weight)
+    return run
 
 
 def _torch_int4(w):
