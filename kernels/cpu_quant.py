@@ -81,17 +81,25 @@ def _blocks(t: torch.Tensor, n_pad: int) -> torch.Tensor:
 
 
 def _steps(t: torch.Tensor, n_pad: int) -> torch.Tensor:
-    """[N, S, 4] bytes -> [NB, S, 16, 4]: rows padded to n_pad, 16 rows per block, each row a
-    4-byte word per step (the VNNI layouts of quant_vnni_cpu.c)."""
-    n, steps, _ = t.shape
+    """[N, S, W] -> [NB, S, 16, W]: rows padded to n_pad, 16 rows per block, each row a 32-bit
+    word of W elements per step (the int8/int4 layouts of quant_vnni_cpu.c, bf16 pairs)."""
+    n, steps, width = t.shape
     if n_pad > n:
-        t = torch.cat([t, t.new_zeros(n_pad - n, steps, 4)])
-    return t.reshape(n_pad // 16, 16, steps, 4).transpose(1, 2).contiguous()
+        t = torch.cat([t, t.new_zeros(n_pad - n, steps, width)])
+    return t.reshape(n_pad // 16, 16, steps, width).transpose(1, 2).contiguous()
 
 
 def _unsteps(t: torch.Tensor, n: int) -> torch.Tensor:
-    """Inverse of _steps: [NB, S, 16, 4] -> [n, S, 4]."""
-    return t.transpose(1, 2).reshape(-1, t.shape[1], 4)[:n]
+    """Inverse of _steps: [NB, S, 16, W] -> [n, S, W]."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])[:n]
+
+
+def _bf16_pairs(bits: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """bf16 bits [N, K] (int16) -> column pairs, K padded with 0 to even."""
+    n, k = bits.shape
+    if k % 2:
+        bits = torch.cat([bits, bits.new_zeros(n, 1)], dim=1)
+    return _steps(bits.reshape(n, -1, 2), n_pad)
 
 
 def _int8_steps(q: torch.Tensor, n_pad: int) -> torch.Tensor:
@@ -127,7 +135,7 @@ def pack(weight: QuantizedWeight) -> CpuPacked:
     elif kind == "int4":
         blocks = _int4_steps(weight.qweight, n_pad)
     elif kind == "bf16":
-        blocks = _blocks(weight.qweight.view(torch.int16), n_pad)
+        blocks = _bf16_pairs(weight.qweight.view(torch.int16), n_pad)
     else:
         blocks = _blocks(weight.qweight, n_pad)
     if kind == "int8":
@@ -157,10 +165,9 @@ def unpack(weight: QuantizedWeight) -> tuple:
         q = torch.stack([steps & 0xF, steps >> 4], dim=2).reshape(n, k)  # columns in order
         canonical = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
         return canonical, _unblocks(p.scales, n).view(torch.float16), _unblocks(p.mins, n).view(torch.float16)
-    q = _unblocks(p.weight, n)
     if kind == "bf16":
-        return q.view(torch.bfloat16), None, None
-    return q, None, None
+        return _unsteps(p.weight, n).reshape(n, -1)[:, :k].contiguous().view(torch.bfloat16), None, None
+    return _unblocks(p.weight, n), None, None
 
 
 def pack_only(weight: QuantizedWeight) -> CpuPacked:

@@ -1,6 +1,6 @@
 /* Weight-only linears on AVX2 + FMA (CPUs without AVX-512, and int8/int4 on AVX-512 CPUs
  * without VNNI): y[M, N] = x[M, K] @ dequant(W)^T + bias, every format in the layouts of
- * quant_linear_cpu.c (bf16/fp32 [NB][K][16]) and quant_vnni_cpu.c (int8 [NB][K4/4][16][4]
+ * quant_linear_cpu.c (fp32 [NB][K][16], bf16 [NB][K2/2][16][2]) and quant_vnni_cpu.c (int8 [NB][K4/4][16][4]
  * as q + 128, int4 [NB][K/8][16][4]).
  *
  * Each weight is widened to fp32 exactly in registers and multiplied with one FMA per row:
@@ -59,14 +59,23 @@ static inline __attribute__((always_inline)) void block_rows(
         if (k < K) F32_COL(k, 0);
 #undef F32_COL
     } else if (kind == KIND_BF16) {
-        const uint16_t *wb = (const uint16_t *)w;
-#define BF16_HALF(k, h) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(wb + (k) * 16 + 8 * (h)))), 16))
-#define BF16_COL(k, s) fma_rows(&t, MR, x, ldx, k, s, BF16_HALF(k, 0), BF16_HALF(k, 1))
+        const uint16_t *wb = (const uint16_t *)w; /* column pairs: [K2/2][16][2] */
+        const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
         int64_t k = 0;
-        for (; k + 2 <= K; k += 2) { BF16_COL(k, 0); BF16_COL(k + 1, 1); }
-        if (k < K) BF16_COL(k, 0);
-#undef BF16_COL
-#undef BF16_HALF
+        for (; k + 2 <= K; k += 2) {
+            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wb + k * 16));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wb + k * 16 + 16));
+            fma_rows(&t, MR, x, ldx, k, 0, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)),
+                     _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)));
+            fma_rows(&t, MR, x, ldx, k + 1, 1, _mm256_castsi256_ps(_mm256_and_si256(v0, high)),
+                     _mm256_castsi256_ps(_mm256_and_si256(v1, high)));
+        }
+        if (k < K) {
+            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wb + k * 16));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wb + k * 16 + 16));
+            fma_rows(&t, MR, x, ldx, k, 0, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)),
+                     _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)));
+        }
     } else if (kind == KIND_INT8) {
         const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q */
         int64_t q = 0;
@@ -153,7 +162,7 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
                             int nthreads) {
 #if GRAFT_QUANT_AVX2
     const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K;
-    const int64_t bytes = kind == KIND_F32 ? KP * 64 : kind == KIND_BF16 ? KP * 32
+    const int64_t bytes = kind == KIND_F32 ? KP * 64 : kind == KIND_BF16 ? (KP + 1) / 2 * 64
                         : kind == KIND_INT8 ? KP * 16 : KP * 8; /* per 16-lane block */
     const int64_t G = kind == KIND_INT4 ? K / group : 0;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (NB > 1 && nthreads > 1)

@@ -16,7 +16,8 @@
  *
  * bf16/fp32 layout (graft.kernels.cpu_quant.pack): output channels in blocks of 16 lanes, N
  * padded to a multiple of 32 (two blocks per tile); per block the K columns follow each
- * other, 16 lanes each: [NB][K][16]. A tile is up to MR rows x 2 blocks of accumulators;
+ * other, 16 lanes each: fp32 [NB][K][16]; bf16 in column pairs, [NB][K2/2][16][2] (K2: K
+ * rounded up to even, padded with 0), so that a lane's 32-bit word holds two columns. A tile is up to MR rows x 2 blocks of accumulators;
  * small M splits the K loop over several accumulator sets so FMA latency is hidden.
  */
 #include <stdint.h>
@@ -104,10 +105,10 @@ static inline __attribute__((always_inline)) void portable_rows(
             for (int r = 0; r < R; ++r)
                 for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wb[k * LANES + l];
     } else if (kind == KIND_BF16) {
-        const uint16_t *wb = (const uint16_t *)w + b * K * LANES;
+        const uint16_t *wb = (const uint16_t *)w + b * ((K + 1) / 2 * 2) * LANES; /* [K2/2][16][2] */
         for (int64_t k = 0; k < K; ++k) {
             float wk[LANES];
-            for (int l = 0; l < LANES; ++l) wk[l] = bf16_bits_to_float(wb[k * LANES + l]);
+            for (int l = 0; l < LANES; ++l) wk[l] = bf16_bits_to_float(wb[((k / 2) * LANES + l) * 2 + k % 2]);
             for (int r = 0; r < R; ++r)
                 for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wk[l];
         }
@@ -183,11 +184,13 @@ static void qlinear_portable(int kind, const float *x, int64_t ldx, int64_t M, i
 }
 
 #if GRAFT_QUANT_AVX512
-/* Weight vectors (16 lanes of fp32) of block column k. */
-static inline __m512 load_f32(const float *p) { return _mm512_loadu_ps(p); }
-static inline __m512 load_bf16(const uint16_t *p) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+/* Weight vector (16 lanes of fp32) of block column k. bf16 blocks hold column pairs per lane
+ * ([K2/2][16][2]), so a column is its 32-bit word shifted or masked: no shuffle. */
+static inline __m512 load_f32(const float *p, int64_t k) { return _mm512_loadu_ps(p + k * 16); }
+static inline __m512 load_bf16(const uint16_t *p, int64_t k) {
+    const __m512i v = _mm512_loadu_si512(p + (k >> 1) * 32);
+    return _mm512_castsi512_ps((k & 1) ? _mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u))
+                                       : _mm512_slli_epi32(v, 16));
 }
 
 /* Accumulators: acc[s][m][j]: s = K-split set, m = row, j = block of the pair. */
@@ -198,7 +201,7 @@ static inline __m512 load_bf16(const uint16_t *p) {
     int64_t k = 0;                                                                              \
     for (; k + S <= K; k += S) {                                                                \
         _Pragma("GCC unroll 4") for (int s = 0; s < S; ++s) {                                   \
-            const __m512 w0 = LOADW(w0p + (k + s) * 16), w1 = LOADW(w1p + (k + s) * 16);        \
+            const __m512 w0 = LOADW(w0p, k + s), w1 = LOADW(w1p, k + s);                        \
             _Pragma("GCC unroll 6") for (int m = 0; m < MR; ++m) {                              \
                 const __m512 xv = _mm512_set1_ps(x[m * ldx + k + s]);                           \
                 acc[s][m][0] = _mm512_fmadd_ps(xv, w0, acc[s][m][0]);                           \
@@ -207,7 +210,7 @@ static inline __m512 load_bf16(const uint16_t *p) {
         }                                                                                       \
     }                                                                                           \
     for (; k < K; ++k) {                                                                        \
-        const __m512 w0 = LOADW(w0p + k * 16), w1 = LOADW(w1p + k * 16);                        \
+        const __m512 w0 = LOADW(w0p, k), w1 = LOADW(w1p, k);                                \
         for (int m = 0; m < MR; ++m) {                                                          \
             const __m512 xv = _mm512_set1_ps(x[m * ldx + k]);                                   \
             acc[0][m][0] = _mm512_fmadd_ps(xv, w0, acc[0][m][0]);                               \
@@ -220,26 +223,27 @@ static inline __m512 load_bf16(const uint16_t *p) {
             acc[0][m][1] = _mm512_add_ps(acc[0][m][1], acc[s][m][1]);                           \
         }
 
-#define DEFINE_DENSE_TILE(NAME, T, LOADW, MR, S)                                                \
+/* KB: columns a block holds (bf16: K rounded up to even) */
+#define DEFINE_DENSE_TILE(NAME, T, LOADW, KB, MR, S)                                            \
     static void NAME(const float *x, int64_t ldx, int64_t K, const T *w0p, const float *bias,   \
                      int64_t o0, float *y, int64_t ldy, int64_t N) {                            \
-        const T *w1p = w0p + K * 16;                                                            \
+        const T *w1p = w0p + (KB) * 16;                                                         \
         TILE_BODY_DENSE(MR, S, LOADW)                                                           \
         finish_pair(acc[0], MR, 0, 0, bias, o0, y, ldy, N);                                    \
     }
 
-DEFINE_DENSE_TILE(tile_bf_1, uint16_t, load_bf16, 1, 4)
-DEFINE_DENSE_TILE(tile_bf_2, uint16_t, load_bf16, 2, 2)
-DEFINE_DENSE_TILE(tile_bf_3, uint16_t, load_bf16, 3, 2)
-DEFINE_DENSE_TILE(tile_bf_4, uint16_t, load_bf16, 4, 1)
-DEFINE_DENSE_TILE(tile_bf_5, uint16_t, load_bf16, 5, 1)
-DEFINE_DENSE_TILE(tile_bf_6, uint16_t, load_bf16, 6, 1)
-DEFINE_DENSE_TILE(tile_f32_1, float, load_f32, 1, 4)
-DEFINE_DENSE_TILE(tile_f32_2, float, load_f32, 2, 2)
-DEFINE_DENSE_TILE(tile_f32_3, float, load_f32, 3, 2)
-DEFINE_DENSE_TILE(tile_f32_4, float, load_f32, 4, 1)
-DEFINE_DENSE_TILE(tile_f32_5, float, load_f32, 5, 1)
-DEFINE_DENSE_TILE(tile_f32_6, float, load_f32, 6, 1)
+DEFINE_DENSE_TILE(tile_bf_1, uint16_t, load_bf16, (K + 1) / 2 * 2, 1, 4)
+DEFINE_DENSE_TILE(tile_bf_2, uint16_t, load_bf16, (K + 1) / 2 * 2, 2, 2)
+DEFINE_DENSE_TILE(tile_bf_3, uint16_t, load_bf16, (K + 1) / 2 * 2, 3, 2)
+DEFINE_DENSE_TILE(tile_bf_4, uint16_t, load_bf16, (K + 1) / 2 * 2, 4, 2)
+DEFINE_DENSE_TILE(tile_bf_5, uint16_t, load_bf16, (K + 1) / 2 * 2, 5, 2)
+DEFINE_DENSE_TILE(tile_bf_6, uint16_t, load_bf16, (K + 1) / 2 * 2, 6, 2)
+DEFINE_DENSE_TILE(tile_f32_1, float, load_f32, K, 1, 4)
+DEFINE_DENSE_TILE(tile_f32_2, float, load_f32, K, 2, 2)
+DEFINE_DENSE_TILE(tile_f32_3, float, load_f32, K, 3, 2)
+DEFINE_DENSE_TILE(tile_f32_4, float, load_f32, K, 4, 1)
+DEFINE_DENSE_TILE(tile_f32_5, float, load_f32, K, 5, 1)
+DEFINE_DENSE_TILE(tile_f32_6, float, load_f32, K, 6, 1)
 
 typedef void (*dense_tile_fn)(const float *, int64_t, int64_t, const void *, const float *,
                               int64_t, float *, int64_t, int64_t);
@@ -268,13 +272,13 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
     }
 #if GRAFT_QUANT_AVX512
     if (!integer && level >= 2) {
-        const int64_t pairs = NB / 2, elem = kind == KIND_F32 ? 4 : 2;
+        const int64_t pairs = NB / 2, block = kind == KIND_F32 ? K * 64 : (K + 1) / 2 * 64; /* bytes */
         /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */
         for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
             const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
             for (int64_t p = 0; p < pairs; ++p) {
-                const uint8_t *wp = (const uint8_t *)w + 2 * p * K * 16 * elem;
+                const uint8_t *wp = (const uint8_t *)w + 2 * p * block;
                 for (int64_t m0 = mc; m0 < mend; m0 += MAX_MR) {
                     const int mr = (int)(mend - m0 < MAX_MR ? mend - m0 : MAX_MR);
                     (kind == KIND_BF16 ? BF_TILES : F32_TILES)[mr](x + m0 * ldx, ldx, K, wp, bias, p * 32,

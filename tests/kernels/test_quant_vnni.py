@@ -2,7 +2,8 @@
 fixed point in three signed digits. Checked against the dequantize-then-matmul reference
 where that representation is at its edges: K not a multiple of 4, K past one int32
 accumulation chunk, rows whose values span many orders of magnitude, zero rows, and rows
-the fixed point cannot hold (inf, NaN, tiny), which must take a fallback path."""
+the fixed point cannot hold (inf, NaN, tiny), which must take a fallback path. Also odd
+widths of the bf16 pair layout, and the capped (smaller-CPU) paths."""
 
 import os
 import subprocess
@@ -31,15 +32,17 @@ def _fixed_point_bound(x: torch.Tensor, qw) -> torch.Tensor:
 
 
 @needs_c
-@pytest.mark.parametrize("k", [5, 90, 577])  # int8: K padded to a multiple of 4 in the layout
-def test_int8_takes_any_width(k):
-    qw = quantize(_weight(40, k, seed=k), QuantScheme.parse("int8"))
+@pytest.mark.parametrize("scheme", ["int8", "bf16", "fp32"])
+@pytest.mark.parametrize("k", [5, 90, 577])  # int8 pads K to a multiple of 4, bf16 to even
+def test_any_width_on_every_path(scheme, k):
+    qw = quantize(_weight(40, k, seed=k), QuantScheme.parse(scheme))
     x = torch.randn(7, k)
     bias = torch.randn(40)
     want = quant_linear(x, qw, bias)
-    for portable in (False, True):
-        torch.testing.assert_close(cpu_quant.quant_linear(x, qw, bias, portable=portable), want,
-                                   rtol=1e-5, atol=1e-5)
+    for path in cpu_quant.ISA_NAMES[:cpu_quant.ISA_NAMES.index(cpu_quant.isa()) + 1]:
+        with cpu_quant.isa_capped(path):
+            torch.testing.assert_close(cpu_quant.quant_linear(x, qw, bias), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_quant.quant_linear(x, qw, bias, portable=True), want, rtol=1e-5, atol=1e-5)
 
 
 @needs_c
