@@ -41,9 +41,7 @@ def linear_desc(weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearDes
     p = cpu_quant.pack(weight)
     kind = weight.scheme.kind
     n, k = weight.shape
-    return LinearDesc(cpu_quant.KIND_CODES[kind], p.weight.data_ptr(),
-                      _addr(p.scales) if kind == "int8" else None,
-                      _addr(p.scales) if kind == "int4" else None, _addr(p.mins),
+    return LinearDesc(cpu_quant.KIND_CODES[kind], p.weight.data_ptr(), *p.pointers(kind),
                       weight.scheme.group_size, _addr(bias), n, k, p.num_blocks)
 
 

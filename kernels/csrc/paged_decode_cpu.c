@@ -343,7 +343,7 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
     /* One work item per sequence, all heads at once: each token's K (then V) row of all kv
      * heads is one contiguous read, so a block streams through memory in order. */
     int failed = 0;
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(num_threads) if (num_seqs > 1)  /* one sequence: no fork/join */
     {
         float *scores = malloc(sizeof(float) * (size_t)(num_q_heads * (max_len > 0 ? max_len : 1)));
         float *qf = malloc(sizeof(float) * (size_t)(num_q_heads * d));

@@ -1,7 +1,7 @@
 /* Weight-only linears on AVX2 + FMA (CPUs without AVX-512, and int8/int4 on AVX-512 CPUs
  * without VNNI): y[M, N] = x[M, K] @ dequant(W)^T + bias, every format in the layouts of
- * quant_linear_cpu.c (fp32 [NB][K][16], bf16 [NB][K2/2][16][2]) and quant_vnni_cpu.c (int8 [NB][K4/4][16][4]
- * as q + 128, int4 [NB][K/8][16][4]).
+ * quant_linear_cpu.c (fp32, bf16) and quant_vnni_cpu.c (int8 as q + 128, int4): a block's
+ * 64-byte steps are 128 bytes apart, its pair's other block in between.
  *
  * Each weight is widened to fp32 exactly in registers and multiplied with one FMA per row:
  * the products and their order are those of the portable loop's fp32 arithmetic (sums in
@@ -53,7 +53,7 @@ static inline __attribute__((always_inline)) void block_rows(
         for (int h = 0; h < 2; ++h) t.a[m][h][0] = t.a[m][h][1] = out[m][h] = _mm256_setzero_ps();
     if (kind == KIND_F32) {
         const float *wf = (const float *)w;
-#define F32_COL(k, s) fma_rows(&t, MR, x, ldx, k, s, _mm256_loadu_ps(wf + (k) * 16), _mm256_loadu_ps(wf + (k) * 16 + 8))
+#define F32_COL(k, s) fma_rows(&t, MR, x, ldx, k, s, _mm256_loadu_ps(wf + (k) * 32), _mm256_loadu_ps(wf + (k) * 32 + 8))
         int64_t k = 0;
         for (; k + 2 <= K; k += 2) { F32_COL(k, 0); F32_COL(k + 1, 1); }
         if (k < K) F32_COL(k, 0);
@@ -63,16 +63,16 @@ static inline __attribute__((always_inline)) void block_rows(
         const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
         int64_t k = 0;
         for (; k + 2 <= K; k += 2) {
-            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wb + k * 16));
-            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wb + k * 16 + 16));
+            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wb + k * 32));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wb + k * 32 + 16));
             fma_rows(&t, MR, x, ldx, k, 0, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)),
                      _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)));
             fma_rows(&t, MR, x, ldx, k + 1, 1, _mm256_castsi256_ps(_mm256_and_si256(v0, high)),
                      _mm256_castsi256_ps(_mm256_and_si256(v1, high)));
         }
         if (k < K) {
-            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wb + k * 16));
-            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wb + k * 16 + 16));
+            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wb + k * 32));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wb + k * 32 + 16));
             fma_rows(&t, MR, x, ldx, k, 0, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)),
                      _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)));
         }
@@ -80,16 +80,16 @@ static inline __attribute__((always_inline)) void block_rows(
         const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q */
         int64_t q = 0;
         for (; 4 * q + 4 <= K; ++q) {
-            const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + q * 64)), flip);
-            const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + q * 64 + 32)), flip);
+            const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + q * 128)), flip);
+            const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + q * 128 + 32)), flip);
             fma_rows(&t, MR, x, ldx, 4 * q, 0, BYTE_S8(v0, 0), BYTE_S8(v1, 0));
             fma_rows(&t, MR, x, ldx, 4 * q + 1, 1, BYTE_S8(v0, 1), BYTE_S8(v1, 1));
             fma_rows(&t, MR, x, ldx, 4 * q + 2, 0, BYTE_S8(v0, 2), BYTE_S8(v1, 2));
             fma_rows(&t, MR, x, ldx, 4 * q + 3, 1, BYTE_S8(v0, 3), BYTE_S8(v1, 3));
         }
         if (4 * q < K) { /* the last, partial step */
-            const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + q * 64)), flip);
-            const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + q * 64 + 32)), flip);
+            const __m256i v0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + q * 128)), flip);
+            const __m256i v1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + q * 128 + 32)), flip);
             fma_rows(&t, MR, x, ldx, 4 * q, 0, BYTE_S8(v0, 0), BYTE_S8(v1, 0));
             if (4 * q + 1 < K) fma_rows(&t, MR, x, ldx, 4 * q + 1, 1, BYTE_S8(v0, 1), BYTE_S8(v1, 1));
             if (4 * q + 2 < K) fma_rows(&t, MR, x, ldx, 4 * q + 2, 0, BYTE_S8(v0, 2), BYTE_S8(v1, 2));
@@ -100,16 +100,16 @@ static inline __attribute__((always_inline)) void block_rows(
             for (int m = 0; m < MR; ++m)
                 for (int h = 0; h < 2; ++h) t.a[m][h][0] = t.a[m][h][1] = _mm256_setzero_ps();
             for (int64_t j = g * group / 8; j < (g + 1) * group / 8; ++j) {
-                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + j * 64));
-                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(w + j * 64 + 32));
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(w + j * 128));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(w + j * 128 + 32));
                 _Pragma("GCC unroll 4") for (int b = 0; b < 4; ++b) {
                     fma_rows(&t, MR, x, ldx, 8 * j + b, 0, NIB(v0, 8 * b), NIB(v1, 8 * b));
                     fma_rows(&t, MR, x, ldx, 8 * j + 4 + b, 1, NIB(v0, 8 * b + 4), NIB(v1, 8 * b + 4));
                 }
             }
             for (int h = 0; h < 2; ++h) {
-                const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + g * 16 + 8 * h)));
-                const __m256 n = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + g * 16 + 8 * h)));
+                const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + g * 64 + 8 * h)));
+                const __m256 n = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + g * 64 + 8 * h)));
                 for (int m = 0; m < MR; ++m) {
                     const __m256 part = _mm256_add_ps(t.a[m][h][0], t.a[m][h][1]);
                     out[m][h] = _mm256_fmadd_ps(_mm256_set1_ps(xs[m * G + g]), n, _mm256_fmadd_ps(part, s, out[m][h]));
@@ -170,8 +170,10 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
         if (b * 16 >= N) continue;
         for (int64_t m0 = 0; m0 < M; m0 += MR_MAX) {
             const int mr = (int)(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-            tile(kind, mr, x + m0 * ldx, ldx, K, (const uint8_t *)w + b * bytes,
-                 kind == KIND_INT4 ? scales4 + b * G * 16 : 0, kind == KIND_INT4 ? mins4 + b * G * 16 : 0,
+            /* the pair's blocks alternate 64-byte steps: block b starts 64 bytes into its pair */
+            tile(kind, mr, x + m0 * ldx, ldx, K, (const uint8_t *)w + (b >> 1) * 2 * bytes + (b & 1) * 64,
+                 kind == KIND_INT4 ? scales4 + (b >> 1) * G * 64 + (b & 1) * 16 : 0,
+                 kind == KIND_INT4 ? mins4 + (b >> 1) * G * 64 + (b & 1) * 16 : 0,
                  group, xs ? xs + m0 * G : 0, kind == KIND_INT8 ? scale8 : 0, bias, b * 16,
                  y + m0 * ldy, ldy, N);
         }

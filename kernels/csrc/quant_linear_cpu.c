@@ -15,9 +15,10 @@
  * fp32 products in the same layouts.
  *
  * bf16/fp32 layout (graft.kernels.cpu_quant.pack): output channels in blocks of 16 lanes, N
- * padded to a multiple of 32 (two blocks per tile); per block the K columns follow each
- * other, 16 lanes each: fp32 [NB][K][16]; bf16 in column pairs, [NB][K2/2][16][2] (K2: K
- * rounded up to even, padded with 0), so that a lane's 32-bit word holds two columns. A tile is up to MR rows x 2 blocks of accumulators;
+ * padded to a multiple of 32 (two blocks per tile); per block the columns follow each other
+ * in 64-byte steps, and the two blocks of a pair alternate per step (one sequential stream
+ * per tile): fp32 a column per step, [NB/2][K][2][16]; bf16 a column pair per lane word,
+ * [NB/2][K2/2][2][16][2] (K2: K rounded up to even, padded with 0). A tile is up to MR rows x 2 blocks of accumulators;
  * small M splits the K loop over several accumulator sets so FMA latency is hidden.
  */
 #include <stdint.h>
@@ -92,6 +93,12 @@ static inline float bf16_bits_to_float(uint16_t h) {
     return f;
 }
 
+/* Byte offset of step j of block b: each pair of blocks alternates 64-byte steps, and a block
+ * has `steps` of them (fp32: K, bf16: K2/2, int8: K4/4, int4: K/8). */
+static inline int64_t step_at(int64_t b, int64_t j, int64_t steps) {
+    return (((b >> 1) * steps + j) * 2 + (b & 1)) * 64;
+}
+
 /* out[r][16] = rows x[r] . block b's weights (int8: before the channel scale), r < R. The
  * accumulators are locals so the compiler keeps them in vector registers; R rows share each
  * weight load. */
@@ -100,45 +107,47 @@ static inline __attribute__((always_inline)) void portable_rows(
     int64_t b, const uint16_t *scales4, const uint16_t *mins4, int64_t group, float out[][LANES]) {
     float acc[4][LANES] = {{0}};
     if (kind == KIND_F32) {
-        const float *wb = (const float *)w + b * K * LANES;
-        for (int64_t k = 0; k < K; ++k)
-            for (int r = 0; r < R; ++r)
-                for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wb[k * LANES + l];
-    } else if (kind == KIND_BF16) {
-        const uint16_t *wb = (const uint16_t *)w + b * ((K + 1) / 2 * 2) * LANES; /* [K2/2][16][2] */
         for (int64_t k = 0; k < K; ++k) {
-            float wk[LANES];
-            for (int l = 0; l < LANES; ++l) wk[l] = bf16_bits_to_float(wb[((k / 2) * LANES + l) * 2 + k % 2]);
+            const float *wk = (const float *)(w + step_at(b, k, K));
             for (int r = 0; r < R; ++r)
                 for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wk[l];
         }
-    } else if (kind == KIND_INT8) { /* [K4/4][16][4] bytes, q + 128 */
-        const int64_t K4 = (K + 3) / 4 * 4;
-        const uint8_t *wb = w + b * K4 * LANES;
+    } else if (kind == KIND_BF16) { /* column pairs per lane */
+        const int64_t steps = (K + 1) / 2;
         for (int64_t k = 0; k < K; ++k) {
+            const uint16_t *ws = (const uint16_t *)(w + step_at(b, k / 2, steps));
             float wk[LANES];
-            for (int l = 0; l < LANES; ++l) wk[l] = (float)((int)wb[((k / 4) * LANES + l) * 4 + k % 4] - 128);
+            for (int l = 0; l < LANES; ++l) wk[l] = bf16_bits_to_float(ws[l * 2 + k % 2]);
             for (int r = 0; r < R; ++r)
                 for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wk[l];
         }
-    } else { /* int4 [K/8][16][4]: byte t of step j holds column 8j + t (low), 8j + 4 + t (high) */
-        const uint8_t *wb = w + b * (K / 2) * LANES;
+    } else if (kind == KIND_INT8) { /* q + 128, four columns per lane word */
+        const int64_t steps = (K + 3) / 4;
+        for (int64_t k = 0; k < K; ++k) {
+            const uint8_t *ws = w + step_at(b, k / 4, steps);
+            float wk[LANES];
+            for (int l = 0; l < LANES; ++l) wk[l] = (float)((int)ws[l * 4 + k % 4] - 128);
+            for (int r = 0; r < R; ++r)
+                for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wk[l];
+        }
+    } else { /* int4: byte t of step j holds column 8j + t (low nibble), 8j + 4 + t (high) */
         const int64_t G = K / group;
         for (int64_t g = 0; g < G; ++g) {
             float part[4][LANES] = {{0}}, sc[LANES], mn[LANES];
             for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+                const uint8_t *ws = w + step_at(b, k / 8, K / 8);
                 float wk[LANES];
-                const int64_t j = k / 8, t = k % 4, high = (k % 8) >= 4;
+                const int64_t t = k % 4, high = (k % 8) >= 4;
                 for (int l = 0; l < LANES; ++l) {
-                    const uint8_t byte = wb[(j * LANES + l) * 4 + t];
+                    const uint8_t byte = ws[l * 4 + t];
                     wk[l] = (float)(high ? byte >> 4 : byte & 0xf);
                 }
                 for (int r = 0; r < R; ++r)
                     for (int l = 0; l < LANES; ++l) part[r][l] += x[r * ldx + k] * wk[l];
             }
             for (int l = 0; l < LANES; ++l) { /* sum x (q s + min) = s sum x q + min sum x */
-                sc[l] = half_to_float(scales4[(b * G + g) * LANES + l]);
-                mn[l] = half_to_float(mins4[(b * G + g) * LANES + l]);
+                sc[l] = half_to_float(scales4[((b >> 1) * G + g) * 64 + (b & 1) * LANES + l]);
+                mn[l] = half_to_float(mins4[((b >> 1) * G + g) * 64 + (b & 1) * LANES + l]);
             }
             for (int r = 0; r < R; ++r) {
                 float xsum = 0.0f;
@@ -184,11 +193,12 @@ static void qlinear_portable(int kind, const float *x, int64_t ldx, int64_t M, i
 }
 
 #if GRAFT_QUANT_AVX512
-/* Weight vector (16 lanes of fp32) of block column k. bf16 blocks hold column pairs per lane
- * ([K2/2][16][2]), so a column is its 32-bit word shifted or masked: no shuffle. */
-static inline __m512 load_f32(const float *p, int64_t k) { return _mm512_loadu_ps(p + k * 16); }
+/* Weight vector (16 lanes of fp32) of block column k; p: the block's first step (steps are
+ * 128 bytes apart: the pair's two blocks alternate). bf16 blocks hold column pairs per lane,
+ * so a column is its 32-bit word shifted or masked: no shuffle. */
+static inline __m512 load_f32(const float *p, int64_t k) { return _mm512_loadu_ps(p + k * 32); }
 static inline __m512 load_bf16(const uint16_t *p, int64_t k) {
-    const __m512i v = _mm512_loadu_si512(p + (k >> 1) * 32);
+    const __m512i v = _mm512_loadu_si512(p + (k >> 1) * 64);
     return _mm512_castsi512_ps((k & 1) ? _mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u))
                                        : _mm512_slli_epi32(v, 16));
 }
@@ -223,27 +233,26 @@ static inline __m512 load_bf16(const uint16_t *p, int64_t k) {
             acc[0][m][1] = _mm512_add_ps(acc[0][m][1], acc[s][m][1]);                           \
         }
 
-/* KB: columns a block holds (bf16: K rounded up to even) */
-#define DEFINE_DENSE_TILE(NAME, T, LOADW, KB, MR, S)                                            \
+#define DEFINE_DENSE_TILE(NAME, T, LOADW, MR, S)                                                \
     static void NAME(const float *x, int64_t ldx, int64_t K, const T *w0p, const float *bias,   \
                      int64_t o0, float *y, int64_t ldy, int64_t N) {                            \
-        const T *w1p = w0p + (KB) * 16;                                                         \
+        const T *w1p = w0p + 64 / sizeof(T); /* the pair's second block: 64 bytes on per step */ \
         TILE_BODY_DENSE(MR, S, LOADW)                                                           \
         finish_pair(acc[0], MR, 0, 0, bias, o0, y, ldy, N);                                    \
     }
 
-DEFINE_DENSE_TILE(tile_bf_1, uint16_t, load_bf16, (K + 1) / 2 * 2, 1, 4)
-DEFINE_DENSE_TILE(tile_bf_2, uint16_t, load_bf16, (K + 1) / 2 * 2, 2, 2)
-DEFINE_DENSE_TILE(tile_bf_3, uint16_t, load_bf16, (K + 1) / 2 * 2, 3, 2)
-DEFINE_DENSE_TILE(tile_bf_4, uint16_t, load_bf16, (K + 1) / 2 * 2, 4, 2)
-DEFINE_DENSE_TILE(tile_bf_5, uint16_t, load_bf16, (K + 1) / 2 * 2, 5, 2)
-DEFINE_DENSE_TILE(tile_bf_6, uint16_t, load_bf16, (K + 1) / 2 * 2, 6, 2)
-DEFINE_DENSE_TILE(tile_f32_1, float, load_f32, K, 1, 4)
-DEFINE_DENSE_TILE(tile_f32_2, float, load_f32, K, 2, 2)
-DEFINE_DENSE_TILE(tile_f32_3, float, load_f32, K, 3, 2)
-DEFINE_DENSE_TILE(tile_f32_4, float, load_f32, K, 4, 1)
-DEFINE_DENSE_TILE(tile_f32_5, float, load_f32, K, 5, 1)
-DEFINE_DENSE_TILE(tile_f32_6, float, load_f32, K, 6, 1)
+DEFINE_DENSE_TILE(tile_bf_1, uint16_t, load_bf16, 1, 4)
+DEFINE_DENSE_TILE(tile_bf_2, uint16_t, load_bf16, 2, 2)
+DEFINE_DENSE_TILE(tile_bf_3, uint16_t, load_bf16, 3, 2)
+DEFINE_DENSE_TILE(tile_bf_4, uint16_t, load_bf16, 4, 2)
+DEFINE_DENSE_TILE(tile_bf_5, uint16_t, load_bf16, 5, 2)
+DEFINE_DENSE_TILE(tile_bf_6, uint16_t, load_bf16, 6, 2)
+DEFINE_DENSE_TILE(tile_f32_1, float, load_f32, 1, 4)
+DEFINE_DENSE_TILE(tile_f32_2, float, load_f32, 2, 2)
+DEFINE_DENSE_TILE(tile_f32_3, float, load_f32, 3, 2)
+DEFINE_DENSE_TILE(tile_f32_4, float, load_f32, 4, 1)
+DEFINE_DENSE_TILE(tile_f32_5, float, load_f32, 5, 1)
+DEFINE_DENSE_TILE(tile_f32_6, float, load_f32, 6, 1)
 
 typedef void (*dense_tile_fn)(const float *, int64_t, int64_t, const void *, const float *,
                               int64_t, float *, int64_t, int64_t);
@@ -257,7 +266,7 @@ static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
 #endif
 
 /* y [M, ldy] = x [M, ldx] @ W^T + bias for the first N outputs. NB: blocks of 16 (even).
- * scale8: int8 per-channel scales [NB*16]; scales4/mins4: int4 fp16 [NB][G][16]. Returns 0,
+ * scale8: int8 per-channel scales [NB*16]; scales4/mins4: int4 fp16 (quant_vnni_cpu.c). Returns 0,
  * or -1 when scratch could not be allocated (y is not written then). */
 int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                         const void *w, const float *scale8, const uint16_t *scales4,

@@ -15,11 +15,13 @@
  * q + 128 (int8) or the raw nibble (int4); the digits are the signed operand, and
  * 128 * sum(d) is subtracted (as the accumulator's start value) for int8.
  *
- * Layouts (graft.kernels.cpu_quant.pack), output channels in blocks of 16 lanes, two blocks
- * per tile, each lane a 4-byte word per step:
- *   int8: [NB][K4/4][16][4] bytes, q + 128, K padded with q = 0 to K4 (multiple of 4);
- *   int4: [NB][K/8][16][4] bytes, byte t of step j holds column 8j + t (low nibble) and
- *         8j + 4 + t (high nibble); per-group fp16 scale and minimum as in quant_linear_cpu.c.
+ * Layouts (graft.kernels.cpu_quant.pack), output channels in blocks of 16 lanes, each lane a
+ * 4-byte word per step; the two blocks of a tile alternate per step, so a tile reads one
+ * sequential stream ([NB/2][steps][2][16][4] bytes; two streams ran ~1.5x slower from DRAM):
+ *   int8: q + 128, K padded with q = 0 to K4 (a multiple of 4), K4/4 steps;
+ *   int4: K/8 steps, byte t of step j holds column 8j + t (low nibble) and 8j + 4 + t (high
+ *         nibble); per group fp16 scales and minimums of the pair in one stream too:
+ *         [NB/2][G][scale 0, scale 1, min 0, min 1][16] (mins4 = scales4 + 32).
  */
 #include <math.h>
 #include <stdint.h>
@@ -108,7 +110,7 @@ static inline __m512 combine(const __m512i a[PIECES]) {
     static void NAME(const int8_t *dig, const int32_t *dsum, int64_t chunks, int64_t K4,          \
                      const uint8_t *w0p, const float *rs, const float *scale, const float *bias,  \
                      int64_t o0, float *y, int64_t ldy, int64_t N) {                              \
-        const uint8_t *w1p = w0p + K4 * 16;                                                       \
+        const uint8_t *w1p = w0p + 64; /* the pair's blocks alternate per step */                                                       \
         __m512 out[MR][2];                                                                        \
         for (int m = 0; m < MR; ++m) out[m][0] = out[m][1] = _mm512_setzero_ps();                 \
         for (int64_t c = 0; c < chunks; ++c) {                                                    \
@@ -119,8 +121,8 @@ static inline __m512 combine(const __m512i a[PIECES]) {
                         _mm512_set1_epi32(-128 * dsum[(m * PIECES + p) * chunks + c]);            \
             const int64_t q1 = ((c + 1) * CHUNK_K < K4 ? (c + 1) * CHUNK_K : K4) / 4;             \
             for (int64_t q = c * (CHUNK_K / 4); q < q1; ++q) {                                    \
-                const __m512i w0 = _mm512_loadu_si512(w0p + q * 64);                              \
-                const __m512i w1 = _mm512_loadu_si512(w1p + q * 64);                              \
+                const __m512i w0 = _mm512_loadu_si512(w0p + q * 128);                             \
+                const __m512i w1 = _mm512_loadu_si512(w1p + q * 128);                             \
                 _Pragma("GCC unroll 4") for (int m = 0; m < MR; ++m) {                            \
                     _Pragma("GCC unroll 3") for (int p = 0; p < PIECES; ++p) {                    \
                         const __m512i xb = _mm512_set1_epi32(load_word(dig + (m * PIECES + p) * K4 + 4 * q)); \
@@ -144,8 +146,8 @@ static inline __m512 combine(const __m512i a[PIECES]) {
                      const uint16_t *mn0, const float *xs, int64_t group, const float *rs,        \
                      const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {           \
         const int64_t G = K / group, steps = group / 8;                                           \
-        const uint8_t *w1p = w0p + K * 8;                                                         \
-        const uint16_t *sc1 = sc0 + G * 16, *mn1 = mn0 + G * 16;                                  \
+        const uint8_t *w1p = w0p + 64;                                                            \
+        const uint16_t *sc1 = sc0 + 16, *mn1 = mn0 + 16; /* per group: 64 halves, see pack */    \
         const __m512i nib = _mm512_set1_epi8(0x0f);                                               \
         __m512 out[MR][2];                                                                        \
         for (int m = 0; m < MR; ++m) out[m][0] = out[m][1] = _mm512_setzero_ps();                 \
@@ -154,7 +156,7 @@ static inline __m512 combine(const __m512i a[PIECES]) {
             for (int m = 0; m < MR; ++m)                                                          \
                 for (int p = 0; p < PIECES; ++p) acc[m][0][p] = acc[m][1][p] = _mm512_setzero_si512(); \
             for (int64_t j = g * steps; j < (g + 1) * steps; ++j) {                               \
-                const __m512i v0 = _mm512_loadu_si512(w0p + j * 64), v1 = _mm512_loadu_si512(w1p + j * 64); \
+                const __m512i v0 = _mm512_loadu_si512(w0p + j * 128), v1 = _mm512_loadu_si512(w1p + j * 128); \
                 const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi32(v0, 4), nib); \
                 const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi32(v1, 4), nib); \
                 _Pragma("GCC unroll 3") for (int m = 0; m < MR; ++m) {                            \
@@ -166,10 +168,10 @@ static inline __m512 combine(const __m512i a[PIECES]) {
                     }                                                                             \
                 }                                                                                 \
             }                                                                                     \
-            const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc0 + g * 16))); \
-            const __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc1 + g * 16))); \
-            const __m512 n0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn0 + g * 16))); \
-            const __m512 n1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn1 + g * 16))); \
+            const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc0 + g * 64))); \
+            const __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc1 + g * 64))); \
+            const __m512 n0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn0 + g * 64))); \
+            const __m512 n1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn1 + g * 64))); \
             for (int m = 0; m < MR; ++m) {                                                        \
                 const __m512 xsum = _mm512_set1_ps(xs[m * G + g]);                                \
                 out[m][0] = _mm512_fmadd_ps(xsum, n0, _mm512_fmadd_ps(combine(acc[m][0]), s0, out[m][0])); \
@@ -198,7 +200,7 @@ static const i4_tile_fn I4_TILES[MAX_MR4 + 1] = {0, vnni_i4_1, vnni_i4_2, vnni_i
 #endif
 
 /* int8 (kind 0) or int4 (kind 1) in the layouts above; scale8 [NB*16] fp32 per channel;
- * scales4/mins4 fp16 [NB][G][16]. Returns 0; 1 when this path does not apply (no VNNI in
+ * scales4/mins4 fp16, interleaved per pair and group as above. Returns 0; 1 when this path does not apply (no VNNI in
  * this build, or a row of x with inf/NaN or a largest |x| below 1e-30: the caller runs
  * the AVX2 or portable path); -1 when scratch could not be allocated (y is not written then). */
 int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
@@ -237,7 +239,7 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
                     I8_TILES[mr](dm, dsum + m0 * PIECES * chunks, chunks, KP, wp, rs + m0, scale8,
                                  bias, p * 32, y + m0 * ldy, ldy, N);
                 else
-                    I4_TILES[mr](dm, K, wp, scales4 + 2 * p * G * 16, mins4 + 2 * p * G * 16,
+                    I4_TILES[mr](dm, K, wp, scales4 + p * G * 64, mins4 + p * G * 64,
                                  xs + m0 * G, group, rs + m0, bias, p * 32, y + m0 * ldy, ldy, N);
             }
         }
