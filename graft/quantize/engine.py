@@ -31,7 +31,7 @@ class QuantEngine:
         # what each linear holds as loaded (fp32: the C-layout copy, or None over the torch
         # weights): an fp32 module goes back to exactly this
         self._loaded = {name: self.model.linear_weight(name) for name in self.shapes}
-        self._fp32 = _fp32_weights(self.engine.model_dir, self.runner)
+        self._fp32 = _fp32_weights(self.engine.model_dir, self.runner, self.shapes)
         self._quantized: dict[tuple[str, str], object] = {}
 
     @property
@@ -130,10 +130,32 @@ class PlanBackend:
         return self.qe.backend.generate(requests)
 
 
-def _fp32_weights(model_dir: Path, runner) -> dict[str, torch.Tensor]:
-    """{module name: fp32 weight [out, in]}: a second load of the checkpoint, because the
-    engine keeps its fp32 linears only in a kernel layout (C-packed or oneDNN-prepacked; the
-    plain weight is meta)."""
+def _fp32_weights(model_dir: Path, runner, names) -> dict[str, torch.Tensor]:
+    """{module name: fp32 weight [out, in]}, exactly as the engine loaded it. Read back from
+    the engine where it holds the weight readably (fp32 in the C layout, which unpacks
+    exactly, or the module's own torch weight); the checkpoint is loaded a second time only
+    when some linear is oneDNN-prepacked, an opaque copy that cannot be read back."""
+    weights = {name: _held_fp32(runner, name) for name in names}
+    missing = [name for name, w in weights.items() if w is None]
+    if missing:
+        loaded = _load_fp32(model_dir, runner)
+        weights.update({name: loaded[name] for name in missing})
+    return weights
+
+
+def _held_fp32(runner, name: str) -> torch.Tensor | None:
+    """The engine's own copy of linear `name` in the runner's dtype, or None when unreadable."""
+    model = runner.model
+    held = model.linear_weight(name)
+    if held is not None:  # fp32 on the C kernels: the canonical tensor, unpacked on demand
+        return held.dequantize().detach() if held.scheme.kind == "fp32" else None
+    weight = model.embed_tokens.weight if name == "lm_head" and model.lm_head is None \
+        else model.get_submodule(name).weight
+    return None if weight.is_meta or weight.dtype != runner.dtype else weight.detach()
+
+
+def _load_fp32(model_dir: Path, runner) -> dict[str, torch.Tensor]:
+    """A second load of the checkpoint: {module name: weight [out, in]} in the runner's dtype."""
     from graft.serving.models import build_model, load_weights
     from graft.serving.models.layers import Linear
 

@@ -20,14 +20,41 @@ COLORS = {  # name -> RGB; far apart so that one word names each without doubt
 }
 KINDS = ("circle", "square", "triangle", "star")
 NUMBER_WORDS = ("zero", "one", "two", "three")
-TEXT_PROMPTS = (  # plain prompts: the grafted model must answer them exactly as SmolLM2 does
+# Plain prompts: the grafted model must answer them exactly as SmolLM2 does. Enough of them
+# that a half split (graft quantize's search vs held-out) still has ~14 per side: with 2 per
+# side one changed answer moved the task score by 0.5 and decided the search.
+TEXT_PROMPTS = (
     "What is the capital of France?",
     "Name three primary colors.",
     "How many legs does a spider have?",
     "Write one sentence about the sea.",
+    "What is the boiling point of water in Celsius?",
+    "Who wrote Romeo and Juliet?",
+    "What is the largest planet in the solar system?",
+    "Give two examples of mammals.",
+    "How many days are in a leap year?",
+    "What gas do plants take in from the air?",
+    "Translate 'thank you' into Spanish.",
+    "What is 12 times 7?",
+    "Name the longest river in Africa.",
+    "Explain what a noun is in one sentence.",
+    "What is the chemical symbol for gold?",
+    "List the four seasons of the year.",
+    "How many continents are there?",
+    "Write a short greeting for a birthday card.",
+    "What is the freezing point of water in Fahrenheit?",
+    "Which ocean is the largest?",
+    "Suggest a name for a pet cat.",
+    "What does a thermometer measure?",
+    "How many minutes are in an hour?",
+    "Describe the color of the sky on a clear day.",
+    "What is the opposite of hot?",
+    "Name a fruit that is yellow.",
+    "Give one tip for staying healthy.",
+    "What is the square root of 81?",
 )
 DIGIT_QUESTION = "Which digit is shown?"
-FORMAT = 2  # bump when the generator changes, so data written by an older one is redone
+FORMAT = 3  # bump when the generator changes, so data written by an older one is redone
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 

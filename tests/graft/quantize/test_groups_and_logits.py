@@ -49,3 +49,28 @@ def test_prefill_logits_match_hf_on_the_same_weights(tiny_llm_factory, scheme):
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0]
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["auto", "reference", "prepacked"])
+def test_fp32_weights_are_the_checkpoints_and_loaded_once_where_readable(
+        tiny_llm_factory, monkeypatch, mode):
+    """auto: fp32 on the C kernels, read back from their layout; reference: the torch weights;
+    prepacked: oneDNN's opaque copies, the one case that loads the checkpoint again."""
+    from graft.kernels import cpu_linear
+    from graft.quantize import engine as engine_module
+
+    if mode != "auto":
+        monkeypatch.setenv("GRAFT_KERNELS", "reference")
+    model_dir = tiny_llm_factory("qwen2")
+    qe = engine_module.QuantEngine(model_dir)
+    want = engine_module._load_fp32(qe.engine.model_dir, qe.runner)
+    loads = []
+    monkeypatch.setattr(engine_module, "_load_fp32", lambda *a: loads.append(1) or want)
+    if mode == "prepacked":
+        if cpu_linear.unavailable_reason(torch.float32) is not None:
+            pytest.skip(f"no oneDNN linears: {cpu_linear.unavailable_reason(torch.float32)}")
+        qe.model.prepack_linears()
+    got = engine_module._fp32_weights(qe.engine.model_dir, qe.runner, qe.shapes)
+    assert set(got) == set(qe.shapes)
+    assert all(got[n].dtype == torch.float32 and torch.equal(got[n], want[n]) for n in qe.shapes)
+    assert len(loads) == (1 if mode == "prepacked" else 0)

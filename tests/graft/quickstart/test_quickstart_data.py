@@ -8,8 +8,8 @@ from PIL import Image
 
 from graft.cli import main as cli_main
 from graft.errors import GraftConfigError
-from graft.quickstart.data import (COLORS, DIGIT_WORDS, KINDS, DataParams, data_is_current, draw_scene,
-                                   write_quickstart_data)
+from graft.quickstart.data import (COLORS, DIGIT_WORDS, FORMAT, KINDS, TEXT_PROMPTS, DataParams,
+                                   data_is_current, draw_scene, write_quickstart_data)
 
 SMALL = dict(train_scenes=12, val_scenes=6, digits_test=10, digits_train=20, image_size=64)
 
@@ -45,7 +45,8 @@ def test_layout_and_formats(small_data):
             with Image.open(out / row["image"]) as im:
                 assert im.size == (64, 64) and im.mode == "RGB"
     text = _jsonl(out / "eval" / "text_only.jsonl")
-    assert text and all(set(r) == {"id", "question"} for r in text)
+    assert [r["question"] for r in text] == list(TEXT_PROMPTS)
+    assert all(set(r) == {"id", "question"} for r in text) and len({r["id"] for r in text}) == len(text)
     assert {r["answer"] for r in _jsonl(out / "eval" / "digits.jsonl")} <= set("0123456789")
 
 
@@ -96,9 +97,23 @@ def test_same_seed_same_data_other_seed_differs(tmp_path, small_data):
     assert (again / "eval" / "digits.jsonl").read_text() == (out / "eval" / "digits.jsonl").read_text()
     assert data_is_current(again, DataParams(seed=0, **SMALL))
     assert not data_is_current(again, DataParams(seed=1, **SMALL))
+    meta = json.loads((again / "meta.json").read_text())
+    (again / "meta.json").write_text(json.dumps({**meta, "format": FORMAT - 1}))
+    assert not data_is_current(again, DataParams(seed=0, **SMALL))  # an older generator's data is redone
     other = tmp_path / "other"
     write_quickstart_data(other, DataParams(seed=1, **SMALL))
     assert (other / "eval" / "digits.jsonl").read_text() != (out / "eval" / "digits.jsonl").read_text()
+
+
+def test_text_prompts_fill_both_quantize_splits():
+    from types import SimpleNamespace
+
+    from graft.quantize.quality import split_samples
+
+    assert len(set(TEXT_PROMPTS)) == len(TEXT_PROMPTS) >= 24
+    rows = [SimpleNamespace(id=f"text_{k}", group=None) for k in range(len(TEXT_PROMPTS))]
+    search, held = split_samples(rows, 0.5, 0)
+    assert min(len(search), len(held)) >= 12
 
 
 @pytest.mark.parametrize("bad, match", [
