@@ -77,6 +77,11 @@ class Evaluator:
     def weight_bytes(self, assignment: dict) -> int:
         return sum(self._bytes[(g, assignment.get(g, "fp32"))] for g in self.groups)
 
+    def tokens_per_s(self, assignment: dict) -> float:
+        """Decode tokens/s of `assignment` alone (no quality): a re-measurement."""
+        self.qe.apply(self.plan(assignment))
+        return self.qe.decode_tokens_per_s(self.settings.decode_tokens, self.settings.decode_repeats)
+
     def measure(self, assignment: dict, stop=None) -> dict:
         """Bytes and tokens/s first (cheap), then quality chunk by chunk (`stop(upper bound,
         tokens/s, bytes)` may end it), then KL for a complete one."""

@@ -94,7 +94,7 @@ def write_outputs(out: Path, points: list[dict], base: dict, goal: Goal, ev, qe,
     atomic_write_text(out / "evaluated.jsonl", "\n".join(lines) + "\n")
     front = pareto_front(points)
     report = {"goal": {"kind": goal.kind, "value": goal.value, "text": goal.describe()},
-              "split": "search", "groups": ev.modules, "baseline": _slim(base),
+              "split": "search", "groups": ev.modules, "baseline": {**_slim(base), "tokens_per_s_samples": base.get("tokens_per_s_samples")},
               "front": [_slim(p) for p in front], "chosen": None,
               "interactions": interaction_summary(points)}
     try:

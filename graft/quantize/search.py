@@ -1,6 +1,8 @@
 """The search: a sensitivity pass, then whole-model assignments measured end to end.
 
-1. fp32 baseline; then every group alone in every scheme (the sensitivity pass).
+1. fp32 baseline; then every group alone in every scheme (the sensitivity pass). The
+   baseline's tokens/s is measured again after the sensitivity pass, after the anchors and at
+   the end; the best of them is its speed (a busy moment at the start skews no speedup).
 2. The additive model: predicted quality = fp32 + the sum of the groups' deltas (KL alike).
 3. Anchors: every scheme for the whole model. Seed: the best point, by the goal, on the
    additive greedy path (fp32 -> cheapest, always the move losing the least predicted
@@ -23,6 +25,9 @@ from __future__ import annotations
 
 from graft.quantize.groups import assignment_key
 from graft.quantize.pareto import Goal, dominates
+
+
+SPEED_TAGS = ("start", "after sensitivity", "after anchors", "end")  # baseline speed samples
 
 
 class Search:
@@ -53,6 +58,20 @@ class Search:
         if self.progress is not None:
             self.progress(point)
         return point
+
+    def refresh_base_speed(self, tag: str) -> None:
+        """Measure the fp32 baseline's decode tokens/s again and keep the best of its
+        measurements as its speed: one baseline taken while the machine was busy would inflate
+        every speedup (and the speedup goal). The best run is the least disturbed one, as in
+        each point's own measurement. The samples live in the baseline's state entry, so a
+        resumed run replays the same numbers."""
+        samples = self.base.setdefault("tokens_per_s_samples", {"start": self.base["tokens_per_s"]})
+        if tag not in samples:
+            samples[tag] = self.ev.tokens_per_s({g: "fp32" for g in self.groups})
+            self.state.save()
+        # only the samples up to this one: a resumed run decides with what the first run knew
+        upto = SPEED_TAGS[:SPEED_TAGS.index(tag) + 1]
+        self.base["tokens_per_s"] = max(samples[t] for t in upto if t in samples)
 
     def _stop_rule(self):
         """Stop a candidate whose best case (quality upper bound) is dominated by a measured
@@ -109,6 +128,7 @@ class Search:
     def run(self) -> list[dict]:
         fp32 = {g: "fp32" for g in self.groups}
         self.base = self.evaluate(fp32, "baseline")
+        self.refresh_base_speed("start")  # a resumed baseline holds later samples too
         for g in self.groups:
             self.delta_q[g], self.kl[g] = {"fp32": 0.0}, {"fp32": 0.0}
             for s in self.schemes[1:]:
@@ -116,10 +136,12 @@ class Search:
                 self.delta_q[g][s] = p["quality"] - self.base["quality"]
                 self.kl[g][s] = p["kl"] or 0.0
         self.additive_ready = True
+        self.refresh_base_speed("after sensitivity")
         for point in self.seen.values():  # the first ones predate the deltas
             point.update(self._predictions(point["assignment"]))
         for s in self.schemes[1:]:
             self.evaluate({g: s for g in self.groups}, "anchor")
+        self.refresh_base_speed("after anchors")
         seed = min(self.additive_path(),
                    key=lambda a: self.goal.rank(self.predict(a, self.base), self.base))
         self.evaluate(seed, "seed")
@@ -128,6 +150,7 @@ class Search:
             if child is None:
                 break
             self.evaluate(child, "search", early_stop=True)
+        self.refresh_base_speed("end")
         self.state.save()
         return list(self.seen.values())
 

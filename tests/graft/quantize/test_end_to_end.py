@@ -30,6 +30,9 @@ def test_planted_harmless_group_is_quantized_and_quality_kept(searched):
     assert chosen["assignment"]["layers.1.mlp"] == "int4-g32"  # exact there: free bytes
     assert set(chosen["assignment"].values()) == {"fp32", "int4-g32"}
     assert chosen["quality"] == base["quality"] and chosen["weight_bytes"] < base["weight_bytes"]
+    samples = base["tokens_per_s_samples"]  # the real evaluator re-measured the baseline
+    assert list(samples) == ["start", "after sensitivity", "after anchors", "end"]
+    assert base["tokens_per_s"] == max(samples.values()) > 0
     points = [json.loads(line) for line in (out / "evaluated.jsonl").read_text().splitlines()]
     alone = next(p for p in points if p["key"] == "layers.1.mlp=int4-g32")
     assert alone["kl"] == pytest.approx(0.0, abs=1e-6) and alone["phase"] == "sensitivity"

@@ -18,8 +18,14 @@ class Planted:
     groups = ["a", "b", "c", "d"]
     schemes = ["fp32", "int8", "int4-g32"]
 
-    def __init__(self, fail_after=None):
+    def __init__(self, fail_after=None, base_speeds=None):
         self.calls, self.fail_after = 0, fail_after
+        self.base_speeds = list(base_speeds or [])  # fp32 re-measurements, in order
+        self.speed_calls = 0
+
+    def tokens_per_s(self, assignment):
+        self.speed_calls += 1
+        return self.base_speeds.pop(0) if self.base_speeds else 1e4 / self.weight_bytes(assignment)
 
     def group_bytes(self, g, s):
         return BYTES[s]
@@ -115,3 +121,28 @@ def test_pareto_filter():
     f = _p(1.0, 30, 10, complete=False)  # stopped early: never on the front
     front = pareto_front([a, b, c, d, e, f])
     assert front == [b, a, d, e]
+
+
+def test_a_disturbed_baseline_speed_is_measured_again_and_the_best_kept(tmp_path):
+    """The fp32 speed taken at the start (here 10x too slow, as on a busy machine) would make
+    every point look 10x faster; the re-measurements replace it, and a resumed run replays
+    them without measuring again."""
+
+    class SlowStart(Planted):
+        def measure(self, assignment, stop=None):
+            out = super().measure(assignment, stop)
+            if all(s == "fp32" for s in assignment.values()):
+                out["tokens_per_s"] /= 10
+            return out
+
+    ev = SlowStart(base_speeds=[20.0, 26.0, 31.0])
+    search, points = _search(tmp_path, ev, goal=Goal("speedup", 3.0))
+    assert ev.speed_calls == 3
+    base = search.base
+    assert base["tokens_per_s_samples"] == {"start": 2.5, "after sensitivity": 20.0,
+                                            "after anchors": 26.0, "end": 31.0}
+    assert base["tokens_per_s"] == 31.0
+    again = SlowStart()
+    resumed, replayed = _search(tmp_path, again, goal=Goal("speedup", 3.0))
+    assert again.speed_calls == 0 and again.calls == 0 and resumed.base["tokens_per_s"] == 31.0
+    assert [p["key"] for p in replayed] == [p["key"] for p in points]  # the same decisions
