@@ -4,8 +4,7 @@
  * 64-byte steps are 128 bytes apart, its pair's other block in between.
  *
  * Each weight is widened to fp32 exactly in registers and multiplied with one FMA per row:
- * the products and their order are those of the portable loop's fp32 arithmetic (sums in
- * another order). A 16-lane block is two 8-lane halves; a tile is up to 3 rows x 2 halves x 2
+ * the portable loop's fp32 products, summed in another order. A 16-lane block is two 8-lane halves; a tile is up to 3 rows x 2 halves x 2
  * accumulator sets (even and odd columns), 12 of the 16 ymm registers.
  */
 #include <stdint.h>
