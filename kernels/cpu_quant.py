@@ -4,7 +4,7 @@ weights with fp32 activations, and the blocked layout they read.
 `pack` turns a QuantizedWeight's canonical tensors into 16-lane output blocks once, at load
 time; `quant_linear` has the contract of graft.kernels.quant.quant_linear (the reference).
 The library is the one cpu_ops builds: int8/int4 run on AVX-512 VNNI, bf16/fp32 on AVX-512F,
-and whatever this CPU lacks runs the C file's portable loop (`isa()` says which).
+what this CPU lacks on AVX2 + FMA, and without AVX2 a portable loop (`isa()` says which).
 """
 
 from __future__ import annotations
