@@ -8,7 +8,10 @@
  * accumulator sets (even and odd columns), 12 of the 16 ymm registers.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "quant_group_sums.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -152,18 +155,23 @@ static void tile(int kind, int MR, const float *x, int64_t ldx, int64_t K, const
 }
 #endif
 
-/* Same arguments as graft_quant_linear; xs: int4 group sums of x [M][G] (else unused).
- * Returns 0, or 1 when this build has no AVX2 (the caller runs the portable loop). */
+/* Same arguments as graft_quant_linear. Returns 0; 1 when this build has no AVX2 (the caller
+ * runs the portable loop); -1 when int4's group sums could not be allocated. */
 int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *scale8, const uint16_t *scales4,
-                            const uint16_t *mins4, int64_t group, const float *xs,
-                            const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
-                            int nthreads) {
+                            const uint16_t *mins4, int64_t group, const float *bias, float *y,
+                            int64_t ldy, int64_t N, int64_t NB, int nthreads) {
 #if GRAFT_QUANT_AVX2
     const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K;
     const int64_t bytes = kind == KIND_F32 ? KP * 64 : kind == KIND_BF16 ? (KP + 1) / 2 * 64
                         : kind == KIND_INT8 ? KP * 16 : KP * 8; /* per 16-lane block */
     const int64_t G = kind == KIND_INT4 ? K / group : 0;
+    float *xs = 0; /* int4: the group sums of x, [M][G] */
+    if (G) {
+        xs = malloc(sizeof(float) * (size_t)(M * G));
+        if (!xs) return -1;
+        group_sums(x, ldx, M, K, group, xs);
+    }
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (NB > 1 && nthreads > 1)
     for (int64_t b = 0; b < NB; ++b) {
         if (b * 16 >= N) continue;
@@ -177,11 +185,11 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
                  y + m0 * ldy, ldy, N);
         }
     }
+    free(xs);
     return 0;
 #else
     (void)kind; (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)scale8; (void)scales4;
-    (void)mins4; (void)group; (void)xs; (void)bias; (void)y; (void)ldy; (void)N; (void)NB;
-    (void)nthreads;
+    (void)mins4; (void)group; (void)bias; (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
     return 1;
 #endif
 }

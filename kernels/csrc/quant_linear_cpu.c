@@ -18,8 +18,9 @@
  * padded to a multiple of 32 (two blocks per tile); per block the columns follow each other
  * in 64-byte steps, and the two blocks of a pair alternate per step (one sequential stream
  * per tile): fp32 a column per step, [NB/2][K][2][16]; bf16 a column pair per lane word,
- * [NB/2][K2/2][2][16][2] (K2: K rounded up to even, padded with 0). A tile is up to MR rows x 2 blocks of accumulators;
- * small M splits the K loop over several accumulator sets so FMA latency is hidden.
+ * [NB/2][K2/2][2][16][2] (K2: K rounded up to even, padded with 0). A tile is up to MR rows
+ * x 2 blocks of accumulators; small M splits the K loop over several accumulator sets so FMA
+ * latency is hidden.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,9 +46,8 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
 int graft_quant_avx2(void);
 int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *scale8, const uint16_t *scales4,
-                            const uint16_t *mins4, int64_t group, const float *xs,
-                            const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
-                            int nthreads);
+                            const uint16_t *mins4, int64_t group, const float *bias, float *y,
+                            int64_t ldy, int64_t N, int64_t NB, int nthreads);
 
 /* 0: portable only; 1: every format on AVX2 + FMA; 2: bf16/fp32 on AVX-512F (int8/int4 on
  * AVX2); 3: int8/int4 on AVX-512 VNNI too. The level can be lowered (GRAFT_CPU_ISA, via
@@ -299,22 +299,9 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
     }
 #endif
     if (level >= 1) {
-        const int64_t G = kind == KIND_INT4 ? K / group : 0;
-        float *xs = 0; /* int4: the group sums of x, [M][G] */
-        if (G) {
-            xs = malloc(sizeof(float) * (size_t)(M * G));
-            if (!xs) return -1;
-            for (int64_t m = 0; m < M; ++m)
-                for (int64_t g = 0; g < G; ++g) {
-                    float t = 0.0f;
-                    for (int64_t k = g * group; k < (g + 1) * group; ++k) t += x[m * ldx + k];
-                    xs[m * G + g] = t;
-                }
-        }
         const int status = graft_quant_linear_avx2(kind, x, ldx, M, K, w, scale8, scales4, mins4,
-                                                   group, xs, bias, y, ldy, N, NB, nthreads);
-        free(xs);
-        if (status == 0) return 0;
+                                                   group, bias, y, ldy, N, NB, nthreads);
+        if (status <= 0) return status;
     }
     qlinear_portable(kind, x, ldx, M, K, (const uint8_t *)w, scale8, scales4, mins4, group,
                      bias, y, ldy, N, nthreads);

@@ -30,6 +30,7 @@
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include "quant_epilogue.h"
+#include "quant_group_sums.h"
 #define GRAFT_QUANT_VNNI 1
 #else
 #define GRAFT_QUANT_VNNI 0
@@ -200,9 +201,10 @@ static const i4_tile_fn I4_TILES[MAX_MR4 + 1] = {0, vnni_i4_1, vnni_i4_2, vnni_i
 #endif
 
 /* int8 (kind 0) or int4 (kind 1) in the layouts above; scale8 [NB*16] fp32 per channel;
- * scales4/mins4 fp16, interleaved per pair and group as above. Returns 0; 1 when this path does not apply (no VNNI in
- * this build, or a row of x with inf/NaN or a largest |x| below 1e-30: the caller runs
- * the AVX2 or portable path); -1 when scratch could not be allocated (y is not written then). */
+ * scales4/mins4 fp16, interleaved per pair and group as above. Returns 0; 1 when this path
+ * does not apply (no VNNI in this build, or a row of x with inf/NaN or a largest |x| below
+ * 1e-30: the caller runs the AVX2 or portable path); -1 when scratch could not be allocated
+ * (y is not written then). */
 int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *scale8, const uint16_t *scales4,
                             const uint16_t *mins4, int64_t group, const float *bias, float *y,
@@ -210,21 +212,20 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
 #if GRAFT_QUANT_VNNI
     if (kind != KIND_INT8 && kind != KIND_INT4) return 1;
     const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K, pairs = NB / 2;
-    const int64_t chunks = kind == KIND_INT8 ? (KP + CHUNK_K - 1) / CHUNK_K : 1;
+    const int64_t chunks = kind == KIND_INT8 ? (KP + CHUNK_K - 1) / CHUNK_K : 0; /* int4: no offset */
     const int64_t G = kind == KIND_INT4 ? K / group : 0, block_bytes = KP * 16 / (kind == KIND_INT4 ? 2 : 1);
     int8_t *dig = malloc((size_t)(M * PIECES * KP) + 64);
     float *rs = malloc(sizeof(float) * (size_t)M);
-    int32_t *dsum = malloc(sizeof(int32_t) * (size_t)(M * PIECES * chunks));
+    int32_t *dsum = malloc(sizeof(int32_t) * (size_t)(M * PIECES * chunks + 1));
     float *xs = malloc(sizeof(float) * (size_t)(M * G + 1));
     int status = dig && rs && dsum && xs ? 0 : -1;
-    for (int64_t m = 0; m < M && !status; ++m) {
+    for (int64_t m = 0; m < M && !status; ++m)
         if (prep_row(x + m * ldx, K, KP, dig + m * PIECES * KP, rs + m, dsum + m * PIECES * chunks, chunks))
             status = 1;
-        for (int64_t g = 0; g < G; ++g) { /* int4: group sums of x, divided by the step */
-            float t = 0.0f;
-            for (int64_t k = g * group; k < (g + 1) * group; ++k) t += x[m * ldx + k];
-            xs[m * G + g] = rs[m] > 0.0f ? t / rs[m] : 0.0f;
-        }
+    if (G && !status) { /* int4: group sums of x, divided by the step */
+        group_sums(x, ldx, M, K, group, xs);
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t g = 0; g < G; ++g) xs[m * G + g] = rs[m] > 0.0f ? xs[m * G + g] / rs[m] : 0.0f;
     }
     for (int64_t mc = 0; mc < M && !status; mc += M_CHUNK) {
         const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
