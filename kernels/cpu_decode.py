@@ -60,7 +60,7 @@ def decode_layers(layers, dims: Dims, h: torch.Tensor, cos: torch.Tensor, sin: t
         cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         scratch.data_ptr(), torch.get_num_threads())
     if bad < 0:
-        raise MemoryError("decode step (C): no memory for the scratch buffers (attention, int4 group sums)")
+        raise MemoryError("decode step (C): no memory for the scratch buffers (attention, activation digits, int4 group sums)")
     if bad:
         layer, what = divmod(bad - 1, 2)
         if what == 0:

@@ -234,5 +234,5 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
         if portable:
             lib.graft_quant_linear_portable(*args, torch.get_num_threads())
         elif lib.graft_quant_linear(*args, p.num_blocks, torch.get_num_threads()):
-            raise MemoryError(f"quant_linear (C): no memory for the int4 group sums of {rows} rows")
+            raise MemoryError(f"quant_linear (C): no memory for the scratch of {rows} rows (activation digits, int4 group sums)")
     return y.reshape(*lead, n)
