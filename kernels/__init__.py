@@ -7,9 +7,10 @@ the reference). cpu_linear holds the oneDNN-prepacked
 linears the engine's CPU model runs its projections on.
 """
 
-from graft.kernels.dispatch import (apply_rotary, backend_name, paged_attention_decode,
+from graft.kernels.dispatch import (apply_rotary, argmax, backend_name, paged_attention_decode,
                                     paged_attention_prefill, quant_linear, rms_norm, rope_cos_sin,
                                     silu_mul, store_kv)
 
-__all__ = ["apply_rotary", "backend_name", "paged_attention_decode", "paged_attention_prefill",
-           "quant_linear", "rms_norm", "rope_cos_sin", "silu_mul", "store_kv"]
+__all__ = ["apply_rotary", "argmax", "backend_name", "paged_attention_decode",
+           "paged_attention_prefill", "quant_linear", "rms_norm", "rope_cos_sin", "silu_mul",
+           "store_kv"]

@@ -1,9 +1,11 @@
-"""One C call for every decoder layer of an all-decode step (kernels/csrc/decode_step_cpu.c):
-the descriptors it reads (ctypes structs mirroring the C ones) and the call."""
+"""One C call for every decoder layer of an all-decode step, or for the whole step from token
+ids to logits (kernels/csrc/decode_step_cpu.c): the descriptors it reads (ctypes structs
+mirroring the C ones) and the calls."""
 
 from __future__ import annotations
 
 import ctypes
+from array import array
 
 import torch
 
@@ -32,6 +34,11 @@ class Dims(ctypes.Structure):
                [("eps", ctypes.c_float), ("qk_eps", ctypes.c_float), ("scale", ctypes.c_float)]
 
 
+class StepDesc(ctypes.Structure):
+    _fields_ = [("embed", _ptr), ("vocab", _i64), ("final_norm", _ptr), ("final_eps", ctypes.c_float),
+                ("head", LinearDesc), ("cos_table", _ptr), ("sin_table", _ptr), ("max_pos", _i64)]
+
+
 def _addr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -49,6 +56,10 @@ def scratch_floats(dims: Dims, tokens: int) -> int:
     return int(cpu_ops._lib().graft_decode_scratch(ctypes.byref(dims), tokens))
 
 
+def step_scratch_floats(dims: Dims, tokens: int) -> int:
+    return int(cpu_ops._lib().graft_decode_step_scratch(ctypes.byref(dims), tokens))
+
+
 def decode_layers(layers, dims: Dims, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
                   scratch: torch.Tensor) -> torch.Tensor:
@@ -59,13 +70,44 @@ def decode_layers(layers, dims: Dims, h: torch.Tensor, cos: torch.Tensor, sin: t
         layers, len(layers), ctypes.byref(dims), h.shape[0], h.data_ptr(), residual.data_ptr(),
         cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         scratch.data_ptr(), torch.get_num_threads())
+    _raise_for(bad, dims, lambda: max(slots.tolist()))
+    return residual
+
+
+def decode_step(layers, dims: Dims, step: StepDesc, ids: list[int], positions: list[int],
+                slots: list[int], tables: list[list[int]], lens: list[int],
+                scratch: torch.Tensor) -> torch.Tensor:
+    """A whole all-decode step of T sequences (one token each): ids -> logits [T, step.head.n]
+    fp32. The metadata come as Python lists (tables padded here); the KV cache is written."""
+    width = max(1, max(len(t) for t in tables))
+    flat = array("i", [b for t in tables for b in (t + [0] * (width - len(t)))])
+    ids_a, pos_a, slots_a, lens_a = (array("q", ids), array("q", positions), array("q", slots),
+                                     array("i", lens))
+    dims.max_blocks = width
+    logits = torch.empty((len(ids), step.head.n), dtype=torch.float32)
+    bad = cpu_ops._lib().graft_decode_step(
+        layers, len(layers), ctypes.byref(dims), ctypes.byref(step), len(ids),
+        ids_a.buffer_info()[0], pos_a.buffer_info()[0], slots_a.buffer_info()[0],
+        flat.buffer_info()[0], lens_a.buffer_info()[0], logits.data_ptr(), scratch.data_ptr(),
+        torch.get_num_threads())
+    if bad == -2:
+        raise ValueError(f"decode step: token ids {[t for t in ids if not 0 <= t < step.vocab][:4]} "
+                         f"are outside the embedding [0, {step.vocab})")
+    if bad == -3:
+        raise ValueError(f"decode step: positions {[p for p in positions if not 0 <= p < step.max_pos][:4]} "
+                         f"are outside the RoPE tables [0, {step.max_pos}); raise max_model_len")
+    _raise_for(bad, dims, lambda: max(slots))
+    return logits
+
+
+def _raise_for(bad: int, dims: Dims, max_slot) -> None:
+    """The exception for graft_decode_layers' return code (0: none)."""
     if bad < 0:
         raise MemoryError("decode step (C): no memory for the scratch buffers (attention, activation digits, int4 group sums)")
     if bad:
         layer, what = divmod(bad - 1, 2)
         if what == 0:
             num_slots = dims.num_blocks * dims.block_size
-            raise slot_out_of_range(int(slots.max()), num_slots)
+            raise slot_out_of_range(int(max_slot()), num_slots)
         raise ValueError(f"paged attention (layer {layer}): a block_tables row holds block ids outside "
                          f"[0, {dims.num_blocks}) within its context; fix the block table")
-    return residual

@@ -28,7 +28,8 @@ from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, c
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
-                             "quant_vnni_cpu.c", "quant_avx2_cpu.c", "decode_step_cpu.c"))
+                             "quant_vnni_cpu.c", "quant_avx2_cpu.c", "decode_step_cpu.c",
+                             "argmax_cpu.c"))
 HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
                 for name in ("fast_exp.h", "bf16.h", "quant_epilogue.h", "quant_group_sums.h"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU).
@@ -139,6 +140,12 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     lib.graft_decode_scratch.argtypes = [ptr, i64]
     lib.graft_decode_layers.restype = i64
     lib.graft_decode_layers.argtypes = [ptr, i64, ptr, i64] + [ptr] * 7 + [ptr, ctypes.c_int]
+    lib.graft_argmax_rows.restype = None
+    lib.graft_argmax_rows.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int]
+    lib.graft_decode_step_scratch.restype = i64
+    lib.graft_decode_step_scratch.argtypes = [ptr, i64]
+    lib.graft_decode_step.restype = i64
+    lib.graft_decode_step.argtypes = [ptr, i64, ptr, ptr, i64] + [ptr] * 7 + [ctypes.c_int]
     return lib, None
 
 
@@ -335,4 +342,18 @@ def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
     if rows:
         _lib().graft_silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows,
                               intermediate, _ROW_DTYPES[gate_up.dtype], torch.get_num_threads())
+    return out
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(logits, dim=-1) for fp32 CPU rows [B, V] (contiguous inside a row), int64
+    [B]: the first index of each row's largest value, a NaN counting as the largest."""
+    if not (logits.dim() == 2 and logits.dtype == torch.float32 and logits.is_cpu
+            and logits.shape[1] > 0 and (logits.stride(1) == 1 or logits.shape[1] == 1)
+            and not logits.requires_grad and available()):
+        return logits.argmax(dim=-1)
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    if logits.shape[0]:
+        _lib().graft_argmax_rows(logits.data_ptr(), logits.stride(0), logits.shape[0],
+                                 logits.shape[1], out.data_ptr(), torch.get_num_threads())
     return out

@@ -163,3 +163,11 @@ def quant_linear(x, weight, bias=None):
     if mode in ("auto", "cpu") and cpu_quant.supports(x, weight):
         return cpu_quant.quant_linear(x, weight, bias)
     return quant.quant_linear(x, weight, bias)
+
+
+def argmax(logits):
+    """logits.argmax(dim=-1) of [B, V] rows: the C scan for fp32 CPU rows in auto and cpu
+    modes (torch's rules: first index of the largest value, NaN largest), else torch."""
+    if kernels_mode() in ("auto", "cpu") and logits.is_cpu:
+        return cpu_ops.argmax(logits)
+    return logits.argmax(dim=-1)

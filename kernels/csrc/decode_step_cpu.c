@@ -69,6 +69,18 @@ static int linear(const graft_linear_t *l, const float *x, int64_t rows, float *
                               l->mins4, l->group, l->bias, y, l->n, l->n, l->nb, nt);
 }
 
+/* What a whole decode step needs besides the layers: the embedding table, the final norm,
+ * the output head (a C-layout linear) and the RoPE tables of every position. */
+typedef struct {
+    const float *embed;       /* [vocab, hidden] */
+    int64_t vocab;
+    const float *final_norm;  /* [hidden] */
+    float final_eps;
+    graft_linear_t head;      /* head.n logits per row */
+    const float *cos_table, *sin_table; /* [max_pos, rot / 2] */
+    int64_t max_pos;
+} graft_step_t;
+
 /* Scratch floats graft_decode_layers needs for `tokens` rows. */
 int64_t graft_decode_scratch(const graft_dims_t *d, int64_t tokens) {
     const int64_t q = d->num_heads * d->head_dim, kv = d->num_kv_heads * d->head_dim;
@@ -132,4 +144,43 @@ int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, con
         if (linear(&L->down, act, T, h, nt)) return -1;
     }
     return 0;
+}
+
+/* Floats of scratch graft_decode_step needs for `tokens` rows: the layers' own, plus the
+ * embeddings, the residual stream and the rows' cos/sin. */
+int64_t graft_decode_step_scratch(const graft_dims_t *d, int64_t tokens) {
+    return graft_decode_scratch(d, tokens) + tokens * (2 * d->hidden + d->rot);
+}
+
+/* A whole all-decode step, ids in, logits out: embedding rows, every layer
+ * (graft_decode_layers), the final norm (with the last residual add) and the head, in the
+ * order and with the functions the per-op path uses, so the logits are the same bits. At
+ * batch 1 the Python between those calls cost more than it looked: each op after the weights
+ * have streamed through the caches runs on a cold interpreter (~0.2 ms each measured).
+ * ids, positions, slots [T]; tables [T, max_blocks]; lens [T]; logits [T, head.n].
+ * Returns graft_decode_layers' codes, or -2 for a token id outside the embedding, -3 for a
+ * position outside the RoPE tables (nothing is computed then). */
+int64_t graft_decode_step(const graft_layer_t *layers, int64_t num_layers, const graft_dims_t *d,
+                          const graft_step_t *s, int64_t T, const int64_t *ids,
+                          const int64_t *positions, const int64_t *slots, const int32_t *tables,
+                          const int32_t *lens, float *logits, float *scratch, int nt) {
+    const int64_t H = d->hidden, half = d->rot / 2;
+    for (int64_t t = 0; t < T; ++t) {
+        if (ids[t] < 0 || ids[t] >= s->vocab) return -2;
+        if (positions[t] < 0 || positions[t] >= s->max_pos) return -3;
+    }
+    float *h = scratch + graft_decode_scratch(d, T), *residual = h + T * H;
+    float *cos_t = residual + T * H, *sin_t = cos_t + T * half;
+    for (int64_t t = 0; t < T; ++t) {
+        memcpy(h + t * H, s->embed + ids[t] * H, sizeof(float) * (size_t)H);
+        memcpy(cos_t + t * half, s->cos_table + positions[t] * half, sizeof(float) * (size_t)half);
+        memcpy(sin_t + t * half, s->sin_table + positions[t] * half, sizeof(float) * (size_t)half);
+    }
+    const int64_t bad = graft_decode_layers(layers, num_layers, d, T, h, residual, cos_t, sin_t,
+                                            slots, tables, lens, scratch, nt);
+    if (bad) return bad;
+    float *normed = scratch; /* the layers' scratch is free again */
+    graft_rms_norm(h, H, residual, H, s->final_norm, normed, residual, T, H, s->final_eps, F32,
+                   F32, nt);
+    return linear(&s->head, normed, T, logits, nt) ? -1 : 0;
 }

@@ -189,6 +189,13 @@ class ModelRunner:
         graphs = self.decode_graphs
         if graphs is not None and nd == len(tables) and not mm_rows and graphs.fits(nd):
             return graphs.run(ids, positions, slots, tables, ctx_lens), sampling
+        fused = getattr(self.model, "fused_decode", None)
+        if (fused is not None and not mm_rows and len(sampling) == len(tables)
+                and fused.step_applies(nd, len(tables)) and self.cos_table.is_contiguous()):
+            # the CPU fast path: the whole step, ids to logits, in one C call (every row
+            # decodes one token and is sampled)
+            return fused.step(ids, positions, slots, tables, ctx_lens, self.cos_table,
+                              self.sin_table), sampling
         dev = self.device
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)

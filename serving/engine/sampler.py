@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from graft.kernels import argmax
 from graft.serving.engine.sequence import Sequence
 
 
@@ -19,7 +20,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
         """logits [B, V] fp32 -> (token ids [B] list, per-row logprob dicts or None)."""
-        greedy_ids = logits.argmax(dim=-1)  # [B]
+        greedy_ids = argmax(logits)  # [B]
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         tokens = greedy_ids
         if rows:
@@ -43,7 +44,7 @@ class Sampler:
             noise.exponential_(generator=self.generator)  # unseeded rows share one draw
         for j in seeded:  # a seeded row draws only from its own generator
             noise[j].exponential_(generator=self.generator_for(seqs[j]))
-        return (probs / noise).argmax(dim=-1)
+        return argmax(probs / noise)
 
     def generator_for(self, seq: Sequence) -> torch.Generator:
         """seq's own generator when it has a seed, else the engine's shared one."""

@@ -67,6 +67,40 @@ class FusedDecode:
                 None if a.v_scale is None else a.v_scale.data_ptr()))
         self.layers = (cpu_decode.LayerDesc * len(descs))(*descs)
         self._scratch = torch.empty(0)
+        self.step_desc = self._step_desc(model)
+
+    @staticmethod
+    def _step_desc(model) -> cpu_decode.StepDesc | None:
+        """The embedding, final norm and head for whole steps, or None when the head is not
+        a C-layout linear (then the model runs the head after the layers)."""
+        head = model.head_quantized if model.lm_head is None else model.lm_head.quantized
+        bias = None if model.lm_head is None else model.lm_head.bias
+        embed = model.embed_tokens.weight
+        if head is None or "cpu" not in head.packed or bias is not None or not embed.is_contiguous():
+            return None
+        return cpu_decode.StepDesc(embed.data_ptr(), embed.shape[0], model.norm.weight.data_ptr(),
+                                   model.norm.eps, cpu_decode.linear_desc(head, None), None, None, 0)
+
+    def step_applies(self, num_decodes: int, num_seqs: int) -> bool:
+        """Whether step() can run a batch of num_seqs sequences, num_decodes of them decoding
+        one token each (no image rows, no proposals: the runner checks those)."""
+        return (self.step_desc is not None and num_decodes == num_seqs > 0
+                and kernels_mode() in ("auto", "cpu"))
+
+    def step(self, ids: list[int], positions: list[int], slots: list[int],
+             tables: list[list[int]], lens: list[int], cos_table: torch.Tensor,
+             sin_table: torch.Tensor) -> torch.Tensor:
+        """A whole all-decode step in one C call: token ids -> logits [T, vocab] fp32 (the
+        KV cache written), the same bits as embedding, __call__, final norm and head."""
+        desc = self.step_desc
+        desc.cos_table, desc.sin_table = cos_table.data_ptr(), sin_table.data_ptr()
+        desc.max_pos = cos_table.shape[0]
+        self.dims.rot = 2 * cos_table.shape[1]
+        need = cpu_decode.step_scratch_floats(self.dims, len(ids))
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(need)
+        return cpu_decode.decode_step(self.layers, self.dims, desc, ids, positions, slots, tables,
+                                      lens, self._scratch)
 
     def applies(self, meta: AttentionMetadata, h: torch.Tensor) -> bool:
         return (meta.num_decodes == h.shape[0] > 0 and h.dtype == torch.float32

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from graft.kernels import argmax
 from graft.serving.engine.sampler import Sampler, logprob_entry
 from graft.serving.engine.sequence import Sequence
 
@@ -50,13 +51,13 @@ def sample_with_proposals(sampler: Sampler, logits: torch.Tensor, seqs: list[Seq
         for i in sampled:
             probs[i] = all_probs[offset:offset + counts[i]]
             offset += counts[i]
-    argmax = logits.argmax(dim=-1).tolist() if len(sampled) < len(spec) else []
+    best = argmax(logits).tolist() if len(sampled) < len(spec) else []
     for i in spec:
         seq, r = seqs[i], starts[i]
         if i in probs:
             tokens[i] = _accept_sampled(probs[i], seq.spec_tokens, sampler.generator_for(seq))
         else:
-            tokens[i] = _accept_greedy(argmax[r:r + counts[i]], seq.spec_tokens)
+            tokens[i] = _accept_greedy(best[r:r + counts[i]], seq.spec_tokens)
         k = seq.params.logprobs
         if k is None:
             logprobs[i] = [None] * len(tokens[i])

@@ -113,9 +113,10 @@ def test_bad_configs_fail_before_weights_load(tiny_llm_factory, monkeypatch, val
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("kv", ["auto", "bfloat16", "int8"])
 def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family, kv):
-    """The one-call C decode step gives the per-op path's logits and KV cache bit for bit
-    (same C functions in the same order): mixed schemes, sequences of different lengths,
-    fp32 / bf16 / int8 KV caches (int8: the scales too)."""
+    """The one-call C decode step (ids to logits: embedding, layers, final norm, head) gives
+    the per-op path's logits and KV cache bit for bit (same C functions in the same order):
+    mixed schemes, sequences of different lengths, fp32 / bf16 / int8 KV caches (int8: the
+    scales too)."""
     model_dir = tiny_llm_factory(family)
     config = {"default": "int4", "modules": {"layers.0.*": "int8", "layers.1.mlp.down_proj": "fp32",
                                              "layers.1.self_attn.*": "bf16"}}
@@ -130,7 +131,11 @@ def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family, kv):
     assert batch.num_decodes == len(batch.seqs) == 3
     pools = [runner.kv_cache] + ([runner.kv_scales] if runner.kv_scales is not None else [])
     before = [t.clone() for t in pools]
+    steps = []
+    whole_step = model.fused_decode.step
+    model.fused_decode.step = lambda *args: steps.append(args) or whole_step(*args)
     fused_logits, _ = runner.execute(batch)
+    assert len(steps) == 1  # the whole step, not the layers alone
     fused = [t.clone() for t in pools]
     for t, b in zip(pools, before):
         t.copy_(b)
@@ -140,6 +145,41 @@ def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family, kv):
     assert torch.equal(fused_logits, per_op_logits)
     assert all(torch.equal(f, t) for f, t in zip(fused, pools))
     assert not torch.equal(fused[0], before[0])  # the step stored this token's K/V
+
+
+def test_whole_decode_step_only_for_sampled_one_token_rows(tiny_llm_factory):
+    """A one-token chunk that is not a prompt's last token is a decode row without logits:
+    such steps take the per-op path, and the tokens are the same as with larger chunks."""
+    model_dir = tiny_llm_factory("llama")
+    prompt = make_prompts([6], seed=3)[0]
+    want = Engine.from_pretrained(model_dir, EngineConfig(quantization="int8")).generate(
+        prompt_token_ids=[prompt], sampling_params=GREEDY)[0].token_ids
+    engine = Engine.from_pretrained(model_dir, EngineConfig(quantization="int8",
+                                                            max_num_batched_tokens=1))
+    fused = engine.runner.model.fused_decode
+    whole_step, rows = fused.step, []
+    fused.step = lambda ids, *rest: rows.append(len(ids)) or whole_step(ids, *rest)
+    assert engine.generate(prompt_token_ids=[prompt], sampling_params=GREEDY)[0].token_ids == want
+    # the prompt's last token and each fed-back token; the 5 before went op by op
+    assert rows == [1] * GREEDY.max_tokens
+
+
+def test_whole_decode_step_rejects_bad_ids_and_positions(tiny_llm_factory):
+    engine = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(quantization="int8"))
+    runner = engine.runner
+    fused = runner.model.fused_decode
+    table = list(range(2))
+    ok = ([5], [3], [3], [table], [4])
+    assert fused.step(*ok, runner.cos_table, runner.sin_table).shape == (1, runner.vocab_size)
+    with pytest.raises(ValueError, match=r"token ids \[-1\] are outside the embedding"):
+        fused.step([-1], *ok[1:], runner.cos_table, runner.sin_table)
+    with pytest.raises(ValueError, match=r"token ids \[\d+\] are outside the embedding"):
+        fused.step([runner.vocab_size], *ok[1:], runner.cos_table, runner.sin_table)
+    far = runner.cos_table.shape[0]
+    with pytest.raises(ValueError, match=rf"positions \[{far}\] are outside the RoPE tables"):
+        fused.step([5], [far], *ok[2:], runner.cos_table, runner.sin_table)
+    with pytest.raises(ValueError, match="slot"):
+        fused.step([5], [3], [10 ** 9], *ok[3:], runner.cos_table, runner.sin_table)
 
 
 def test_fused_decode_is_off_where_it_does_not_apply(tiny_llm_factory):
