@@ -141,9 +141,9 @@ static inline v16f fold16(v16f *x) {
     return __builtin_shuffle(x[0], x[1], ev) + __builtin_shuffle(x[0], x[1], od); /* token order */
 }
 
-/* exp_shifted for the fast path: sc[i] <- exp(sc[i] - max), returns the sum; 16 lanes at a
- * time, the tail with the scalar exp_neg. */
-static inline float exp_shifted16(float *sc, int64_t n) {
+/* exp_shifted for the fast path: sc[i] <- exp(sc[i] - max), returns the sum and the max in
+ * *max_out; 16 lanes at a time, the tail with the scalar exp_neg. */
+static inline float exp_shifted16(float *sc, int64_t n, float *max_out) {
     float mx = -INFINITY;
     int64_t i = 0;
     if (n >= 16) {
@@ -155,6 +155,7 @@ static inline float exp_shifted16(float *sc, int64_t n) {
         for (int l = 0; l < 16; ++l) mx = mv[l] > mx ? mv[l] : mx;
     }
     for (; i < n; ++i) mx = sc[i] > mx ? sc[i] : mx;
+    *max_out = mx;
     v16f tv = (v16f){0};
     float total = 0.0f;
     for (i = 0; i + 16 <= n; i += 16) {
@@ -212,64 +213,82 @@ static inline void prefetch_rows(const void *k_cache, const void *v_cache, const
     }
 }
 
-/* One sequence: out rows [Hq, D] from q rows [Hq, D] (fp32) over n cached tokens of cache
- * dtype `cd` (fp32, bf16, or int8 with per-token-and-head scales ks/vs). `chunks`
- * (head_dim / 16) and `cd` are compile-time constants at each call below, so qv, part and
- * acc are indexed by constants and live in registers; a run-time index puts them on the stack.
+/* Tokens per work item of the fast path. A sequence's context is cut at fixed multiples of
+ * PART and each piece is one item, so one long sequence (batch 1) is spread over the threads
+ * while its result depends neither on the batch nor on the thread count. 64 tokens of one kv
+ * head's K (16 KB at head_dim 64) stay in L1 for every query head of its group. */
+#define PART 64
+
+/* Where the next item of this thread lies, for prefetching: its sequence's table and tokens. */
+typedef struct {
+    const int32_t *table;
+    int64_t lo, hi;
+} next_rows_t;
+
+/* One work item: tokens [t0, t1) (at most PART) of one sequence, every query head, fp32 q
+ * rows [Hq, D] over a cache of dtype `cd` (fp32, bf16, or int8 with per-token-and-head
+ * scales ks/vs). Writes per head {m, l, acc[D]} to part: m the largest score, l the sum of
+ * exp(score - m), acc the sum of exp(score - m) * v (merged across items by merge_parts).
+ * `chunks` (head_dim / 16) and `cd` are compile-time constants at each call below, so qv,
+ * part and acc are indexed by constants and live in registers.
  *
- * Memory: the sequence's K and V are read from DRAM once (the later heads find them in L2).
+ * Memory: the item's K and V are read from DRAM once (the later heads find them in L1/L2).
  * Demand misses alone left the core waiting on memory for about a third of the time, so
- * the rows of the sequence this thread takes next (pf_table, pf_n) are prefetched a few at
- * a time during this one's score tiles, and a thread's first sequence all at once. */
-static inline __attribute__((always_inline)) void seq_decode_fast(
+ * the rows of the item this thread takes next are prefetched a few at a time during this
+ * one's score tiles, and a thread's first item all at once. */
+static inline __attribute__((always_inline)) void part_decode_fast(
         const float *q, const void *k_cache, const void *v_cache, const float *ks,
-        const float *vs, const int cd, const int32_t *table, int64_t n, int64_t num_kv_heads,
-        int64_t group, const int64_t chunks, int64_t block_size, float scale, float *scores,
-        float *out, const int32_t *pf_table, int64_t pf_n, int first) {
+        const float *vs, const int cd, const int32_t *table, int64_t t0, int64_t t1,
+        int64_t num_kv_heads, int64_t group, const int64_t chunks, int64_t block_size,
+        float scale, float *scores, float *part, next_rows_t next, int first) {
     const int64_t d = 16 * chunks, kv_width = num_kv_heads * d, num_q_heads = num_kv_heads * group;
-    const int64_t row_bytes = kv_width * (cd == F32 ? 4 : cd == BF16 ? 2 : 1);
-    if (first) prefetch_rows(k_cache, v_cache, table, 0, n, block_size, row_bytes);
-    /* rows of the next sequence per 16-token tile, spread over this one's tiles */
-    const int64_t tiles = num_q_heads * (n / 16), per_tile = tiles ? (pf_n + tiles - 1) / tiles : 0;
+    const int64_t row_bytes = kv_width * (cd == F32 ? 4 : cd == BF16 ? 2 : 1), n = t1 - t0;
+    if (first) prefetch_rows(k_cache, v_cache, table, t0, t1, block_size, row_bytes);
+    /* rows of the next item per 16-token tile, spread over this one's tiles */
+    const int64_t pf_n = next.hi - next.lo, tiles = num_q_heads * (n / 16);
+    const int64_t per_tile = tiles ? (pf_n + tiles - 1) / tiles : 0;
     int64_t pf_next = tiles ? 0 : pf_n;
     for (int64_t hq = 0; hq < num_q_heads; ++hq) {
         const int64_t kvh = hq / group, koff = kvh * d;
         v16f qv[chunks];
         for (int64_t c = 0; c < chunks; ++c) qv[c] = load16(q + hq * d + 16 * c) * scale;
-        float *sc = scores + hq * n;
+        float *sc = scores + hq * PART;
         int64_t t = 0;
         for (; t + 16 <= n; t += 16) {
-            v16f part[16];
+            v16f dots[16];
 #pragma GCC unroll 16
             for (int j = 0; j < 16; ++j) {
-                const int64_t slot = slot_of(table, t + j, block_size);
-                part[j] = dot_lanes(qv, k_cache, slot * kv_width + koff, chunks, cd);
-                if (cd == I8) part[j] *= ks[slot * num_kv_heads + kvh];
+                const int64_t slot = slot_of(table, t0 + t + j, block_size);
+                dots[j] = dot_lanes(qv, k_cache, slot * kv_width + koff, chunks, cd);
+                if (cd == I8) dots[j] *= ks[slot * num_kv_heads + kvh];
             }
-            const v16f r = fold16(part);
+            const v16f r = fold16(dots);
             memcpy(sc + t, &r, sizeof r);
             if (pf_next < pf_n) {
                 const int64_t hi = pf_next + per_tile < pf_n ? pf_next + per_tile : pf_n;
-                prefetch_rows(k_cache, v_cache, pf_table, pf_next, hi, block_size, row_bytes);
+                prefetch_rows(k_cache, v_cache, next.table, next.lo + pf_next, next.lo + hi,
+                              block_size, row_bytes);
                 pf_next = hi;
             }
         }
         for (; t < n; ++t) { /* the tail, one token at a time */
-            const int64_t slot = slot_of(table, t, block_size);
+            const int64_t slot = slot_of(table, t0 + t, block_size);
             const v16f a = dot_lanes(qv, k_cache, slot * kv_width + koff, chunks, cd);
             float sum = 0.0f;
             for (int l = 0; l < 16; ++l) sum += a[l];
             sc[t] = cd == I8 ? sum * ks[slot * num_kv_heads + kvh] : sum;
         }
-        const float inv = 1.0f / exp_shifted16(sc, n);
+        float *ph = part + hq * (d + 2);
+        ph[1] = exp_shifted16(sc, n, &ph[0]);
         /* two accumulator sets (even and odd tokens): one set is a chain of dependent adds
          * that waits on the add latency every token */
         v16f acc[chunks], acc2[chunks];
         for (int64_t c = 0; c < chunks; ++c) acc[c] = acc2[c] = (v16f){0};
         int64_t i = 0;
         for (; i + 2 <= n; i += 2) {
-            const int64_t s1 = slot_of(table, i, block_size), s2 = slot_of(table, i + 1, block_size);
-            float p = sc[i] * inv, p2 = sc[i + 1] * inv;
+            const int64_t s1 = slot_of(table, t0 + i, block_size);
+            const int64_t s2 = slot_of(table, t0 + i + 1, block_size);
+            float p = sc[i], p2 = sc[i + 1];
             if (cd == I8) {
                 p *= vs[s1 * num_kv_heads + kvh];
                 p2 *= vs[s2 * num_kv_heads + kvh];
@@ -280,43 +299,127 @@ static inline __attribute__((always_inline)) void seq_decode_fast(
             }
         }
         if (i < n) {
-            const int64_t s1 = slot_of(table, i, block_size);
-            const float p = sc[i] * inv * (cd == I8 ? vs[s1 * num_kv_heads + kvh] : 1.0f);
+            const int64_t s1 = slot_of(table, t0 + i, block_size);
+            const float p = sc[i] * (cd == I8 ? vs[s1 * num_kv_heads + kvh] : 1.0f);
             for (int64_t c = 0; c < chunks; ++c)
                 acc[c] += p * load_kv16(v_cache, s1 * kv_width + koff + 16 * c, cd);
         }
         for (int64_t c = 0; c < chunks; ++c) acc[c] += acc2[c];
-        memcpy(out + hq * d, acc, sizeof acc);
+        memcpy(ph + 2, acc, sizeof acc);
     }
 }
 
 /* One instance per (cache dtype, head_dim): the constants make each a straight-line kernel. */
-#define GRAFT_SEQ_DECODE(name, cd, chunks)                                                      \
+#define GRAFT_PART_DECODE(name, cd, chunks)                                                     \
     static void name(const float *q, const void *k, const void *v, const float *ks,            \
-                     const float *vs, const int32_t *table, int64_t n, int64_t hkv,            \
-                     int64_t group, int64_t bs, float scale, float *scores, float *out,        \
-                     const int32_t *pf_table, int64_t pf_n, int first) {                       \
-        seq_decode_fast(q, k, v, ks, vs, cd, table, n, hkv, group, chunks, bs, scale, scores,  \
-                        out, pf_table, pf_n, first);                                           \
+                     const float *vs, const int32_t *table, int64_t t0, int64_t t1,            \
+                     int64_t hkv, int64_t group, int64_t bs, float scale, float *scores,       \
+                     float *part, next_rows_t next, int first) {                               \
+        part_decode_fast(q, k, v, ks, vs, cd, table, t0, t1, hkv, group, chunks, bs, scale,    \
+                         scores, part, next, first);                                           \
     }
-GRAFT_SEQ_DECODE(seq_decode_f32_64, F32, 4)
-GRAFT_SEQ_DECODE(seq_decode_f32_128, F32, 8)
-GRAFT_SEQ_DECODE(seq_decode_bf16_64, BF16, 4)
-GRAFT_SEQ_DECODE(seq_decode_bf16_128, BF16, 8)
-GRAFT_SEQ_DECODE(seq_decode_i8_64, I8, 4)
-GRAFT_SEQ_DECODE(seq_decode_i8_128, I8, 8)
+GRAFT_PART_DECODE(part_decode_f32_64, F32, 4)
+GRAFT_PART_DECODE(part_decode_f32_128, F32, 8)
+GRAFT_PART_DECODE(part_decode_bf16_64, BF16, 4)
+GRAFT_PART_DECODE(part_decode_bf16_128, BF16, 8)
+GRAFT_PART_DECODE(part_decode_i8_64, I8, 4)
+GRAFT_PART_DECODE(part_decode_i8_128, I8, 8)
 
-typedef void (*seq_decode_fn)(const float *, const void *, const void *, const float *,
-                              const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
-                              float, float *, float *, const int32_t *, int64_t, int);
+typedef void (*part_decode_fn)(const float *, const void *, const void *, const float *,
+                               const float *, const int32_t *, int64_t, int64_t, int64_t,
+                               int64_t, int64_t, float, float *, float *, next_rows_t, int);
 
 /* The fast kernel for an fp32 query over a cache of dtype cd with head_dim d, or NULL. */
-static seq_decode_fn fast_kernel(int cd, int64_t d) {
+static part_decode_fn fast_kernel(int cd, int64_t d) {
     if (d != 64 && d != 128) return NULL;
-    if (cd == F32) return d == 64 ? seq_decode_f32_64 : seq_decode_f32_128;
-    if (cd == BF16) return d == 64 ? seq_decode_bf16_64 : seq_decode_bf16_128;
-    if (cd == I8) return d == 64 ? seq_decode_i8_64 : seq_decode_i8_128;
+    if (cd == F32) return d == 64 ? part_decode_f32_64 : part_decode_f32_128;
+    if (cd == BF16) return d == 64 ? part_decode_bf16_64 : part_decode_bf16_128;
+    if (cd == I8) return d == 64 ? part_decode_i8_64 : part_decode_i8_128;
     return NULL;
+}
+
+/* out [Hq, D] of one sequence from its np items' {m, l, acc}: the softmax over the whole
+ * context, exp(m_j - M) rescaling each item to the largest score M. One item gives
+ * acc / l exactly (its factor is exp(0) = 1); no items (an empty context) give zeros. */
+static void merge_parts(const float *parts, int64_t np, float *out, int64_t num_q_heads,
+                        int64_t d) {
+    for (int64_t hq = 0; hq < num_q_heads; ++hq) {
+        float *o = out + hq * d;
+        memset(o, 0, sizeof(float) * (size_t)d);
+        if (np == 0) continue;
+        float mx = -INFINITY, total = 0.0f;
+        for (int64_t j = 0; j < np; ++j) {
+            const float m = parts[(j * num_q_heads + hq) * (d + 2)];
+            mx = m > mx ? m : mx;
+        }
+        for (int64_t j = 0; j < np; ++j) {
+            const float *ph = parts + (j * num_q_heads + hq) * (d + 2);
+            const float w = exp_neg(ph[0] - mx);
+            total += ph[1] * w;
+#pragma omp simd
+            for (int64_t i = 0; i < d; ++i) o[i] += ph[2 + i] * w;
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) o[i] /= total;
+    }
+}
+
+/* The fast path over every sequence: phase 1 runs the items ((sequence, PART-token piece),
+ * round-robin over the threads so each knows the item it takes next), phase 2 merges each
+ * sequence's items. Returns 0, or -1 when scratch could not be allocated. */
+static int64_t paged_decode_parts(part_decode_fn fast, const float *q, const void *k_cache,
+                                  const void *v_cache, const float *k_scale,
+                                  const float *v_scale, const int32_t *block_tables,
+                                  const int32_t *context_lens, float *out, int64_t num_seqs,
+                                  int64_t num_q_heads, int64_t num_kv_heads, int64_t d,
+                                  int64_t block_size, int64_t max_blocks, float scale,
+                                  int num_threads) {
+    const int64_t group = num_q_heads / num_kv_heads, per_item = num_q_heads * (d + 2);
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(num_seqs + 1)); /* items of seq s start here */
+    if (!first) return -1;
+    first[0] = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) first[s + 1] = first[s] + (context_lens[s] + PART - 1) / PART;
+    const int64_t items = first[num_seqs];
+    float *parts = malloc(sizeof(float) * (size_t)(items * per_item + 1));
+    int failed = parts == NULL;
+#pragma omp parallel num_threads(num_threads) if (items > 1 && !failed)
+    {
+        float *scores = failed ? NULL : malloc(sizeof(float) * (size_t)(num_q_heads * PART));
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        const int64_t stride = omp_get_num_threads();
+        int64_t s = 0; /* this thread's items come in increasing order: a cursor finds their sequence */
+        int start = 1;
+#pragma omp for schedule(static, 1)
+        for (int64_t it = 0; it < items; ++it) {
+            if (!scores) continue; /* reported through `failed` */
+            while (first[s + 1] <= it) ++s;
+            const int64_t t0 = (it - first[s]) * PART, n = context_lens[s];
+            next_rows_t next = {block_tables, 0, 0};
+            if (it + stride < items) {
+                int64_t ns = s;
+                while (first[ns + 1] <= it + stride) ++ns;
+                const int64_t nt0 = (it + stride - first[ns]) * PART, nn = context_lens[ns];
+                next = (next_rows_t){block_tables + ns * max_blocks, nt0, nt0 + PART < nn ? nt0 + PART : nn};
+            }
+            fast(q + s * num_q_heads * d, k_cache, v_cache, k_scale, v_scale,
+                 block_tables + s * max_blocks, t0, t0 + PART < n ? t0 + PART : n, num_kv_heads,
+                 group, block_size, scale, scores, parts + it * per_item, next, start);
+            start = 0;
+        }
+        free(scores);
+        if (!failed) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < num_seqs; ++r)
+                merge_parts(parts + first[r] * per_item, first[r + 1] - first[r],
+                            out + r * num_q_heads * d, num_q_heads, d);
+        }
+    }
+    free(first);
+    free(parts);
+    return failed ? -1 : 0;
 }
 #endif
 
@@ -340,8 +443,16 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
         }
         if (n > max_len) max_len = n;
     }
-    /* One work item per sequence, all heads at once: each token's K (then V) row of all kv
-     * heads is one contiguous read, so a block streams through memory in order. */
+#ifdef GRAFT_FAST_F32
+    const part_decode_fn fast = dtype == F32 ? fast_kernel(cache_dtype, d) : NULL;
+    if (fast)
+        return paged_decode_parts(fast, q, k_cache, v_cache, k_scale, v_scale, block_tables,
+                                  context_lens, out, num_seqs, num_q_heads, num_kv_heads, d,
+                                  block_size, max_blocks, scale, num_threads);
+#endif
+    /* The other dtypes and head sizes: one work item per sequence, all heads at once: each
+     * token's K (then V) row of all kv heads is one contiguous read, so a block streams
+     * through memory in order. */
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) if (num_seqs > 1)  /* one sequence: no fork/join */
     {
@@ -353,28 +464,12 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
 #pragma omp atomic write
             failed = 1;
         }
-        /* round-robin (static, 1), so each thread knows the sequence it takes next and can
-         * prefetch it (the fast path); threads get about equal work at batch sizes >> threads */
-        const int64_t stride = omp_get_num_threads();
-        int first = 1;
 #pragma omp for schedule(static, 1)
         for (int64_t s = 0; s < num_seqs; ++s) {
             if (!scores || !qf || !acc || !buf) continue; /* reported through `failed` */
             const int64_t n = context_lens[s], kv_width = num_kv_heads * d;
             const int32_t *table = block_tables + s * max_blocks;
             memset(acc, 0, sizeof(float) * (size_t)(num_q_heads * d));
-#ifdef GRAFT_FAST_F32
-            const seq_decode_fn fast = dtype == F32 ? fast_kernel(cache_dtype, d) : NULL;
-            if (n > 0 && fast) {
-                fast((const float *)q + s * num_q_heads * d, k_cache, v_cache, k_scale, v_scale,
-                    table, n, num_kv_heads, group, block_size, scale, scores,
-                    (float *)out + s * num_q_heads * d,
-                    s + stride < num_seqs ? block_tables + (s + stride) * max_blocks : table,
-                    s + stride < num_seqs ? context_lens[s + stride] : 0, first);
-                first = 0;
-                continue;
-            }
-#endif
             if (n > 0) {
                 for (int64_t hq = 0; hq < num_q_heads; ++hq)
                     memcpy(qf + hq * d, row_f32(q, s * num_q_heads + hq, d, dtype, buf),

@@ -37,6 +37,35 @@ def test_decode_matches_dense_and_reference(block_size, num_kv_heads, group, hea
 
 
 @needs_c
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_is_the_same_alone_in_a_batch_and_on_any_thread_count(cache_dtype, head_dim):
+    """A long context is cut into fixed 64-token pieces spread over the threads and merged:
+    a sequence's output does not depend on the batch around it or on the thread count, and
+    it still equals dense attention (here 1-300 tokens: 1 to 5 pieces)."""
+    lens = [300, 1, 64, 65, 129, 7]
+    case = make_case(lens, [1] * len(lens), 16, 2, 3, head_dim)
+    k_cache, v_cache = case.k_cache.to(cache_dtype), case.v_cache.to(cache_dtype)
+    before, outs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            batch = cpu_ops.paged_attention_decode(case.q, k_cache, v_cache, case.block_tables,
+                                                   case.context_lens, case.scale)
+            alone = [cpu_ops.paged_attention_decode(case.q[i:i + 1], k_cache, v_cache,
+                                                    case.block_tables[i:i + 1],
+                                                    case.context_lens[i:i + 1], case.scale)
+                     for i in range(len(lens))]
+            assert torch.equal(batch, torch.cat(alone))
+            outs.append(batch)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+    if cache_dtype == torch.float32:
+        torch.testing.assert_close(outs[0].double(), dense_attention(case), atol=1e-5, rtol=1e-5)
+
+
+@needs_c
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
 def test_decode_half_precision(dtype, tol):
     case = make_case([40, 3, 16], [1, 1, 1], 16, 2, 3, 64, dtype=dtype)
