@@ -203,6 +203,21 @@ def pack_only(weight: QuantizedWeight) -> CpuPacked:
     return packed
 
 
+def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:
+    """Move the C layouts of `weights` (packed already) into one buffer on 2 MB pages
+    (graft.kernels.huge_pages: a decode step streams them, and 4 KB pages cost a TLB miss per
+    page); the old tensors are freed one by one. Returns the bytes moved. Descriptors that
+    hold the old addresses (FusedDecode) must be built afterwards."""
+    from graft.kernels import huge_pages
+
+    packs = [w.packed["cpu"] for w in weights if "cpu" in w.packed]
+    owners = [(p, name) for p in packs for name in ("weight", "scales") if getattr(p, name) is not None]
+    moved = huge_pages.gather([getattr(p, name).contiguous() for p, name in owners])
+    for (p, name), t in zip(owners, moved):
+        setattr(p, name, t)
+    return sum(t.numel() * t.element_size() for t in moved)
+
+
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
                  portable: bool = False) -> torch.Tensor:
     """Same contract as graft.kernels.quant.quant_linear, for fp32 or bf16 CPU x. portable=True runs

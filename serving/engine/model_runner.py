@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from graft.errors import GraftConfigError
-from graft.kernels import cpu_linear, cpu_ops, cpu_quant, rope_cos_sin
+from graft.kernels import cpu_linear, cpu_ops, cpu_quant, huge_pages, rope_cos_sin
 from graft.serving.engine.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
@@ -79,6 +79,7 @@ class ModelRunner:
                 for weight in model.quantized_weights():  # the C layout now, not on the first step
                     if cpu_quant.supports(torch.empty(0, dtype=self.dtype), weight):
                         cpu_quant.pack_only(weight)
+                cpu_quant.gather_on_huge_pages(model.quantized_weights())
             log.info("weights: %s (%s; quantized linears on %s)", quant.describe(self.quant_plan),
                      quant.source, quant_backend(self.device))
         if self.device.type == "cpu" and cpu_linear.enabled(self.dtype):
@@ -141,8 +142,10 @@ class ModelRunner:
         m = self.model
         shape = (len(m.layers), 2, self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
         kv_dtype = self.config.kv_torch_dtype
-        # zeros, not empty: kernels may read (and mask) padding slots of a block
-        self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
+        # zeros, not empty: kernels may read (and mask) padding slots of a block; on CPU on
+        # 2 MB pages (decode reads blocks from all over the pool)
+        self.kv_cache = (huge_pages.zeros(shape, kv_dtype) if self.device.type == "cpu"
+                         else torch.zeros(shape, dtype=kv_dtype, device=self.device))
         # int8: one fp32 scale per cached token and KV head (graft.kernels.reference.store_kv)
         self.kv_scales = (torch.zeros(shape[:-1], dtype=torch.float32, device=self.device)
                           if kv_dtype == torch.int8 else None)
