@@ -25,6 +25,7 @@ class CpuPacked:
     weight: torch.Tensor  # blocks of 16 output lanes, a tile's two blocks alternating per step
     scales: torch.Tensor | None  # int8: fp32 [NB*16]; int4: fp16 bits as int16 [NB/2, G, 4, 16]
     num_blocks: int  # NB, even
+    on_huge_pages: bool = False  # moved there by gather_on_huge_pages
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.weight, self.scales) if t is not None]
@@ -206,15 +207,21 @@ def pack_only(weight: QuantizedWeight) -> CpuPacked:
 def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:
     """Move the C layouts of `weights` (packed already) into one buffer on 2 MB pages
     (graft.kernels.huge_pages: a decode step streams them, and 4 KB pages cost a TLB miss per
-    page); the old tensors are freed one by one. Returns the bytes moved. Descriptors that
-    hold the old addresses (FusedDecode) must be built afterwards."""
+    page); the old tensors are freed one by one, and layouts moved before are left where they
+    are. Returns the bytes moved. Descriptors that hold the old addresses (FusedDecode) must
+    be built afterwards."""
     from graft.kernels import huge_pages
 
-    packs = [w.packed["cpu"] for w in weights if "cpu" in w.packed]
+    packs = {id(p): p for w in weights if "cpu" in w.packed
+             for p in [w.packed["cpu"]] if not p.on_huge_pages}.values()
     owners = [(p, name) for p in packs for name in ("weight", "scales") if getattr(p, name) is not None]
+    if not owners:
+        return 0
     moved = huge_pages.gather([getattr(p, name).contiguous() for p, name in owners])
     for (p, name), t in zip(owners, moved):
         setattr(p, name, t)
+    for p in packs:
+        p.on_huge_pages = True
     return sum(t.numel() * t.element_size() for t in moved)
 
 

@@ -97,18 +97,20 @@ class CausalLM(nn.Module):
         """Swap linears' weights in place ({name: QuantizedWeight or None}, as linear_weight
         returns them), e.g. for a quantization search over one loaded model. The one-call
         decode step reads weights through descriptors, so when it was on the new weights are
-        packed in the C layout and it is rebuilt."""
+        packed in the C layout (and moved to 2 MB pages, as at load: a search then times
+        every plan as a freshly loaded engine would run it) and it is rebuilt."""
+        from graft.kernels import cpu_quant
+
         fused = self.fused_decode is not None
         for name, weight in weights.items():
             if fused and weight is not None:
-                from graft.kernels import cpu_quant
-
                 cpu_quant.pack_only(weight)
             if name == "lm_head" and self.lm_head is None:
                 self.head_quantized = weight
             else:
                 self.get_submodule(name).quantized = weight
         if weights and fused:
+            cpu_quant.gather_on_huge_pages([w for w in weights.values() if w is not None])
             self.enable_fused_decode()
 
     def enable_fused_decode(self) -> str | None:

@@ -33,6 +33,9 @@ def test_swapped_weights_are_the_ones_that_run(tiny_llm_factory):
     int4 = QuantScheme.parse("int4")
     model.set_linear_weights({n: quantize(loaded[n].dequantize(), int4) for n in names})
     assert model.fused_decode is not None  # rebuilt over the new weights
+    swapped = [model.linear_weight(n).packed["cpu"] for n in names]
+    assert all(p.on_huge_pages for p in swapped)  # moved like a loaded engine's
+    assert len({p.weight.untyped_storage().data_ptr() for p in swapped}) == 1  # one buffer
     got = _tokens(engine, prompts)
     assert got == want and got != base
     model.set_linear_weights(loaded)
