@@ -3,7 +3,8 @@ process, each against the memory roofline measured in the same run.
 
 Per format: batch-1 decode tok/s (what one chat stream feels), batch-32 decode tok/s,
 prefill-512 tok/s, the linear-weight bytes one decode step reads, and batch-1 decode as a
-fraction of its roofline (measured read bandwidth / those bytes). Whole engine steps are
+fraction of its roofline (those bytes over the read bandwidth measured just before and just
+after that format's batch-1 run: on a shared machine it drifts). Whole engine steps are
 timed (scheduler, sampler and Python included), after a warm-up. Writes JSON. The name
 `none` is the engine without a quantization config (fp32 on oneDNN-prepacked linears, op by
 op); `fp32` is a quantization config of fp32 everywhere (the C linears, one call per decode
@@ -12,6 +13,7 @@ step).
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 
@@ -20,17 +22,22 @@ def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
     """Best bytes/s of one pass over a cold fp32 buffer larger than the caches (torch's
     threads), on 2 MB pages like the engine's weights (on 4 KB pages this VM read ~1.5x
     slower: that would understate the roofline)."""
-    import torch
-
-    from graft.kernels import huge_pages
-
-    buf = huge_pages.empty(nbytes // 4 * 4).view(torch.float32).fill_(1.0)
+    buf = _bandwidth_buffer(nbytes)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         buf.sum()
         best = min(best, time.perf_counter() - t0)
     return nbytes / best
+
+
+@functools.cache
+def _bandwidth_buffer(nbytes: int):
+    import torch
+
+    from graft.kernels import huge_pages
+
+    return huge_pages.empty(nbytes // 4 * 4).view(torch.float32).fill_(1.0)
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -81,7 +88,11 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     load_s = time.perf_counter() - t0
     vocab = engine.runner.vocab_size
     _timed_steps(engine, _prompts(2, 32, vocab, seed), 8)  # warm-up: first-call allocations
+    # this machine's memory speed drifts by up to 2x within minutes (other tenants): the
+    # roofline of the batch-1 run is the bandwidth read just before and just after it
+    bw_before = read_bandwidth(args.bandwidth_mb << 20)
     one = _timed_steps(engine, _prompts(1, 32, vocab, seed + 1), args.decode_tokens)
+    bw = (bw_before + read_bandwidth(args.bandwidth_mb << 20)) / 2
     many = _timed_steps(engine, _prompts(32, 64, vocab, seed + 2), args.decode_tokens // 2)
     prefill_len = min(512, engine.max_model_len - 1)
     prefill = _timed_steps(engine, _prompts(1, prefill_len, vocab, seed + 3), 1)
@@ -90,6 +101,7 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
             "kv_cache_dtype": str(engine.runner.kv_cache.dtype).removeprefix("torch."),
             "linears": scheme_counts(engine.runner.quant_plan),
             "weight_bytes_per_decode_step": model.weight_bytes_per_token(),
+            "read_bandwidth_bytes_per_s": bw,
             "resident_bytes": sum(t.numel() * t.element_size() for t in model.resident_tensors()),
             "batch1_decode_tokens_per_s": _decode_tokens_per_s(one, 1),
             "batch32_decode_tokens_per_s": _decode_tokens_per_s(many, 32),
@@ -107,11 +119,11 @@ def run_formats(args, schemes: list[str]) -> dict:
     for scheme in schemes:
         result["formats"][scheme] = measure_format(args.model_dir, scheme, args)
         gc.collect()
-    bw = read_bandwidth(args.bandwidth_mb << 20)  # after the engines: the same machine state the decode ran in
-    result["read_bandwidth_bytes_per_s"] = bw
+    result["read_bandwidth_bytes_per_s"] = max(f["read_bandwidth_bytes_per_s"]
+                                               for f in result["formats"].values())
     base = result["formats"].get("none") or result["formats"].get("fp32")
     for f in result["formats"].values():
-        roof = bw / f["weight_bytes_per_decode_step"]
+        roof = f["read_bandwidth_bytes_per_s"] / f["weight_bytes_per_decode_step"]
         f["batch1_roofline_tokens_per_s"] = roof
         f["batch1_roofline_fraction"] = f["batch1_decode_tokens_per_s"] / roof
         if base:
@@ -121,9 +133,10 @@ def run_formats(args, schemes: list[str]) -> dict:
 
 
 def print_formats(r: dict) -> None:
-    print(f"read bandwidth {r['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, {r['torch_threads']} threads")
-    print(f"{'format':>10} {'MB/step':>8} {'b1 tok/s':>9} {'roofline':>9} {'b32 tok/s':>10} {'prefill512':>11}")
+    print(f"{r['torch_threads']} threads; roofline: the read bandwidth around each batch-1 run")
+    print(f"{'format':>10} {'MB/step':>8} {'GB/s':>6} {'b1 tok/s':>9} {'roofline':>9} {'b32 tok/s':>10} {'prefill512':>11}")
     for name, f in r["formats"].items():
         print(f"{name:>10} {f['weight_bytes_per_decode_step'] / 1e6:8.1f} "
+              f"{f['read_bandwidth_bytes_per_s'] / 1e9:6.1f} "
               f"{f['batch1_decode_tokens_per_s']:9.1f} {f['batch1_roofline_fraction']:8.0%} "
               f"{f['batch32_decode_tokens_per_s']:10.1f} {f['prefill512_tokens_per_s']:11.1f}")

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from graft.cli import main
 
 
@@ -33,5 +35,8 @@ def test_bench_engine_formats(tiny_llama, tmp_path, capsys):
     for f in (fp32, int8, int4):
         assert f["batch1_decode_tokens_per_s"] > 0 and f["batch32_decode_tokens_per_s"] > 0
         assert f["prefill_tokens"] == 511 and 0 < f["batch1_roofline_fraction"]
+        assert f["batch1_roofline_fraction"] == pytest.approx(
+            f["batch1_decode_tokens_per_s"] * f["weight_bytes_per_decode_step"]
+            / f["read_bandwidth_bytes_per_s"])  # against the bandwidth read around its own run
     assert int8["batch1_decode_vs_base"] > 0 and result["formats"]["none"]["linears"] == {}
     assert "int4" in capsys.readouterr().out
