@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "speculative decoding, copy-heavy and open chats, batch 1 and 8")
     parser.add_argument("--num-speculative-tokens", type=int, default=4,
                         help="with --speculative: most proposed tokens per verify step")
+    parser.add_argument("--context", type=int, default=32,
+                        help="with --quantization: prompt tokens of the batch-1 decode run (a long "
+                        "chat or an image prompt: decode attention reads that many cached tokens)")
     parser.add_argument("--decode-tokens", type=int, default=64,
                         help="with --quantization/--speculative: tokens decoded per request")
     parser.add_argument("--bandwidth-mb", type=int, default=1024,
@@ -66,8 +69,12 @@ def run(args) -> int:
 
     from graft.serving import Engine, EngineConfig, SamplingParams
 
+    from graft.errors import GraftConfigError
+
     if args.num_requests <= 0 or args.concurrency <= 0:
-        raise ValueError("--num-requests and --concurrency must be positive")
+        raise GraftConfigError("--num-requests and --concurrency must be positive")
+    if args.context <= 0 or args.decode_tokens <= 0:
+        raise GraftConfigError("--context and --decode-tokens must be positive")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.speculative:

@@ -40,3 +40,17 @@ def test_bench_engine_formats(tiny_llama, tmp_path, capsys):
             / f["read_bandwidth_bytes_per_s"])  # against the bandwidth read around its own run
     assert int8["batch1_decode_vs_base"] > 0 and result["formats"]["none"]["linears"] == {}
     assert "int4" in capsys.readouterr().out
+
+
+def test_bench_engine_formats_long_context(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "formats.json"
+    rc = main(["bench", "engine", str(tiny_llama), "--quantization", "int8", "--context", "150",
+               "--decode-tokens", "4", "--bandwidth-mb", "16", "--out", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["batch1_context"] == 150 and result["formats"]["int8"]["batch1_decode_tokens_per_s"] > 0
+    capsys.readouterr()
+    assert main(["bench", "engine", str(tiny_llama), "--quantization", "int8", "--context", "100000"]) == 2
+    assert "error: --context 100000: use 1 to" in capsys.readouterr().err
+    assert main(["bench", "engine", str(tiny_llama), "--quantization", "int8", "--context", "0"]) == 2
+    assert "error: --context and --decode-tokens must be positive" in capsys.readouterr().err
