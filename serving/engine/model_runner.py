@@ -147,8 +147,10 @@ class ModelRunner:
         self.kv_cache = (huge_pages.zeros(shape, kv_dtype) if self.device.type == "cpu"
                          else torch.zeros(shape, dtype=kv_dtype, device=self.device))
         # int8: one fp32 scale per cached token and KV head (graft.kernels.reference.store_kv)
-        self.kv_scales = (torch.zeros(shape[:-1], dtype=torch.float32, device=self.device)
-                          if kv_dtype == torch.int8 else None)
+        self.kv_scales = None
+        if kv_dtype == torch.int8:
+            self.kv_scales = (huge_pages.zeros(shape[:-1], torch.float32) if self.device.type == "cpu"
+                              else torch.zeros(shape[:-1], dtype=torch.float32, device=self.device))
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
