@@ -67,9 +67,8 @@ def workload(n: int, input_len, output_len, vocab: int, seed: int):
 def run(args) -> int:
     import torch
 
-    from graft.serving import Engine, EngineConfig, SamplingParams
-
     from graft.errors import GraftConfigError
+    from graft.serving import Engine, EngineConfig, SamplingParams
 
     if args.num_requests <= 0 or args.concurrency <= 0:
         raise GraftConfigError("--num-requests and --concurrency must be positive")

@@ -3,9 +3,9 @@ process, each against the memory roofline measured in the same run.
 
 Per format: batch-1 decode tok/s (what one chat stream feels; after a --context-token
 prompt, 32 by default), batch-32 decode tok/s, prefill-512 tok/s, the linear-weight bytes
-one decode step reads, and batch-1 decode as a fraction of its roofline (those bytes over the read bandwidth measured just before and just
-after that format's batch-1 run: on a shared machine it drifts). Whole engine steps are
-timed (scheduler, sampler and Python included), after a warm-up. Writes JSON. The name
+one decode step reads, and batch-1 decode as a fraction of its roofline (those bytes over
+the read bandwidth measured just before and just after that format's batch-1 run: on a
+shared machine it drifts). Whole engine steps are timed (scheduler, sampler and Python included), after a warm-up. Writes JSON. The name
 `none` is the engine without a quantization config (fp32 on oneDNN-prepacked linears, op by
 op); `fp32` is a quantization config of fp32 everywhere (the C linears, one call per decode
 step).
@@ -86,18 +86,18 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     t0 = time.perf_counter()
     engine = Engine.from_pretrained(model_dir, config)
     load_s = time.perf_counter() - t0
+    if args.context + args.decode_tokens >= engine.max_model_len:
+        from graft.errors import GraftConfigError
+
+        raise GraftConfigError(
+            f"--context {args.context}: use 1 to {engine.max_model_len - args.decode_tokens - 1} "
+            f"(max_model_len {engine.max_model_len} minus --decode-tokens)")
     vocab = engine.runner.vocab_size
     _timed_steps(engine, _prompts(2, 32, vocab, seed), 8)  # warm-up: first-call allocations
     # this machine's memory speed drifts by up to 2x within minutes (other tenants): the
     # roofline of the batch-1 run is the bandwidth read just before and just after it
     bw_before = read_bandwidth(args.bandwidth_mb << 20)
-    context = getattr(args, "context", 32)
-    if context + args.decode_tokens >= engine.max_model_len:
-        from graft.errors import GraftConfigError
-
-        raise GraftConfigError(f"--context {context}: use 1 to {engine.max_model_len - args.decode_tokens - 1} "
-                         f"(max_model_len {engine.max_model_len} minus --decode-tokens)")
-    one = _timed_steps(engine, _prompts(1, context, vocab, seed + 1), args.decode_tokens)
+    one = _timed_steps(engine, _prompts(1, args.context, vocab, seed + 1), args.decode_tokens)
     bw = (bw_before + read_bandwidth(args.bandwidth_mb << 20)) / 2
     many = _timed_steps(engine, _prompts(32, 64, vocab, seed + 2), args.decode_tokens // 2)
     prefill_len = min(512, engine.max_model_len - 1)
@@ -121,7 +121,7 @@ def run_formats(args, schemes: list[str]) -> dict:
 
     result = {"model_dir": str(args.model_dir), "dtype": args.dtype, "device": args.device,
               "torch_threads": torch.get_num_threads(), "decode_tokens": args.decode_tokens,
-              "batch1_context": getattr(args, "context", 32),
+              "batch1_context": args.context,
               "formats": {}}
     for scheme in schemes:
         result["formats"][scheme] = measure_format(args.model_dir, scheme, args)

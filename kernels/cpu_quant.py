@@ -212,8 +212,8 @@ def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:
     be built afterwards."""
     from graft.kernels import huge_pages
 
-    packs = {id(p): p for w in weights if "cpu" in w.packed
-             for p in [w.packed["cpu"]] if not p.on_huge_pages}.values()
+    layouts = (w.packed.get("cpu") for w in weights)
+    packs = list({id(p): p for p in layouts if p is not None and not p.on_huge_pages}.values())
     owners = [(p, name) for p in packs for name in ("weight", "scales") if getattr(p, name) is not None]
     if not owners:
         return 0

@@ -14,6 +14,7 @@ Where THP is off (`never`), or on other systems, the memory is ordinary: nothing
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import warnings
 
@@ -49,11 +50,7 @@ def _address(area: mmap.mmap) -> int:
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros(shape, dtype=dtype) on CPU, on 2 MB pages."""
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    return empty(nbytes).view(dtype).view(shape).zero_()
+    return empty(math.prod(shape) * dtype.itemsize).view(dtype).view(shape).zero_()
 
 
 def gather(tensors: list[torch.Tensor], align: int = 64) -> list[torch.Tensor]:

@@ -364,6 +364,12 @@ static void merge_parts(const float *parts, int64_t np, float *out, int64_t num_
     }
 }
 
+/* The sequence of item `it`, searching forward from sequence s (first[s]: its first item). */
+static inline int64_t seq_of(const int64_t *first, int64_t s, int64_t it) {
+    while (first[s + 1] <= it) ++s;
+    return s;
+}
+
 /* The fast path over every sequence: phase 1 runs the items ((sequence, PART-token piece),
  * round-robin over the threads so each knows the item it takes next), phase 2 merges each
  * sequence's items. Returns 0, or -1 when scratch could not be allocated. */
@@ -395,12 +401,11 @@ static int64_t paged_decode_parts(part_decode_fn fast, const float *q, const voi
 #pragma omp for schedule(static, 1)
         for (int64_t it = 0; it < items; ++it) {
             if (!scores) continue; /* reported through `failed` */
-            while (first[s + 1] <= it) ++s;
+            s = seq_of(first, s, it);
             const int64_t t0 = (it - first[s]) * PART, n = context_lens[s];
             next_rows_t next = {block_tables, 0, 0};
             if (it + stride < items) {
-                int64_t ns = s;
-                while (first[ns + 1] <= it + stride) ++ns;
+                const int64_t ns = seq_of(first, s, it + stride);
                 const int64_t nt0 = (it + stride - first[ns]) * PART, nn = context_lens[ns];
                 next = (next_rows_t){block_tables + ns * max_blocks, nt0, nt0 + PART < nn ? nt0 + PART : nn};
             }

@@ -144,18 +144,20 @@ class ModelRunner:
         kv_dtype = self.config.kv_torch_dtype
         # zeros, not empty: kernels may read (and mask) padding slots of a block; on CPU on
         # 2 MB pages (decode reads blocks from all over the pool)
-        self.kv_cache = (huge_pages.zeros(shape, kv_dtype) if self.device.type == "cpu"
-                         else torch.zeros(shape, dtype=kv_dtype, device=self.device))
+        self.kv_cache = self._pool_zeros(shape, kv_dtype)
         # int8: one fp32 scale per cached token and KV head (graft.kernels.reference.store_kv)
-        self.kv_scales = None
-        if kv_dtype == torch.int8:
-            self.kv_scales = (huge_pages.zeros(shape[:-1], torch.float32) if self.device.type == "cpu"
-                              else torch.zeros(shape[:-1], dtype=torch.float32, device=self.device))
+        self.kv_scales = (self._pool_zeros(shape[:-1], torch.float32)
+                          if kv_dtype == torch.int8 else None)
         for i, layer in enumerate(m.layers):
             attn = layer.self_attn
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
             if self.kv_scales is not None:
                 attn.k_scale, attn.v_scale = self.kv_scales[i, 0], self.kv_scales[i, 1]
+
+    def _pool_zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return huge_pages.zeros(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
 
     # --- one forward ----------------------------------------------------------------
     @torch.inference_mode()
