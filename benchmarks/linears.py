@@ -66,8 +66,10 @@ def _paths(weights):
         [_ao_dynamic(w) for w in weights], lambda x, m: m(x), None)
     if cpu_ops.available():
         own = cpu_quant.isa()
-        # this CPU's path, and the AVX2 one a CPU without AVX-512 would run
-        levels = [own, "avx2"] if own in ("avx512", "avx512-vnni") else [own]
+        # this CPU's path, the VNNI one a CPU without AMX would run, and the AVX2 one a CPU
+        # without AVX-512 would run
+        levels = ([own] + (["avx512-vnni"] if own == "avx512-amx" else [])
+                  + (["avx2"] if own.startswith("avx512") else []))
         for name in ("fp32", "bf16", "int8", "int4-g32", "int4-g64"):
             scheme = QuantScheme.parse(name)
             if all(w.shape[1] % max(scheme.group_size, 1) == 0 for w in weights):

@@ -28,8 +28,8 @@ from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, c
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
-                             "quant_vnni_cpu.c", "quant_avx2_cpu.c", "decode_step_cpu.c",
-                             "argmax_cpu.c"))
+                             "quant_vnni_cpu.c", "quant_amx_cpu.c", "quant_avx2_cpu.c",
+                             "decode_step_cpu.c", "argmax_cpu.c"))
 HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
                 for name in ("fast_exp.h", "bf16.h", "quant_epilogue.h", "quant_group_sums.h"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU).
@@ -38,7 +38,7 @@ CFLAGS = ("-O3", f"-march={os.environ.get('GRAFT_CPU_MARCH', '').strip() or 'nat
           "-std=gnu11", "-shared", "-fPIC")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _CACHE_DTYPES = {torch.bfloat16: 1, torch.int8: 3}  # caches the C decode reads under fp32 q
-ISA_NAMES = ("portable", "avx2", "avx512", "avx512-vnni")  # quant_linear_cpu.c graft_quant_isa levels
+ISA_NAMES = ("portable", "avx2", "avx512", "avx512-vnni", "avx512-amx")  # quant_linear_cpu.c graft_quant_isa levels
 
 
 def cache_dir() -> Path:

@@ -43,6 +43,11 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
                             const uint16_t *mins4, int64_t group, const float *bias, float *y,
                             int64_t ldy, int64_t N, int64_t NB, int nthreads);
 
+int graft_quant_amx(void);
+int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                         const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
+                         int nthreads);
+
 int graft_quant_avx2(void);
 int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *scale8, const uint16_t *scales4,
@@ -50,11 +55,13 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
                             int64_t ldy, int64_t N, int64_t NB, int nthreads);
 
 /* 0: portable only; 1: every format on AVX2 + FMA; 2: bf16/fp32 on AVX-512F (int8/int4 on
- * AVX2); 3: int8/int4 on AVX-512 VNNI too. The level can be lowered (GRAFT_CPU_ISA, via
+ * AVX2); 3: int8/int4 on AVX-512 VNNI too; 4: int8/bf16 calls of 8 rows or more on AMX tiles
+ * (quant_amx_cpu.c). The level can be lowered (GRAFT_CPU_ISA, via
  * graft.kernels.cpu_ops) to run a smaller CPU's paths on a machine that has more. */
-static int level_cap = 3;
+static int level_cap = 4;
 int graft_quant_isa(void) {
-    const int built = GRAFT_QUANT_AVX512 ? 2 + graft_quant_vnni() : graft_quant_avx2();
+    const int vnni = graft_quant_vnni();
+    const int built = GRAFT_QUANT_AVX512 ? 2 + vnni + (vnni && graft_quant_amx()) : graft_quant_avx2();
     return built < level_cap ? built : level_cap;
 }
 void graft_quant_cap_isa(int level) { level_cap = level; }
@@ -280,6 +287,10 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
         if (status <= 0) return status; /* else a row the fixed point cannot hold: below */
     }
 #if GRAFT_QUANT_AVX512
+    if (kind == KIND_BF16 && level >= 4) {
+        const int status = graft_quant_amx_bf16(x, ldx, M, K, w, bias, y, ldy, N, NB, nthreads);
+        if (status <= 0) return status; /* else too few rows, K not a multiple of 32, inf/NaN */
+    }
     if (!integer && level >= 2) {
         const int64_t pairs = NB / 2, block = kind == KIND_F32 ? K * 64 : (K + 1) / 2 * 64; /* bytes */
         /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */

@@ -38,6 +38,12 @@
 
 int graft_quant_vnni(void) { return GRAFT_QUANT_VNNI; }
 
+int graft_quant_amx_applies(int64_t M, int64_t K, int64_t chunk);
+int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk);
+void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, const float *rs,
+                        int64_t M, const void *w, const float *scale8, const float *bias, float *y,
+                        int64_t ldy, int64_t N, int64_t NB, int nthreads);
+
 #if GRAFT_QUANT_VNNI
 enum { KIND_INT8 = 0, KIND_INT4 = 1 };
 #define PIECES 3
@@ -60,11 +66,13 @@ static inline __m512i dot(__m512i acc, __m512i u, __m512i s) {
     return acc;
 }
 
-/* Row m of x -> rs[m] (the step s) and digits [PIECES][KP] (K..KP padded with 0); dsum
- * [PIECES][chunks]: each piece's digit sum per CHUNK_K columns (int8's offset). Returns 0,
- * or 1 when the row holds inf or NaN (the fixed point cannot represent it). */
-static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *dig, float *rs,
-                    int32_t *dsum, int64_t chunks) {
+/* Row m of x -> rs[m] (the step s) and its PIECES digit rows (K..KP padded with 0): column k
+ * of piece p at dig[p] + (k / 64) * cstride + k % 64 (cstride 64: plain rows; the AMX path
+ * asks for its tile blocks). dsum [PIECES][chunks]: each piece's digit sum per CHUNK_K
+ * columns (int8's offset). Returns 0, or 1 when the row holds inf or NaN (the fixed point
+ * cannot represent it). */
+static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *const dig[PIECES],
+                    int64_t cstride, float *rs, int32_t *dsum, int64_t chunks) {
     __m512 mx = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
@@ -76,26 +84,27 @@ static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *dig, float *r
     const float inv = amax > 0.0f ? X_RANGE / amax : 0.0f;
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
+    __m512i sums[PIECES] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     for (k = 0; k < KP; k += 16) {
         const __mmask16 live = K - k >= 16 ? 0xffff : K > k ? (__mmask16)((1u << (K - k)) - 1) : 0;
         const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, x + k), vinv));
-        const __m512i d0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X, c128), c255), c128);
-        const __m512i X1 = _mm512_srai_epi32(_mm512_sub_epi32(X, d0), 8);
-        const __m512i d1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X1, c128), c255), c128);
-        const __m512i d2 = _mm512_srai_epi32(_mm512_sub_epi32(X1, d1), 8);
-        const int64_t n = KP - k >= 16 ? 16 : KP - k;
+        __m512i d[PIECES];
+        d[0] = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X, c128), c255), c128);
+        const __m512i X1 = _mm512_srai_epi32(_mm512_sub_epi32(X, d[0]), 8);
+        d[1] = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X1, c128), c255), c128);
+        d[2] = _mm512_srai_epi32(_mm512_sub_epi32(X1, d[1]), 8);
+        const int64_t n = KP - k >= 16 ? 16 : KP - k, at = (k >> 6) * cstride + (k & 63);
         const __mmask16 store = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
-        _mm512_mask_cvtepi32_storeu_epi8(dig + k, store, d0);
-        _mm512_mask_cvtepi32_storeu_epi8(dig + KP + k, store, d1);
-        _mm512_mask_cvtepi32_storeu_epi8(dig + 2 * KP + k, store, d2);
-    }
-    for (int p = 0; p < PIECES; ++p)
-        for (int64_t c = 0; c < chunks; ++c) {
-            int32_t t = 0;
-            const int64_t end = (c + 1) * CHUNK_K < KP ? (c + 1) * CHUNK_K : KP;
-            for (k = c * CHUNK_K; k < end; ++k) t += dig[p * KP + k];
-            dsum[p * chunks + c] = t;
+        for (int p = 0; p < PIECES; ++p) { /* lanes past K are 0: the sums need no mask */
+            _mm512_mask_cvtepi32_storeu_epi8(dig[p] + at, store, d[p]);
+            sums[p] = _mm512_add_epi32(sums[p], d[p]);
         }
+        if ((k + 16) % CHUNK_K == 0 || k + 16 >= KP)
+            for (int p = 0; p < PIECES; ++p) {
+                dsum[p * chunks + k / CHUNK_K] = _mm512_reduce_add_epi32(sums[p]);
+                sums[p] = _mm512_setzero_si512();
+            }
+    }
     return 0;
 }
 
@@ -214,20 +223,32 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
     const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K, pairs = NB / 2;
     const int64_t chunks = kind == KIND_INT8 ? (KP + CHUNK_K - 1) / CHUNK_K : 0; /* int4: no offset */
     const int64_t G = kind == KIND_INT4 ? K / group : 0, block_bytes = KP * 16 / (kind == KIND_INT4 ? 2 : 1);
-    int8_t *dig = malloc((size_t)(M * PIECES * KP) + 64);
+    /* many int8 rows: AMX tiles, from digit rows in its blocks (up to a multiple of 32 rows) */
+    const int amx = kind == KIND_INT8 && chunks == 1 && graft_quant_amx_applies(M, KP, 64);
+    const int64_t dig_rows = amx ? (M * PIECES + 31) / 32 * 32 : M * PIECES;
+    int8_t *dig = malloc((size_t)(dig_rows * KP) + 64);
     float *rs = malloc(sizeof(float) * (size_t)M);
     int32_t *dsum = malloc(sizeof(int32_t) * (size_t)(M * PIECES * chunks + 1));
     float *xs = malloc(sizeof(float) * (size_t)(M * G + 1));
     int status = dig && rs && dsum && xs ? 0 : -1;
-    for (int64_t m = 0; m < M && !status; ++m)
-        if (prep_row(x + m * ldx, K, KP, dig + m * PIECES * KP, rs + m, dsum + m * PIECES * chunks, chunks))
+    for (int64_t m = 0; m < M && !status; ++m) {
+        int8_t *rows[PIECES];
+        for (int p = 0; p < PIECES; ++p)
+            rows[p] = dig + (amx ? graft_quant_amx_row(m * PIECES + p, KP, 64) : (m * PIECES + p) * KP);
+        if (prep_row(x + m * ldx, K, KP, rows, amx ? 2048 : 64, rs + m, dsum + m * PIECES * chunks, chunks))
             status = 1;
+    }
+    if (amx && !status) {
+        for (int64_t r = M * PIECES; r < dig_rows; ++r) /* zero rows fill the last tile */
+            for (int64_t c = 0; c < KP / 64; ++c) memset(dig + graft_quant_amx_row(r, KP, 64) + c * 2048, 0, 64);
+        graft_quant_amx_i8(dig, KP, dsum, rs, M, w, scale8, bias, y, ldy, N, NB, nthreads);
+    }
     if (G && !status) { /* int4: group sums of x, divided by the step */
         group_sums(x, ldx, M, K, group, xs);
         for (int64_t m = 0; m < M; ++m)
             for (int64_t g = 0; g < G; ++g) xs[m * G + g] = rs[m] > 0.0f ? xs[m * G + g] / rs[m] : 0.0f;
     }
-    for (int64_t mc = 0; mc < M && !status; mc += M_CHUNK) {
+    for (int64_t mc = 0; mc < M && !status && !amx; mc += M_CHUNK) {
         const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
         const int max_mr = kind == KIND_INT8 ? MAX_MR8 : MAX_MR4;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)

@@ -43,7 +43,7 @@ def default_quantization(config: EngineConfig, device: torch.device) -> str | No
     from graft.kernels.dispatch import kernels_mode
 
     if (device.type == "cpu" and config.dtype == "float32" and kernels_mode() in ("auto", "cpu")
-            and cpu_ops.available() and cpu_quant.isa() in ("avx512", "avx512-vnni")):
+            and cpu_ops.available() and cpu_quant.isa().startswith("avx512")):
         return "fp32"
     return None
 

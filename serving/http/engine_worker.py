@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from graft.errors import GraftError
+from graft.kernels.omp_threads import release_thread_pool
 from graft.serving.http.admission import AdmissionController, QueueItem, QueueLimits
 from graft.serving.http.protocol import APIError
 
@@ -88,9 +89,11 @@ class EngineWorker:
                 front.image_path.image_features([image])
                 elapsed = time.perf_counter() - start
             self.cost.observe_encode(n_tokens, elapsed)
+        release_thread_pool()  # the engine thread computes from now on (graft.kernels.omp_threads)
 
     # ---- called from the HTTP layer (any thread) ----------------------------------------
     def start(self) -> None:
+        release_thread_pool()  # this thread loaded the model; only the engine thread computes now
         self._thread.start()
 
     @property

@@ -94,7 +94,9 @@ def test_zero_tiny_and_non_finite_rows(scheme):
 def test_isa_names_the_integer_path():
     name = cpu_quant.isa()
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
-    if {"avx512_vnni", "avx512bw"} <= flags:
+    if {"avx512_vnni", "avx512bw", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"} <= flags:
+        assert name == "avx512-amx"  # Linux >= 5.16 grants the tile state (arch_prctl)
+    elif {"avx512_vnni", "avx512bw"} <= flags:
         assert name == "avx512-vnni"
     elif "avx512f" in flags:
         assert name == "avx512"
@@ -105,11 +107,12 @@ def test_isa_names_the_integer_path():
 
 
 @needs_c
-@pytest.mark.parametrize("cap,says", [("avx512", "int8/int4 on AVX2 + FMA"),
+@pytest.mark.parametrize("cap,says", [("avx512-vnni", "int8/int4 on AVX-512 VNNI"),
+                                      ("avx512", "int8/int4 on AVX2 + FMA"),
                                       ("avx2", "every format on AVX2 + FMA"),
                                       ("portable", "every format on the portable loop")])
 def test_a_smaller_cpu_runs_its_fallback(cap, says):
-    """GRAFT_CPU_ISA lowers the path as on a CPU without VNNI, AVX-512 or AVX2: isa() and the
+    """GRAFT_CPU_ISA lowers the path as on a CPU without AMX, VNNI, AVX-512 or AVX2: isa() and the
     description the engine logs say so, and the results are still the reference's."""
     if cpu_quant.ISA_NAMES.index(cap) > cpu_quant.ISA_NAMES.index(cpu_quant.isa()):
         pytest.skip(f"this CPU has no {cap}")
@@ -130,4 +133,4 @@ def test_a_smaller_cpu_runs_its_fallback(cap, says):
     assert name == cap and says in description
     bad = subprocess.run([sys.executable, "-c", "from graft.kernels import cpu_ops; cpu_ops.available()"],
                          env={**env, "GRAFT_CPU_ISA": "sse"}, capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "GRAFT_CPU_ISA='sse': use one of portable, avx2, avx512, avx512-vnni" in bad.stderr
+    assert bad.returncode != 0 and "GRAFT_CPU_ISA='sse': use one of portable, avx2, avx512, avx512-vnni, avx512-amx" in bad.stderr

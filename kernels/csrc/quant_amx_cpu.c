@@ -1,0 +1,250 @@
+/* int8 and bf16 weight-only linears on AMX tiles, for many rows (prefill, batched decode):
+ * y[M, N] = x[M, K] @ dequant(W)^T + bias, x and y fp32, in the layouts of quant_linear_cpu.c
+ * and quant_vnni_cpu.c, read as they are.
+ *
+ * Why: from ~8 rows on, the vector paths are bound by their multiply instructions, not by
+ * the weight's bytes (int8 at 32 rows: 3 vpdpbusd per 4 columns, row and 16 outputs). One
+ * AMX tile product does 16 x 16 x 64 int8 (or x 32 bf16) multiply-adds.
+ *
+ * The activations enter as the vector paths make them, with fp32 accuracy kept:
+ *   int8: the three base-256 digits of the row's 24-bit fixed point (quant_vnni_cpu.c
+ *         prep_row), [M][3][K] bytes, i.e. a matrix of 3M rows: digit p of row m is row 3m + p.
+ *         TDPBSUD (signed digits x unsigned q + 128) gives each digit's exact int32 dot
+ *         product, combined as the VNNI path does, so the outputs are bit-identical to it.
+ *   bf16: x = hi + mid + lo, three bf16 pieces (each the round-to-nearest of what the ones
+ *         before left), exact for normal fp32 values; TDPBF16PS multiplies bf16 exactly
+ *         and adds in fp32, and the three pieces' products are summed at the end.
+ * Either way the weights' tile rows are the layouts' 64-byte steps: 16 output lanes x 4 int8
+ * columns or x 2 bf16 columns, a block's steps 128 bytes apart (the pair's blocks alternate).
+ * Each tile computes 32 rows of that 3M-row matrix x 32 outputs (one pair of blocks), the
+ * pieces are combined per row of x afterwards.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__) && \
+    defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__linux__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include "quant_epilogue.h"
+#define GRAFT_QUANT_AMX 1
+#else
+#define GRAFT_QUANT_AMX 0
+#endif
+
+enum { KIND_INT8 = 0, KIND_BF16 = 2 };
+#define PIECES 3
+#define M_CHUNK 96 /* rows of x per pass over W: 288 piece rows = 9 tiles of 32 */
+#define K_CHUNKS 8 /* 64-byte chunks of a row per pass over the rows: 16 KB of a pair's W */
+#define MIN_ROWS 8  /* fewer rows: the vector paths (measured, docs/quantization.md) */
+
+int graft_quant_isa(void); /* quant_linear_cpu.c: 4 when AMX runs (not capped below it) */
+
+/* Byte offset of piece row r in the tile blocks of rows with K columns, `chunk` columns per
+ * 64 bytes (int8 64, bf16 32): blocks of 32 rows, each chunk by chunk ([32][64] bytes). */
+int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk) {
+    return (r / 32) * (K / chunk) * 2048 + (r % 32) * 64;
+}
+
+/* Whether a call of M rows and K columns runs on AMX (K a whole number of 64-byte chunks). */
+int graft_quant_amx_applies(int64_t M, int64_t K, int64_t chunk) {
+    return M >= MIN_ROWS && K % chunk == 0 && graft_quant_isa() >= 4;
+}
+
+#if GRAFT_QUANT_AMX
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Linux hands out the 8 KB tile state only to processes that ask for it. */
+static int amx_permitted(void) {
+    static int state = -1; /* asked once; the first call comes from the loading thread */
+    if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return state;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+/* Tiles 0-3: the 2 x 2 accumulators (16 rows x 16 int32/fp32); 4, 5: two 16-row slices of
+ * the activation pieces; 6, 7: the pair's two weight blocks, 16 steps each. Every tile is
+ * 16 rows of 64 bytes. Tile state is per thread: each thread loads it. */
+static void configure_tiles(void) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* cbuf[32][32] (piece rows x outputs) += one block of 32 piece rows x the pair at wp, over
+ * 64-byte chunks c0..c1 of a row (int8: 64 columns, bf16: 32); `first`: start from 0. The
+ * block is stored chunk by chunk, 32 rows x 64 bytes each (graft_quant_amx_row): a tile is
+ * 1 KB in one piece, where rows K bytes apart had each tile load wait on 16 lines from L2. */
+static void tile_pair(int kind, const uint8_t *a, const uint8_t *wp, int64_t c0, int64_t c1,
+                      int first, void *cbuf) {
+    char *cb = (char *)cbuf; /* row stride 128 bytes: 32 outputs of 4 bytes */
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, cb, 128);
+        _tile_loadd(1, cb + 64, 128);
+        _tile_loadd(2, cb + 16 * 128, 128);
+        _tile_loadd(3, cb + 16 * 128 + 64, 128);
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+        _tile_loadd(6, wp + c * 16 * 128, 128);
+        _tile_loadd(7, wp + c * 16 * 128 + 64, 128);
+        _tile_loadd(4, a + c * 2048, 64);
+        _tile_loadd(5, a + c * 2048 + 1024, 64);
+        if (kind == KIND_INT8) {
+            _tile_dpbsud(0, 4, 6);
+            _tile_dpbsud(1, 4, 7);
+            _tile_dpbsud(2, 5, 6);
+            _tile_dpbsud(3, 5, 7);
+        } else {
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, cb, 128);
+    _tile_stored(1, cb + 64, 128);
+    _tile_stored(2, cb + 16 * 128, 128);
+    _tile_stored(3, cb + 16 * 128 + 64, 128);
+}
+
+/* Row i of the chunk from its three piece rows in cbuf: int8 as quant_vnni_cpu.c combines
+ * its accumulators (the +128 offset of the weights taken off first), bf16 as (hi + mid) + lo. */
+static inline void combine_row(int kind, const void *cbuf, int64_t i, const int32_t *dsum,
+                               __m512 out[1][2]) {
+    for (int h = 0; h < 2; ++h) {
+        if (kind == KIND_INT8) {
+            const int32_t *c = (const int32_t *)cbuf + 3 * i * 32 + h * 16;
+            __m512 a[PIECES];
+            for (int p = 0; p < PIECES; ++p)
+                a[p] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(c + p * 32),
+                                                           _mm512_set1_epi32(128 * dsum[p])));
+            out[0][h] = _mm512_fmadd_ps(a[2], _mm512_set1_ps(65536.0f),
+                                        _mm512_fmadd_ps(a[1], _mm512_set1_ps(256.0f), a[0]));
+        } else {
+            const float *c = (const float *)cbuf + 3 * i * 32 + h * 16;
+            out[0][h] = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(c), _mm512_loadu_ps(c + 32)),
+                                      _mm512_loadu_ps(c + 64));
+        }
+    }
+}
+
+/* a: the piece rows (3 per row of x, zero rows up to a multiple of 32) in 32-row blocks. */
+static void amx_linear(int kind, const uint8_t *a, int64_t M, int64_t chunks,
+                       const uint8_t *w, int64_t block_bytes, const int32_t *dsum, const float *rs,
+                       const float *scale8, const float *bias, float *y, int64_t ldy, int64_t N,
+                       int64_t NB, int nthreads) {
+    const int64_t pairs = NB / 2;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && pairs > 1)
+    {
+        float cbuf[M_CHUNK * PIECES * 32] __attribute__((aligned(64)));
+        configure_tiles();
+        for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
+            const int64_t rows = (M - mc < M_CHUNK ? M - mc : M_CHUNK), prows = rows * PIECES;
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < pairs; ++p) {
+                const uint8_t *wp = w + 2 * p * block_bytes;
+                for (int64_t c0 = 0; c0 < chunks; c0 += K_CHUNKS) /* this part of W stays in L1 */
+                    for (int64_t r0 = 0; r0 < prows; r0 += 32)
+                        tile_pair(kind, a + (mc * PIECES + r0) / 32 * chunks * 2048, wp, c0,
+                                  c0 + K_CHUNKS < chunks ? c0 + K_CHUNKS : chunks, c0 == 0, cbuf + r0 * 32);
+                for (int64_t i = 0; i < rows; ++i) {
+                    __m512 out[1][2];
+                    const int64_t m = mc + i;
+                    combine_row(kind, cbuf, i, kind == KIND_INT8 ? dsum + m * PIECES : 0, out);
+                    finish_pair(out, 1, rs ? rs + m : 0, kind == KIND_INT8 ? scale8 : 0, bias, p * 32,
+                                y + m * ldy, ldy, N);
+                }
+            }
+        }
+        _tile_release();
+    }
+}
+
+/* x = hi + mid + lo in bf16, piece p of row m as row 3m + p of the blocks; 0 when a row
+ * holds inf or NaN (the split cannot carry them: the FMA path runs instead). */
+static int split_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, uint8_t *out) {
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; k += 16) {
+            __m512 r = _mm512_loadu_ps(x + m * ldx + k);
+            if (_mm512_cmp_ps_mask(_mm512_abs_ps(r), _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ))
+                return 0;
+            for (int p = 0; p < PIECES; ++p) {
+                const __m256bh b = _mm512_cvtneps_pbh(r);
+                uint8_t *at = out + graft_quant_amx_row(m * PIECES + p, K, 32) + k / 32 * 2048 + k % 32 * 2;
+                _mm256_storeu_si256((__m256i *)at, (__m256i)b);
+                r = _mm512_sub_ps(r, _mm512_castsi512_ps(
+                                         _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)));
+            }
+        }
+    return 1;
+}
+#endif
+
+int graft_quant_amx(void) {
+#if GRAFT_QUANT_AMX
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+/* int8 (quant_vnni_cpu.c calls it after making the digits, when graft_quant_amx_applies):
+ * dig: the 3M digit rows, then zero rows up to a multiple of 32, in the blocks of
+ * graft_quant_amx_row; dsum [M][3] the digit sums (one chunk); rs [M] the rows' steps. */
+void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, const float *rs,
+                        int64_t M, const void *w, const float *scale8, const float *bias, float *y,
+                        int64_t ldy, int64_t N, int64_t NB, int nthreads) {
+#if GRAFT_QUANT_AMX
+    amx_linear(KIND_INT8, (const uint8_t *)dig, M, KP / 64, (const uint8_t *)w, KP * 16, dsum, rs,
+               scale8, bias, y, ldy, N, NB, nthreads);
+#else
+    (void)dig; (void)KP; (void)dsum; (void)rs; (void)M; (void)w; (void)scale8; (void)bias;
+    (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
+#endif
+}
+
+/* bf16 weights, fp32 x: K a multiple of 32. Returns 0; 1 when this path does not apply (no
+ * AMX, K not a multiple of 32, inf or NaN in x: the caller runs the FMA path); -1 when
+ * scratch could not be allocated. */
+int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                         const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
+                         int nthreads) {
+#if GRAFT_QUANT_AMX
+    if (!graft_quant_amx_applies(M, K, 32)) return 1;
+    const int64_t rows = (M * PIECES + 31) / 32 * 32, bytes = rows * K * 2;
+    uint8_t *pieces = aligned_alloc(64, (size_t)bytes);
+    if (!pieces) return -1;
+    for (int64_t r = M * PIECES; r < rows; ++r) /* zero rows fill the last tile */
+        for (int64_t c = 0; c < K / 32; ++c) memset(pieces + graft_quant_amx_row(r, K, 32) + c * 2048, 0, 64);
+    int status = 1;
+    if (split_bf16(x, ldx, M, K, pieces)) {
+        amx_linear(KIND_BF16, pieces, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, y, ldy,
+                   N, NB, nthreads);
+        status = 0;
+    }
+    free(pieces);
+    return status;
+#else
+    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;
+    (void)NB; (void)nthreads;
+    return 1;
+#endif
+}

@@ -1,0 +1,98 @@
+"""The AMX tile path of the int8 and bf16 C linears (kernels/csrc/quant_amx_cpu.c), taken by
+calls of 8 rows or more on a CPU with AMX: int8 must give the VNNI path's outputs bit for bit
+(the same integer digit sums, combined the same way), bf16 the dequantize-then-matmul
+reference's within float noise; shapes the tiles do not cover, and rows holding inf or NaN,
+must fall back to the vector paths."""
+
+import pytest
+import torch
+
+from graft.kernels import cpu_ops, cpu_quant
+from graft.kernels.quant import QuantScheme, quant_linear, quantize
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available() or cpu_quant.isa() != "avx512-amx",
+                                reason="no AMX path on this machine (cpu_quant.isa() != 'avx512-amx')")
+
+
+def _weight(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * 0.05
+
+
+def _both(x, qw, bias):
+    """(AMX path, the vector path of a CPU without AMX)."""
+    got = cpu_quant.quant_linear(x, qw, bias)
+    with cpu_quant.isa_capped("avx512-vnni"):
+        return got, cpu_quant.quant_linear(x, qw, bias)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", [(40, 64), (96, 128), (200, 576), (64, 1536)])
+@pytest.mark.parametrize("m", [8, 11, 32, 97, 200])  # 3m piece rows: padded tiles, chunks of 96
+def test_int8_tiles_equal_the_vnni_path_bit_for_bit(m, n, k, threads):
+    qw = quantize(_weight(n, k, seed=k + n), QuantScheme.parse("int8"))
+    x, bias = torch.randn(m, k), torch.randn(n)
+    x[1] *= 1e-4  # rows with different steps
+    x[-1] *= 300.0
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got, vnni = _both(x, qw, bias)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, vnni)
+    # the fixed point's own bound (test_quant_vnni.py): 2^-22 of the row's largest |x| x sum|w|
+    bound = 2.0 ** -22 * x.abs().amax(dim=1, keepdim=True) * qw.dequantize().abs().sum(dim=1) + 1e-5
+    assert ((got - quant_linear(x, qw, bias)).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", [(40, 32), (96, 128), (200, 576), (64, 1536)])
+@pytest.mark.parametrize("m", [8, 11, 32, 97, 200])
+def test_bf16_tiles_equal_the_reference(m, n, k, threads):
+    """x in three bf16 pieces keeps fp32's accuracy: the error stays at fp32 summation noise,
+    also for rows spanning many orders of magnitude."""
+    qw = quantize(_weight(n, k, seed=k), QuantScheme.parse("bf16"))
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-4, 3, k)[torch.randperm(k, generator=g)]
+    bias = torch.randn(n)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got, fma = _both(x, qw, bias)
+    finally:
+        torch.set_num_threads(before)
+    exact = x.double() @ qw.dequantize().double().T + bias.double()
+    noise = k * 2.0 ** -24 * (x.abs().double() @ qw.dequantize().abs().double().T + bias.abs().double())
+    assert ((got.double() - exact).abs() <= 2 * noise + 1e-30).all()
+    assert ((fma.double() - exact).abs() <= 2 * noise + 1e-30).all()
+
+
+@pytest.mark.parametrize("scheme,k", [("int8", 96), ("bf16", 48), ("int8", 577)])
+def test_widths_the_tiles_do_not_cover_run_the_vector_path(scheme, k):
+    """int8 needs K a multiple of 64, bf16 of 32: other widths take the vector path whole."""
+    qw = quantize(_weight(48, k), QuantScheme.parse(scheme))
+    x, bias = torch.randn(16, k), torch.randn(48)
+    got, vector = _both(x, qw, bias)
+    assert torch.equal(got, vector)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "bf16"])
+def test_rows_with_inf_or_nan_fall_back(scheme):
+    qw = quantize(_weight(64, 128), QuantScheme.parse(scheme))
+    x = torch.randn(12, 128)
+    x[3, 5] = float("inf")
+    x[7, 9] = float("nan")
+    got, vector = _both(x, qw, None)
+    torch.testing.assert_close(got, vector, equal_nan=True)
+    assert got[7].isnan().all() and not got[3].isfinite().any()
+    assert got[[0, 1, 2, 4, 5, 6, 8, 9, 10, 11]].isfinite().all()
+
+
+def test_few_rows_stay_on_the_vector_path():
+    """Below 8 rows the tiles would mostly hold padding: the vector paths run (bit-identical
+    for bf16 too, which the tiles are not)."""
+    qw = quantize(_weight(64, 128), QuantScheme.parse("bf16"))
+    x = torch.randn(7, 128)
+    got, vector = _both(x, qw, None)
+    assert torch.equal(got, vector)
