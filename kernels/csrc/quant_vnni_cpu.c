@@ -47,6 +47,10 @@ void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, cons
 #if GRAFT_QUANT_VNNI
 enum { KIND_INT8 = 0, KIND_INT4 = 1 };
 #define PIECES 3
+/* Software prefetch, bytes ahead in a tile's weight stream: on an Intel Xeon batch-1 decode ran
+ * 1.3x (int8) and 1.5x (int4) faster with it; the bf16/fp32 tiles, which issue more loads per
+ * byte, gained nothing (docs/quantization.md). */
+#define PF_DIST 4096
 #define MAX_MR8 4       /* int8 tile: 4 rows x 2 blocks x 3 digit accumulators = 24 registers */
 #define MAX_MR4 3       /* int4 tile: 18 digit accumulators + 6 fp32 outputs */
 #define CHUNK_K 32768   /* int8: columns per int32 accumulation (|sum| < 255 * 128 * K + 128^2 * K) */
@@ -131,6 +135,8 @@ static inline __m512 combine(const __m512i a[PIECES]) {
                         _mm512_set1_epi32(-128 * dsum[(m * PIECES + p) * chunks + c]);            \
             const int64_t q1 = ((c + 1) * CHUNK_K < K4 ? (c + 1) * CHUNK_K : K4) / 4;             \
             for (int64_t q = c * (CHUNK_K / 4); q < q1; ++q) {                                    \
+                _mm_prefetch((const char *)(w0p + q * 128 + PF_DIST), _MM_HINT_T0);                \
+                _mm_prefetch((const char *)(w0p + q * 128 + PF_DIST + 64), _MM_HINT_T0);           \
                 const __m512i w0 = _mm512_loadu_si512(w0p + q * 128);                             \
                 const __m512i w1 = _mm512_loadu_si512(w1p + q * 128);                             \
                 _Pragma("GCC unroll 4") for (int m = 0; m < MR; ++m) {                            \
@@ -166,6 +172,8 @@ static inline __m512 combine(const __m512i a[PIECES]) {
             for (int m = 0; m < MR; ++m)                                                          \
                 for (int p = 0; p < PIECES; ++p) acc[m][0][p] = acc[m][1][p] = _mm512_setzero_si512(); \
             for (int64_t j = g * steps; j < (g + 1) * steps; ++j) {                               \
+                _mm_prefetch((const char *)(w0p + j * 128 + PF_DIST), _MM_HINT_T0);                \
+                _mm_prefetch((const char *)(w0p + j * 128 + PF_DIST + 64), _MM_HINT_T0);           \
                 const __m512i v0 = _mm512_loadu_si512(w0p + j * 128), v1 = _mm512_loadu_si512(w1p + j * 128); \
                 const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi32(v0, 4), nib); \
                 const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi32(v1, 4), nib); \
