@@ -19,11 +19,16 @@ def _weight(n, k, seed=0):
     return torch.randn(n, k, generator=g) * 0.05
 
 
-def _both(x, qw, bias):
-    """(AMX path, the vector path of a CPU without AMX)."""
-    got = cpu_quant.quant_linear(x, qw, bias)
-    with cpu_quant.isa_capped("avx512-vnni"):
-        return got, cpu_quant.quant_linear(x, qw, bias)
+def _both(x, qw, bias, threads=None):
+    """(AMX path, the vector path of a CPU without AMX), on `threads` torch threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        got = cpu_quant.quant_linear(x, qw, bias)
+        with cpu_quant.isa_capped("avx512-vnni"):
+            return got, cpu_quant.quant_linear(x, qw, bias)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -34,12 +39,7 @@ def test_int8_tiles_equal_the_vnni_path_bit_for_bit(m, n, k, threads):
     x, bias = torch.randn(m, k), torch.randn(n)
     x[1] *= 1e-4  # rows with different steps
     x[-1] *= 300.0
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got, vnni = _both(x, qw, bias)
-    finally:
-        torch.set_num_threads(before)
+    got, vnni = _both(x, qw, bias, threads)
     assert torch.equal(got, vnni)
     # the fixed point's own bound (test_quant_vnni.py): 2^-22 of the row's largest |x| x sum|w|
     bound = 2.0 ** -22 * x.abs().amax(dim=1, keepdim=True) * qw.dequantize().abs().sum(dim=1) + 1e-5
@@ -56,12 +56,7 @@ def test_bf16_tiles_equal_the_reference(m, n, k, threads):
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, k, generator=g) * torch.logspace(-4, 3, k)[torch.randperm(k, generator=g)]
     bias = torch.randn(n)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got, fma = _both(x, qw, bias)
-    finally:
-        torch.set_num_threads(before)
+    got, fma = _both(x, qw, bias, threads)
     exact = x.double() @ qw.dequantize().double().T + bias.double()
     noise = k * 2.0 ** -24 * (x.abs().double() @ qw.dequantize().abs().double().T + bias.abs().double())
     assert ((got.double() - exact).abs() <= 2 * noise + 1e-30).all()
