@@ -125,12 +125,15 @@ static void tile_pair(int kind, const uint8_t *a, const uint8_t *wp, int64_t c0,
     _tile_stored(3, cb + 16 * 128 + 64, 128);
 }
 
-/* Row i of the chunk from its three piece rows in cbuf: int8 as quant_vnni_cpu.c combines
- * its accumulators (the +128 offset of the weights taken off first), bf16 as (hi + mid) + lo. */
-static inline void combine_row(int kind, const void *cbuf, int64_t i, const int32_t *dsum,
-                               __m512 out[1][2]) {
+/* Row i of the chunk from its piece rows in cbuf: int8 as quant_vnni_cpu.c combines its
+ * accumulators (the +128 offset of the weights taken off first), bf16 as (hi + mid) + lo, or
+ * hi alone where x was bf16 already (mid and lo would add zeros). */
+static inline void combine_row(int kind, int pieces, const void *cbuf, int64_t i,
+                               const int32_t *dsum, __m512 out[1][2]) {
     for (int h = 0; h < 2; ++h) {
-        if (kind == KIND_INT8) {
+        if (kind == KIND_BF16 && pieces == 1) {
+            out[0][h] = _mm512_loadu_ps((const float *)cbuf + i * 32 + h * 16);
+        } else if (kind == KIND_INT8) {
             const int32_t *c = (const int32_t *)cbuf + 3 * i * 32 + h * 16;
             __m512 a[PIECES];
             for (int p = 0; p < PIECES; ++p)
@@ -146,8 +149,9 @@ static inline void combine_row(int kind, const void *cbuf, int64_t i, const int3
     }
 }
 
-/* a: the piece rows (3 per row of x, zero rows up to a multiple of 32) in 32-row blocks. */
-static void amx_linear(int kind, const uint8_t *a, int64_t M, int64_t chunks,
+/* a: the piece rows (`pieces` per row of x, zero rows up to a multiple of 32) in 32-row
+ * blocks. */
+static void amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_t chunks,
                        const uint8_t *w, int64_t block_bytes, const int32_t *dsum, const float *rs,
                        const float *scale8, const float *bias, float *y, int64_t ldy, int64_t N,
                        int64_t NB, int nthreads) {
@@ -157,18 +161,18 @@ static void amx_linear(int kind, const uint8_t *a, int64_t M, int64_t chunks,
         float cbuf[M_CHUNK * PIECES * 32] __attribute__((aligned(64)));
         configure_tiles();
         for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
-            const int64_t rows = (M - mc < M_CHUNK ? M - mc : M_CHUNK), prows = rows * PIECES;
+            const int64_t rows = (M - mc < M_CHUNK ? M - mc : M_CHUNK), prows = rows * pieces;
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < pairs; ++p) {
                 const uint8_t *wp = w + 2 * p * block_bytes;
                 for (int64_t c0 = 0; c0 < chunks; c0 += K_CHUNKS) /* this part of W stays in L1 */
                     for (int64_t r0 = 0; r0 < prows; r0 += 32)
-                        tile_pair(kind, a + (mc * PIECES + r0) / 32 * chunks * 2048, wp, c0,
+                        tile_pair(kind, a + (mc * pieces + r0) / 32 * chunks * 2048, wp, c0,
                                   c0 + K_CHUNKS < chunks ? c0 + K_CHUNKS : chunks, c0 == 0, cbuf + r0 * 32);
                 for (int64_t i = 0; i < rows; ++i) {
                     __m512 out[1][2];
                     const int64_t m = mc + i;
-                    combine_row(kind, cbuf, i, kind == KIND_INT8 ? dsum + m * PIECES : 0, out);
+                    combine_row(kind, pieces, cbuf, i, kind == KIND_INT8 ? dsum + m * PIECES : 0, out);
                     finish_pair(out, 1, rs ? rs + m : 0, kind == KIND_INT8 ? scale8 : 0, bias, p * 32,
                                 y + m * ldy, ldy, N);
                 }
@@ -178,23 +182,35 @@ static void amx_linear(int kind, const uint8_t *a, int64_t M, int64_t chunks,
     }
 }
 
-/* x = hi + mid + lo in bf16, piece p of row m as row 3m + p of the blocks; 0 when a row
- * holds inf or NaN (the split cannot carry them: the FMA path runs instead). */
-static int split_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, uint8_t *out) {
+/* 1 when every x is a bf16 value already (a bf16 engine's activations, upcast): hi alone is
+ * x; 3 when the pieces are needed; 0 when a row holds inf or NaN (the split cannot carry
+ * them: the FMA path runs instead). */
+static int pieces_needed(const float *x, int64_t ldx, int64_t M, int64_t K) {
+    int exact = 1;
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; k += 16) {
+            const __m512 r = _mm512_loadu_ps(x + m * ldx + k);
+            if (_mm512_cmp_ps_mask(_mm512_abs_ps(r), _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ))
+                return 0;
+            exact &= !_mm512_test_epi32_mask(_mm512_castps_si512(r), _mm512_set1_epi32(0xffff));
+        }
+    return exact ? 1 : PIECES;
+}
+
+/* x = hi + mid + lo in bf16 (or hi alone: pieces 1), piece p of row m as row pieces * m + p of
+ * the blocks. */
+static void split_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, int pieces, uint8_t *out) {
     for (int64_t m = 0; m < M; ++m)
         for (int64_t k = 0; k < K; k += 16) {
             __m512 r = _mm512_loadu_ps(x + m * ldx + k);
-            if (_mm512_cmp_ps_mask(_mm512_abs_ps(r), _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ))
-                return 0;
-            for (int p = 0; p < PIECES; ++p) {
+            for (int p = 0; p < pieces; ++p) {
                 const __m256bh b = _mm512_cvtneps_pbh(r);
-                uint8_t *at = out + graft_quant_amx_row(m * PIECES + p, K, 32) + k / 32 * 2048 + k % 32 * 2;
+                uint8_t *at = out + graft_quant_amx_row(m * pieces + p, K, 32) + k / 32 * 2048 + k % 32 * 2;
                 _mm256_storeu_si256((__m256i *)at, (__m256i)b);
                 r = _mm512_sub_ps(r, _mm512_castsi512_ps(
                                          _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)));
             }
         }
-    return 1;
 }
 #endif
 
@@ -213,7 +229,7 @@ void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, cons
                         int64_t M, const void *w, const float *scale8, const float *bias, float *y,
                         int64_t ldy, int64_t N, int64_t NB, int nthreads) {
 #if GRAFT_QUANT_AMX
-    amx_linear(KIND_INT8, (const uint8_t *)dig, M, KP / 64, (const uint8_t *)w, KP * 16, dsum, rs,
+    amx_linear(KIND_INT8, PIECES, (const uint8_t *)dig, M, KP / 64, (const uint8_t *)w, KP * 16, dsum, rs,
                scale8, bias, y, ldy, N, NB, nthreads);
 #else
     (void)dig; (void)KP; (void)dsum; (void)rs; (void)M; (void)w; (void)scale8; (void)bias;
@@ -229,19 +245,18 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
                          int nthreads) {
 #if GRAFT_QUANT_AMX
     if (!graft_quant_amx_applies(M, K, 32)) return 1;
-    const int64_t rows = (M * PIECES + 31) / 32 * 32, bytes = rows * K * 2;
-    uint8_t *pieces = aligned_alloc(64, (size_t)bytes);
-    if (!pieces) return -1;
-    for (int64_t r = M * PIECES; r < rows; ++r) /* zero rows fill the last tile */
-        for (int64_t c = 0; c < K / 32; ++c) memset(pieces + graft_quant_amx_row(r, K, 32) + c * 2048, 0, 64);
-    int status = 1;
-    if (split_bf16(x, ldx, M, K, pieces)) {
-        amx_linear(KIND_BF16, pieces, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, y, ldy,
-                   N, NB, nthreads);
-        status = 0;
-    }
-    free(pieces);
-    return status;
+    const int pieces = pieces_needed(x, ldx, M, K);
+    if (!pieces) return 1;
+    const int64_t rows = (M * pieces + 31) / 32 * 32, bytes = rows * K * 2;
+    uint8_t *a = aligned_alloc(64, (size_t)bytes);
+    if (!a) return -1;
+    for (int64_t r = M * pieces; r < rows; ++r) /* zero rows fill the last tile */
+        for (int64_t c = 0; c < K / 32; ++c) memset(a + graft_quant_amx_row(r, K, 32) + c * 2048, 0, 64);
+    split_bf16(x, ldx, M, K, pieces, a);
+    amx_linear(KIND_BF16, pieces, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, y, ldy, N,
+               NB, nthreads);
+    free(a);
+    return 0;
 #else
     (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;
     (void)NB; (void)nthreads;

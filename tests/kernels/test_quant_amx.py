@@ -91,3 +91,21 @@ def test_few_rows_stay_on_the_vector_path():
     x = torch.randn(7, 128)
     got, vector = _both(x, qw, None)
     assert torch.equal(got, vector)
+
+
+@pytest.mark.parametrize("m", [8, 40, 200])
+def test_bf16_valued_activations_take_one_piece(m):
+    """x that is bf16 already (a bf16 engine's activations, upcast) needs no mid and lo
+    pieces: one tile pass, the same sums the three would give (they add zeros)."""
+    qw = quantize(_weight(96, 576, seed=m), QuantScheme.parse("bf16"))
+    x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m)).bfloat16()
+    # bf16 in, bf16 out: within one bf16 rounding of the reference
+    torch.testing.assert_close(cpu_quant.quant_linear(x, qw), quant_linear(x, qw), rtol=2 ** -7, atol=1e-6)
+    got, fma = _both(x.float(), qw, None)
+    exact = x.double() @ qw.dequantize().double().T
+    noise = 576 * 2.0 ** -24 * (x.abs().double() @ qw.dequantize().abs().double().T)
+    assert ((got.double() - exact).abs() <= 2 * noise).all()
+    x2 = x.float()
+    x2[-1, 3] += 1e-3  # one value off the bf16 grid: all rows take three pieces again
+    got2, _ = _both(x2, qw, None)
+    assert ((got2[:-1].double() - exact[:-1]).abs() <= 2 * noise[:-1]).all()
