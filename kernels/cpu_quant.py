@@ -44,8 +44,8 @@ ISA_NAMES = cpu_ops.ISA_NAMES
 
 
 def isa() -> str:
-    """The path graft_quant_linear takes on this machine: 'avx512-amx' (int8 and bf16 calls of
-    8 rows or more on AMX tiles, the rest as 'avx512-vnni'), 'avx512-vnni' (int8/int4 on VNNI,
+    """The path graft_quant_linear takes on this machine: 'avx512-amx' (int8, bf16 and int4 in
+    groups of 64/128: calls of 8 rows or more on AMX tiles, the rest as 'avx512-vnni'), 'avx512-vnni' (int8/int4 on VNNI,
     bf16/fp32 on AVX-512F), 'avx512' (int8/int4 on AVX2), 'avx2' (every format on AVX2 + FMA)
     or 'portable'."""
     return ISA_NAMES[cpu_ops._lib().graft_quant_isa()]
@@ -68,8 +68,8 @@ def isa_capped(name: str):
 
 def isa_description() -> str:
     """isa() with what runs where, for load logs."""
-    return {"avx512-amx": "avx512-amx path: int8/bf16 on AMX tiles from 8 rows, int8/int4 on "
-                          "AVX-512 VNNI, bf16/fp32 on AVX-512F",
+    return {"avx512-amx": "avx512-amx path: int8/bf16/int4-g64+ on AMX tiles from 8 rows, "
+                          "int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F",
             "avx512-vnni": "avx512-vnni path: int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F",
             "avx512": "avx512 path: bf16/fp32 on AVX-512F; int8/int4 on AVX2 + FMA, this CPU has "
                       "no AVX-512 VNNI",

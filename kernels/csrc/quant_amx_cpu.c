@@ -1,4 +1,4 @@
-/* int8 and bf16 weight-only linears on AMX tiles, for many rows (prefill, batched decode):
+/* int8, int4 and bf16 weight-only linears on AMX tiles, for many rows (prefill, batched decode):
  * y[M, N] = x[M, K] @ dequant(W)^T + bias, x and y fp32, in the layouts of quant_linear_cpu.c
  * and quant_vnni_cpu.c, read as they are.
  *
@@ -11,6 +11,7 @@
  *         prep_row), [M][3][K] bytes, i.e. a matrix of 3M rows: digit p of row m is row 3m + p.
  *         TDPBSUD (signed digits x unsigned q + 128) gives each digit's exact int32 dot
  *         product, combined as the VNNI path does, so the outputs are bit-identical to it.
+ *   int4: the same digits against the nibbles unpacked to bytes, per group (amx_int4).
  *   bf16: x = hi + mid + lo, three bf16 pieces (each the round-to-nearest of what the ones
  *         before left), exact for normal fp32 values; TDPBF16PS multiplies bf16 exactly
  *         and adds in fp32, and the three pieces' products are summed at the end.
@@ -182,6 +183,111 @@ static void amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_
     }
 }
 
+/* int4: tiles as configure_tiles, but the activation slices `cols` bytes wide and the weight
+ * tiles cols / 4 rows (a group of 32 columns is half a 64-column chunk). */
+static void configure_int4_tiles(int cols) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        cfg.colsb[t] = t == 4 || t == 5 ? cols : 64;
+        cfg.rows[t] = t >= 6 ? cols / 4 : 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* Steps j0..j0+n of the pair at wp as int8 tile rows: step j's low nibbles are columns
+ * 8j..8j+3 (row 2j), its high nibbles 8j+4..8j+7 (row 2j + 1); bbuf [2 blocks][2n][64]. */
+static void unpack_int4(const uint8_t *wp, int64_t j0, int n, uint8_t *bbuf) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    for (int b = 0; b < 2; ++b)
+        for (int j = 0; j < n; ++j) {
+            const __m512i v = _mm512_loadu_si512(wp + (j0 + j) * 128 + b * 64);
+            _mm512_storeu_si512(bbuf + (b * 2 * n + 2 * j) * 64, _mm512_and_si512(v, nib));
+            _mm512_storeu_si512(bbuf + (b * 2 * n + 2 * j + 1) * 64,
+                                _mm512_and_si512(_mm512_srli_epi32(v, 4), nib));
+        }
+}
+
+/* int4 per group, as quant_vnni_cpu.c's int4 tile: out += scale_g * (the digits' combined
+ * int32 sums) + min_g * xs_g, in the same order, so the outputs are the VNNI path's. The
+ * digits' tile products run per group (each group its own scale): per pair and group, every
+ * row block's sums go to cbuf, then each row of x folds its three digit rows into out. */
+static void amx_int4(const uint8_t *a, int64_t M, int64_t K, const uint8_t *w, const float *xs,
+                     const float *rs, const uint16_t *scales4, const uint16_t *mins4,
+                     int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
+                     int64_t NB, int nthreads) {
+    const int64_t pairs = NB / 2, G = K / group, chunks = K / 64;
+    const int cols = group < 64 ? (int)group : 64, per = (int)(group / cols); /* slices a group */
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && pairs > 1)
+    {
+        int32_t cbuf[M_CHUNK * PIECES * 32] __attribute__((aligned(64)));
+        float out[M_CHUNK][32] __attribute__((aligned(64)));
+        uint8_t bbuf[2 * 32 * 64] __attribute__((aligned(64))); /* a group of <= 128 columns */
+        configure_int4_tiles(cols);
+        for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
+            const int64_t rows = (M - mc < M_CHUNK ? M - mc : M_CHUNK), prows = rows * PIECES;
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < pairs; ++p) {
+                const uint8_t *wp = w + p * K * 16; /* the pair: K / 8 steps of 128 bytes */
+                const uint16_t *sc = scales4 + p * G * 64, *mn = mins4 + p * G * 64;
+                memset(out, 0, sizeof(float) * 32 * (size_t)rows);
+                for (int64_t g = 0; g < G; ++g) {
+                    unpack_int4(wp, g * group / 8, (int)(group / 8), bbuf);
+                    for (int64_t r0 = 0; r0 < prows; r0 += 32) {
+                        const uint8_t *ab = a + (mc * PIECES + r0) / 32 * chunks * 2048;
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(2);
+                        _tile_zero(3);
+                        for (int s = 0; s < per; ++s) {
+                            const int64_t col = g * group + s * cols;
+                            const uint8_t *as = ab + col / 64 * 2048 + col % 64;
+                            const int brows = cols / 4, n2 = (int)(group / 4); /* rows per block */
+                            _tile_loadd(6, bbuf + (size_t)(s * brows) * 64, 64);
+                            _tile_loadd(7, bbuf + (size_t)(n2 + s * brows) * 64, 64);
+                            _tile_loadd(4, as, 64);
+                            _tile_loadd(5, as + 1024, 64);
+                            _tile_dpbsud(0, 4, 6);
+                            _tile_dpbsud(1, 4, 7);
+                            _tile_dpbsud(2, 5, 6);
+                            _tile_dpbsud(3, 5, 7);
+                        }
+                        int32_t *cb = cbuf + r0 * 32;
+                        _tile_stored(0, cb, 128);
+                        _tile_stored(1, cb + 16, 128);
+                        _tile_stored(2, cb + 16 * 32, 128);
+                        _tile_stored(3, cb + 16 * 32 + 16, 128);
+                    }
+                    __m512 sv[2], nv[2];
+                    for (int h = 0; h < 2; ++h) {
+                        sv[h] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + g * 64 + h * 16)));
+                        nv[h] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn + g * 64 + h * 16)));
+                    }
+                    for (int64_t i = 0; i < rows; ++i) {
+                        const __m512 xsum = _mm512_set1_ps(xs[(mc + i) * G + g]);
+                        for (int h = 0; h < 2; ++h) {
+                            const int32_t *c = cbuf + 3 * i * 32 + h * 16;
+                            const __m512 comb = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(_mm512_loadu_si512(c + 64)), _mm512_set1_ps(65536.0f),
+                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(c + 32)),
+                                                _mm512_set1_ps(256.0f),
+                                                _mm512_cvtepi32_ps(_mm512_loadu_si512(c))));
+                            _mm512_store_ps(out[i] + h * 16,
+                                            _mm512_fmadd_ps(xsum, nv[h], _mm512_fmadd_ps(comb, sv[h], _mm512_load_ps(out[i] + h * 16))));
+                        }
+                    }
+                }
+                for (int64_t i = 0; i < rows; ++i) {
+                    __m512 o[1][2] = {{_mm512_loadu_ps(out[i]), _mm512_loadu_ps(out[i] + 16)}};
+                    finish_pair(o, 1, rs + mc + i, 0, bias, p * 32, y + (mc + i) * ldy, ldy, N);
+                }
+            }
+        }
+        _tile_release();
+    }
+}
+
 /* 1 when every x is a bf16 value already (a bf16 engine's activations, upcast): hi alone is
  * x; 3 when the pieces are needed; 0 when a row holds inf or NaN (the split cannot carry
  * them: the FMA path runs instead). */
@@ -234,6 +340,22 @@ void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, cons
 #else
     (void)dig; (void)KP; (void)dsum; (void)rs; (void)M; (void)w; (void)scale8; (void)bias;
     (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
+#endif
+}
+
+/* int4 (quant_vnni_cpu.c calls it after making the digits and xs, when graft_quant_amx_applies
+ * and the group is 64 or 128; 32 works too): dig as for int8 (K a multiple of 64); xs [M][G] the group
+ * sums of x over each row's step; scales4/mins4 as quant_vnni_cpu.c describes. */
+void graft_quant_amx_i4(const int8_t *dig, int64_t K, const float *xs, const float *rs, int64_t M,
+                        const void *w, const uint16_t *scales4, const uint16_t *mins4,
+                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
+                        int64_t NB, int nthreads) {
+#if GRAFT_QUANT_AMX
+    amx_int4((const uint8_t *)dig, M, K, (const uint8_t *)w, xs, rs, scales4, mins4, group, bias, y,
+             ldy, N, NB, nthreads);
+#else
+    (void)dig; (void)K; (void)xs; (void)rs; (void)M; (void)w; (void)scales4; (void)mins4;
+    (void)group; (void)bias; (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
 #endif
 }
 

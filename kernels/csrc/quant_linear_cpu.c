@@ -55,8 +55,8 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
                             int64_t ldy, int64_t N, int64_t NB, int nthreads);
 
 /* 0: portable only; 1: every format on AVX2 + FMA; 2: bf16/fp32 on AVX-512F (int8/int4 on
- * AVX2); 3: int8/int4 on AVX-512 VNNI too; 4: int8/bf16 calls of 8 rows or more on AMX tiles
- * (quant_amx_cpu.c). The level can be lowered (GRAFT_CPU_ISA, via
+ * AVX2); 3: int8/int4 on AVX-512 VNNI too; 4: int8/bf16/int4 (groups of 64, 128) calls of 8
+ * rows or more on AMX tiles (quant_amx_cpu.c). The level can be lowered (GRAFT_CPU_ISA, via
  * graft.kernels.cpu_ops) to run a smaller CPU's paths on a machine that has more. */
 static int level_cap = 4;
 int graft_quant_isa(void) {

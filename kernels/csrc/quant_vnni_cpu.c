@@ -43,6 +43,10 @@ int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk);
 void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, const float *rs,
                         int64_t M, const void *w, const float *scale8, const float *bias, float *y,
                         int64_t ldy, int64_t N, int64_t NB, int nthreads);
+void graft_quant_amx_i4(const int8_t *dig, int64_t K, const float *xs, const float *rs, int64_t M,
+                        const void *w, const uint16_t *scales4, const uint16_t *mins4,
+                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
+                        int64_t NB, int nthreads);
 
 #if GRAFT_QUANT_VNNI
 enum { KIND_INT8 = 0, KIND_INT4 = 1 };
@@ -231,8 +235,11 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
     const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K, pairs = NB / 2;
     const int64_t chunks = kind == KIND_INT8 ? (KP + CHUNK_K - 1) / CHUNK_K : 0; /* int4: no offset */
     const int64_t G = kind == KIND_INT4 ? K / group : 0, block_bytes = KP * 16 / (kind == KIND_INT4 ? 2 : 1);
-    /* many int8 rows: AMX tiles, from digit rows in its blocks (up to a multiple of 32 rows) */
-    const int amx = kind == KIND_INT8 && chunks == 1 && graft_quant_amx_applies(M, KP, 64);
+    /* many rows: AMX tiles, from digit rows in its blocks (up to a multiple of 32 rows); int4
+     * in groups of 32 ran no faster there (each group's fold into fp32 costs as much as its
+     * tile products), so those stay here */
+    const int amx = (kind == KIND_INT8 ? chunks == 1 : group == 64 || group == 128)
+                    && graft_quant_amx_applies(M, KP, 64);
     const int64_t dig_rows = amx ? (M * PIECES + 31) / 32 * 32 : M * PIECES;
     int8_t *dig = malloc((size_t)(dig_rows * KP) + 64);
     float *rs = malloc(sizeof(float) * (size_t)M);
@@ -246,15 +253,19 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
         if (prep_row(x + m * ldx, K, KP, rows, amx ? 2048 : 64, rs + m, dsum + m * PIECES * chunks, chunks))
             status = 1;
     }
-    if (amx && !status) {
-        for (int64_t r = M * PIECES; r < dig_rows; ++r) /* zero rows fill the last tile */
-            for (int64_t c = 0; c < KP / 64; ++c) memset(dig + graft_quant_amx_row(r, KP, 64) + c * 2048, 0, 64);
-        graft_quant_amx_i8(dig, KP, dsum, rs, M, w, scale8, bias, y, ldy, N, NB, nthreads);
-    }
     if (G && !status) { /* int4: group sums of x, divided by the step */
         group_sums(x, ldx, M, K, group, xs);
         for (int64_t m = 0; m < M; ++m)
             for (int64_t g = 0; g < G; ++g) xs[m * G + g] = rs[m] > 0.0f ? xs[m * G + g] / rs[m] : 0.0f;
+    }
+    if (amx && !status) {
+        for (int64_t r = M * PIECES; r < dig_rows; ++r) /* zero rows fill the last tile */
+            for (int64_t c = 0; c < KP / 64; ++c) memset(dig + graft_quant_amx_row(r, KP, 64) + c * 2048, 0, 64);
+        if (kind == KIND_INT8)
+            graft_quant_amx_i8(dig, KP, dsum, rs, M, w, scale8, bias, y, ldy, N, NB, nthreads);
+        else
+            graft_quant_amx_i4(dig, K, xs, rs, M, w, scales4, mins4, group, bias, y, ldy, N, NB,
+                               nthreads);
     }
     for (int64_t mc = 0; mc < M && !status && !amx; mc += M_CHUNK) {
         const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;

@@ -1,6 +1,6 @@
-"""The AMX tile path of the int8 and bf16 C linears (kernels/csrc/quant_amx_cpu.c), taken by
-calls of 8 rows or more on a CPU with AMX: int8 must give the VNNI path's outputs bit for bit
-(the same integer digit sums, combined the same way), bf16 the dequantize-then-matmul
+"""The AMX tile path of the int8, int4 and bf16 C linears (kernels/csrc/quant_amx_cpu.c), taken
+by calls of 8 rows or more on a CPU with AMX: int8 and int4 must give the VNNI path's outputs bit
+for bit (the same integer digit sums, combined the same way), bf16 the dequantize-then-matmul
 reference's within float noise; shapes the tiles do not cover, and rows holding inf or NaN,
 must fall back to the vector paths."""
 
@@ -47,6 +47,19 @@ def test_int8_tiles_equal_the_vnni_path_bit_for_bit(m, n, k, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("scheme,n,k", [("int4-g64", 40, 64), ("int4-g64", 200, 576),
+                                        ("int4-g128", 96, 1536), ("int4-g128", 64, 640)])
+@pytest.mark.parametrize("m", [8, 11, 97, 200])
+def test_int4_tiles_equal_the_vnni_path_bit_for_bit(m, scheme, n, k, threads):
+    """The same digits per group, folded into fp32 in the VNNI tile's order."""
+    qw = quantize(_weight(n, k, seed=k + n), QuantScheme.parse(scheme))
+    x, bias = torch.randn(m, k, generator=torch.Generator().manual_seed(m)), torch.randn(n)
+    x[-1] *= 300.0
+    got, vnni = _both(x, qw, bias, threads)
+    assert torch.equal(got, vnni)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n,k", [(40, 32), (96, 128), (200, 576), (64, 1536)])
 @pytest.mark.parametrize("m", [8, 11, 32, 97, 200])
 def test_bf16_tiles_equal_the_reference(m, n, k, threads):
@@ -63,9 +76,11 @@ def test_bf16_tiles_equal_the_reference(m, n, k, threads):
     assert ((fma.double() - exact).abs() <= 2 * noise + 1e-30).all()
 
 
-@pytest.mark.parametrize("scheme,k", [("int8", 96), ("bf16", 48), ("int8", 577)])
+@pytest.mark.parametrize("scheme,k", [("int8", 96), ("bf16", 48), ("int8", 577), ("int4-g32", 96),
+                                      ("int4-g32", 576)])
 def test_widths_the_tiles_do_not_cover_run_the_vector_path(scheme, k):
-    """int8 needs K a multiple of 64, bf16 of 32: other widths take the vector path whole."""
+    """int8 and int4 need K a multiple of 64, bf16 of 32, and int4 groups of 64 or 128 (groups
+    of 32 ran no faster on the tiles): the rest take the vector path whole."""
     qw = quantize(_weight(48, k), QuantScheme.parse(scheme))
     x, bias = torch.randn(16, k), torch.randn(48)
     got, vector = _both(x, qw, bias)
