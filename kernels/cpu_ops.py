@@ -38,7 +38,8 @@ CFLAGS = ("-O3", f"-march={os.environ.get('GRAFT_CPU_MARCH', '').strip() or 'nat
           "-std=gnu11", "-shared", "-fPIC")
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _CACHE_DTYPES = {torch.bfloat16: 1, torch.int8: 3}  # caches the C decode reads under fp32 q
-ISA_NAMES = ("portable", "avx2", "avx512", "avx512-vnni", "avx512-amx")  # quant_linear_cpu.c graft_quant_isa levels
+# quant_linear_cpu.c graft_quant_isa levels
+ISA_NAMES = ("portable", "avx2", "avx512", "avx512-vnni", "avx512-amx")
 
 
 def cache_dir() -> Path:

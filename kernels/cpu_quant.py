@@ -45,9 +45,9 @@ ISA_NAMES = cpu_ops.ISA_NAMES
 
 def isa() -> str:
     """The path graft_quant_linear takes on this machine: 'avx512-amx' (int8, bf16 and int4 in
-    groups of 64/128: calls of 8 rows or more on AMX tiles, the rest as 'avx512-vnni'), 'avx512-vnni' (int8/int4 on VNNI,
-    bf16/fp32 on AVX-512F), 'avx512' (int8/int4 on AVX2), 'avx2' (every format on AVX2 + FMA)
-    or 'portable'."""
+    groups of 64/128: calls of 8 rows or more on AMX tiles, the rest as 'avx512-vnni'),
+    'avx512-vnni' (int8/int4 on VNNI, bf16/fp32 on AVX-512F), 'avx512' (int8/int4 on AVX2),
+    'avx2' (every format on AVX2 + FMA) or 'portable'."""
     return ISA_NAMES[cpu_ops._lib().graft_quant_isa()]
 
 

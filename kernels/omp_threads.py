@@ -6,7 +6,7 @@ threads than the process has CPUs, it stops spinning between regions and puts th
 sleep, so every parallel region waits on a futex wake-up. A server loads the model on one
 thread, warms it up on another and steps the engine on a third: measured on 2 cores, decode
 steps ran 1.5x slower (SmolLM2 bf16, batch 16: 37 against 23 ms) until the other threads'
-pools were released (docs/engine.md).
+pools were released (docs/serving.md, docs/benchmarks.md 2026-12-03).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ void graft_quant_amx_i4(const int8_t *dig, int64_t K, const float *xs, const flo
 enum { KIND_INT8 = 0, KIND_INT4 = 1 };
 #define PIECES 3
 /* Software prefetch, bytes ahead in a tile's weight stream: on an Intel Xeon batch-1 decode ran
- * 1.3x (int8) and 1.5x (int4) faster with it; the bf16/fp32 tiles, which issue more loads per
+ * 1.43-1.50x (int8) and 1.13-1.16x (int4) faster with it; the bf16/fp32 tiles, which issue more loads per
  * byte, gained nothing (docs/quantization.md). */
 #define PF_DIST 4096
 #define MAX_MR8 4       /* int8 tile: 4 rows x 2 blocks x 3 digit accumulators = 24 registers */
@@ -107,7 +107,7 @@ static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *const dig[PIE
             _mm512_mask_cvtepi32_storeu_epi8(dig[p] + at, store, d[p]);
             sums[p] = _mm512_add_epi32(sums[p], d[p]);
         }
-        if ((k + 16) % CHUNK_K == 0 || k + 16 >= KP)
+        if (chunks && ((k + 16) % CHUNK_K == 0 || k + 16 >= KP)) /* int4 (chunks 0): no sums */
             for (int p = 0; p < PIECES; ++p) {
                 dsum[p * chunks + k / CHUNK_K] = _mm512_reduce_add_epi32(sums[p]);
                 sums[p] = _mm512_setzero_si512();

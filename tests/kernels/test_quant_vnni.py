@@ -46,10 +46,13 @@ def test_any_width_on_every_path(scheme, k):
 
 
 @needs_c
-def test_int8_past_one_accumulation_chunk():
-    k = 40000  # > 32768 columns: the int32 sums are folded into fp32 per chunk
-    qw = quantize(_weight(32, k, seed=3), QuantScheme.parse("int8"))
-    x = torch.randn(3, k)
+@pytest.mark.parametrize("scheme,m", [("int8", 3), ("int8", 12), ("int4-g64", 3), ("int4-g64", 12)])
+def test_past_one_accumulation_chunk(scheme, m):
+    """int8: the int32 sums are folded into fp32 per 32768 columns (so these rows stay off the
+    AMX tiles, which fold once); int4 folds per group and keeps no such sums."""
+    k = 40000 - 40000 % 64  # > 32768 columns
+    qw = quantize(_weight(32, k, seed=3), QuantScheme.parse(scheme))
+    x = torch.randn(m, k)
     got, want = cpu_quant.quant_linear(x, qw), quant_linear(x, qw)
     assert ((got - want).abs() <= _fixed_point_bound(x, qw)).all()
 
