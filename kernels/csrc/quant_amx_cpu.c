@@ -49,6 +49,12 @@ int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk) {
     return (r / 32) * (K / chunk) * 2048 + (r % 32) * 64;
 }
 
+/* Piece rows from..to of those blocks set to zero (they fill the last tile). */
+void graft_quant_amx_zero_rows(uint8_t *blocks, int64_t from, int64_t to, int64_t K, int64_t chunk) {
+    for (int64_t r = from; r < to; ++r)
+        for (int64_t c = 0; c < K / chunk; ++c) memset(blocks + graft_quant_amx_row(r, K, chunk) + c * 2048, 0, 64);
+}
+
 /* Whether a call of M rows and K columns runs on AMX (K a whole number of 64-byte chunks). */
 int graft_quant_amx_applies(int64_t M, int64_t K, int64_t chunk) {
     return M >= MIN_ROWS && K % chunk == 0 && graft_quant_isa() >= 4;
@@ -85,45 +91,60 @@ static void configure_tiles(void) {
     _tile_loadconfig(&cfg);
 }
 
+/* The 2 x 2 accumulators (tiles 0-3) to or from acc [32 rows][32 lanes of 4 bytes]. */
+static inline void store_acc(void *acc) {
+    char *c = (char *)acc;
+    _tile_stored(0, c, 128);
+    _tile_stored(1, c + 64, 128);
+    _tile_stored(2, c + 16 * 128, 128);
+    _tile_stored(3, c + 16 * 128 + 64, 128);
+}
+static inline void load_acc(const void *acc) {
+    const char *c = (const char *)acc;
+    _tile_loadd(0, c, 128);
+    _tile_loadd(1, c + 64, 128);
+    _tile_loadd(2, c + 16 * 128, 128);
+    _tile_loadd(3, c + 16 * 128 + 64, 128);
+}
+
+/* One step of the 2 x 2 block: the two 16-row slices of a (tile blocks: 1 KB apart, rows 64
+ * bytes apart) times the pair's two weight tiles b0, b1 (rows bstride bytes apart). */
+static inline void tile_step(int kind, const uint8_t *a, const uint8_t *b0, const uint8_t *b1,
+                             int bstride) {
+    _tile_loadd(6, b0, bstride);
+    _tile_loadd(7, b1, bstride);
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a + 1024, 64);
+    if (kind == KIND_INT8) { /* int4 too: signed digits x unsigned bytes */
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(1, 4, 7);
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+    } else {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+}
+
 /* cbuf[32][32] (piece rows x outputs) += one block of 32 piece rows x the pair at wp, over
  * 64-byte chunks c0..c1 of a row (int8: 64 columns, bf16: 32); `first`: start from 0. The
  * block is stored chunk by chunk, 32 rows x 64 bytes each (graft_quant_amx_row): a tile is
  * 1 KB in one piece, where rows K bytes apart had each tile load wait on 16 lines from L2. */
 static void tile_pair(int kind, const uint8_t *a, const uint8_t *wp, int64_t c0, int64_t c1,
                       int first, void *cbuf) {
-    char *cb = (char *)cbuf; /* row stride 128 bytes: 32 outputs of 4 bytes */
     if (first) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
     } else {
-        _tile_loadd(0, cb, 128);
-        _tile_loadd(1, cb + 64, 128);
-        _tile_loadd(2, cb + 16 * 128, 128);
-        _tile_loadd(3, cb + 16 * 128 + 64, 128);
+        load_acc(cbuf);
     }
-    for (int64_t c = c0; c < c1; ++c) {
-        _tile_loadd(6, wp + c * 16 * 128, 128);
-        _tile_loadd(7, wp + c * 16 * 128 + 64, 128);
-        _tile_loadd(4, a + c * 2048, 64);
-        _tile_loadd(5, a + c * 2048 + 1024, 64);
-        if (kind == KIND_INT8) {
-            _tile_dpbsud(0, 4, 6);
-            _tile_dpbsud(1, 4, 7);
-            _tile_dpbsud(2, 5, 6);
-            _tile_dpbsud(3, 5, 7);
-        } else {
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-    }
-    _tile_stored(0, cb, 128);
-    _tile_stored(1, cb + 64, 128);
-    _tile_stored(2, cb + 16 * 128, 128);
-    _tile_stored(3, cb + 16 * 128 + 64, 128);
+    for (int64_t c = c0; c < c1; ++c)
+        tile_step(kind, a + c * 2048, wp + c * 16 * 128, wp + c * 16 * 128 + 64, 128);
+    store_acc(cbuf);
 }
 
 /* Row i of the chunk from its piece rows in cbuf: int8 as quant_vnni_cpu.c combines its
@@ -136,12 +157,10 @@ static inline void combine_row(int kind, int pieces, const void *cbuf, int64_t i
             out[0][h] = _mm512_loadu_ps((const float *)cbuf + i * 32 + h * 16);
         } else if (kind == KIND_INT8) {
             const int32_t *c = (const int32_t *)cbuf + 3 * i * 32 + h * 16;
-            __m512 a[PIECES];
+            __m512i a[PIECES];
             for (int p = 0; p < PIECES; ++p)
-                a[p] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(c + p * 32),
-                                                           _mm512_set1_epi32(128 * dsum[p])));
-            out[0][h] = _mm512_fmadd_ps(a[2], _mm512_set1_ps(65536.0f),
-                                        _mm512_fmadd_ps(a[1], _mm512_set1_ps(256.0f), a[0]));
+                a[p] = _mm512_sub_epi32(_mm512_loadu_si512(c + p * 32), _mm512_set1_epi32(128 * dsum[p]));
+            out[0][h] = combine_digits(a[0], a[1], a[2]);
         } else {
             const float *c = (const float *)cbuf + 3 * i * 32 + h * 16;
             out[0][h] = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(c), _mm512_loadu_ps(c + 32)),
@@ -242,22 +261,10 @@ static void amx_int4(const uint8_t *a, int64_t M, int64_t K, const uint8_t *w, c
                         _tile_zero(3);
                         for (int s = 0; s < per; ++s) {
                             const int64_t col = g * group + s * cols;
-                            const uint8_t *as = ab + col / 64 * 2048 + col % 64;
-                            const int brows = cols / 4, n2 = (int)(group / 4); /* rows per block */
-                            _tile_loadd(6, bbuf + (size_t)(s * brows) * 64, 64);
-                            _tile_loadd(7, bbuf + (size_t)(n2 + s * brows) * 64, 64);
-                            _tile_loadd(4, as, 64);
-                            _tile_loadd(5, as + 1024, 64);
-                            _tile_dpbsud(0, 4, 6);
-                            _tile_dpbsud(1, 4, 7);
-                            _tile_dpbsud(2, 5, 6);
-                            _tile_dpbsud(3, 5, 7);
+                            const uint8_t *b0 = bbuf + (size_t)(s * cols / 4) * 64; /* block 0's rows */
+                            tile_step(KIND_INT8, ab + col / 64 * 2048 + col % 64, b0, b0 + group / 4 * 64, 64);
                         }
-                        int32_t *cb = cbuf + r0 * 32;
-                        _tile_stored(0, cb, 128);
-                        _tile_stored(1, cb + 16, 128);
-                        _tile_stored(2, cb + 16 * 32, 128);
-                        _tile_stored(3, cb + 16 * 32 + 16, 128);
+                        store_acc(cbuf + r0 * 32);
                     }
                     __m512 sv[2], nv[2];
                     for (int h = 0; h < 2; ++h) {
@@ -268,11 +275,8 @@ static void amx_int4(const uint8_t *a, int64_t M, int64_t K, const uint8_t *w, c
                         const __m512 xsum = _mm512_set1_ps(xs[(mc + i) * G + g]);
                         for (int h = 0; h < 2; ++h) {
                             const int32_t *c = cbuf + 3 * i * 32 + h * 16;
-                            const __m512 comb = _mm512_fmadd_ps(
-                                _mm512_cvtepi32_ps(_mm512_loadu_si512(c + 64)), _mm512_set1_ps(65536.0f),
-                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(c + 32)),
-                                                _mm512_set1_ps(256.0f),
-                                                _mm512_cvtepi32_ps(_mm512_loadu_si512(c))));
+                            const __m512 comb = combine_digits(_mm512_loadu_si512(c), _mm512_loadu_si512(c + 32),
+                                                               _mm512_loadu_si512(c + 64));
                             _mm512_store_ps(out[i] + h * 16,
                                             _mm512_fmadd_ps(xsum, nv[h], _mm512_fmadd_ps(comb, sv[h], _mm512_load_ps(out[i] + h * 16))));
                         }
@@ -372,8 +376,7 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
     const int64_t rows = (M * pieces + 31) / 32 * 32, bytes = rows * K * 2;
     uint8_t *a = aligned_alloc(64, (size_t)bytes);
     if (!a) return -1;
-    for (int64_t r = M * pieces; r < rows; ++r) /* zero rows fill the last tile */
-        for (int64_t c = 0; c < K / 32; ++c) memset(a + graft_quant_amx_row(r, K, 32) + c * 2048, 0, 64);
+    graft_quant_amx_zero_rows(a, M * pieces, rows, K, 32);
     split_bf16(x, ldx, M, K, pieces, a);
     amx_linear(KIND_BF16, pieces, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, y, ldy, N,
                NB, nthreads);

@@ -1,9 +1,18 @@
-/* The store of a quantized-linear tile (quant_linear_cpu.c, quant_vnni_cpu.c): two blocks of
- * 16 output channels per row, y = out * rs[m] * scale + bias, lanes past N left alone. */
+/* The end of a quantized-linear tile (quant_linear_cpu.c, quant_vnni_cpu.c, quant_amx_cpu.c):
+ * the int32 sums of the three activation digits folded into fp32, and the store of two blocks
+ * of 16 output channels per row, y = out * rs[m] * scale + bias, lanes past N left alone. */
 #ifndef GRAFT_QUANT_EPILOGUE_H
 #define GRAFT_QUANT_EPILOGUE_H
 #include <immintrin.h>
 #include <stdint.h>
+
+/* 2^16 a2 + 2^8 a1 + a0 in fp32, in this order: the VNNI and AMX paths both fold their digit
+ * sums here, which keeps their outputs bit-identical. */
+static inline __m512 combine_digits(__m512i a0, __m512i a1, __m512i a2) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a2), _mm512_set1_ps(65536.0f),
+                           _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_set1_ps(256.0f),
+                                           _mm512_cvtepi32_ps(a0)));
+}
 
 static inline void store_lanes(float *y, __m512 v, int64_t valid) {
     if (valid >= 16) _mm512_storeu_ps(y, v);

@@ -40,6 +40,7 @@ int graft_quant_vnni(void) { return GRAFT_QUANT_VNNI; }
 
 int graft_quant_amx_applies(int64_t M, int64_t K, int64_t chunk);
 int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk);
+void graft_quant_amx_zero_rows(uint8_t *blocks, int64_t from, int64_t to, int64_t K, int64_t chunk);
 void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, const float *rs,
                         int64_t M, const void *w, const float *scale8, const float *bias, float *y,
                         int64_t ldy, int64_t N, int64_t NB, int nthreads);
@@ -117,11 +118,7 @@ static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *const dig[PIE
 }
 
 /* acc pieces -> 2^16 a2 + 2^8 a1 + a0 in fp32 */
-static inline __m512 combine(const __m512i a[PIECES]) {
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[2]), _mm512_set1_ps(65536.0f),
-                           _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[1]), _mm512_set1_ps(256.0f),
-                                           _mm512_cvtepi32_ps(a[0])));
-}
+static inline __m512 combine(const __m512i a[PIECES]) { return combine_digits(a[0], a[1], a[2]); }
 
 /* int8: dig [MR][PIECES][K4] digits, dsum [MR][PIECES][chunks], w0p the pair's first block. */
 #define DEFINE_I8_TILE(NAME, MR)                                                                \
@@ -259,8 +256,7 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
             for (int64_t g = 0; g < G; ++g) xs[m * G + g] = rs[m] > 0.0f ? xs[m * G + g] / rs[m] : 0.0f;
     }
     if (amx && !status) {
-        for (int64_t r = M * PIECES; r < dig_rows; ++r) /* zero rows fill the last tile */
-            for (int64_t c = 0; c < KP / 64; ++c) memset(dig + graft_quant_amx_row(r, KP, 64) + c * 2048, 0, 64);
+        graft_quant_amx_zero_rows((uint8_t *)dig, M * PIECES, dig_rows, KP, 64);
         if (kind == KIND_INT8)
             graft_quant_amx_i8(dig, KP, dsum, rs, M, w, scale8, bias, y, ldy, N, NB, nthreads);
         else
