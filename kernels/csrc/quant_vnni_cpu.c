@@ -53,8 +53,8 @@ void graft_quant_amx_i4(const int8_t *dig, int64_t K, const float *xs, const flo
 enum { KIND_INT8 = 0, KIND_INT4 = 1 };
 #define PIECES 3
 /* Software prefetch, bytes ahead in a tile's weight stream: on an Intel Xeon batch-1 decode ran
- * 1.43-1.50x (int8) and 1.13-1.16x (int4) faster with it; the bf16/fp32 tiles, which issue more loads per
- * byte, gained nothing (docs/quantization.md). */
+ * 1.43-1.50x (int8) and 1.13-1.16x (int4) faster with it; the bf16/fp32 tiles, which issue
+ * more loads per byte, gained nothing (docs/quantization.md). */
 #define PF_DIST 4096
 #define MAX_MR8 4       /* int8 tile: 4 rows x 2 blocks x 3 digit accumulators = 24 registers */
 #define MAX_MR4 3       /* int4 tile: 18 digit accumulators + 6 fp32 outputs */
