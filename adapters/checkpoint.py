@@ -18,14 +18,16 @@ WEIGHTS_NAME = "adapter.safetensors"
 CONFIG_NAME = "adapter.json"
 
 
-def save_adapter(proj: Projector, out_dir: str | os.PathLike) -> Path:
-    """Write the projector's weights and config into out_dir (created if needed); returns the dir."""
+def save_adapter(proj: Projector, out_dir: str | os.PathLike, state: dict | None = None) -> Path:
+    """Write the projector's weights and config into out_dir (created if needed); returns the dir.
+    `state`: its state dict as whole tensors, when the module's own are sharded (FSDP)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # Tensors must be contiguous CPU copies: safetensors refuses views and shared storage.
-    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in proj.state_dict().items()}
+    state = {k: v.detach().to("cpu").contiguous().clone()
+             for k, v in (proj.state_dict() if state is None else state).items()}
     meta = {"config": proj.config.to_dict(), "d_vision": proj.d_vision, "d_model": proj.d_model}
     atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
     atomic_write_json(out / CONFIG_NAME, meta)

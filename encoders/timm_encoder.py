@@ -13,7 +13,7 @@ from graft.encoders.weights import load_state_dict_file
 from graft.errors import GraftConfigError
 
 
-def _create_model(cfg: EncoderConfig):
+def create_timm_model(cfg: EncoderConfig):
     import timm
 
     if not cfg.model_name:
@@ -71,7 +71,7 @@ class TimmEncoder(VisionEncoder):
         super().__init__(config)
         from timm.data import create_transform, resolve_data_config
 
-        model = _create_model(config)
+        model = create_timm_model(config)
         if config.path is not None:
             _load_weights(model, config.path)
         self.is_vit = all(hasattr(model, a) for a in ("blocks", "num_prefix_tokens", "forward_intermediates"))

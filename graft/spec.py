@@ -68,6 +68,12 @@ class TrainConfig:
     report_to: str = "none"  # none | tensorboard | trackio | wandb (accelerate's tracker integration)
     feature_cache: str | None = None  # folder for cached frozen-encoder outputs (None: off)
     num_workers: int = 0  # DataLoader workers
+    # none: every rank holds the whole frozen LLM (data parallel) | fsdp: the frozen LLM sharded
+    # per decoder layer across the ranks (accelerate's FSDP2); the result is the same
+    sharding: str = "none"
+    # memory one rank may use, e.g. 80GiB (None: the device's, or this host's RAM over its
+    # local ranks); a run whose plan does not fit stops before loading any weights
+    device_memory: str | None = None
     lora: LoraConfig = field(default_factory=LoraConfig)  # used by stage finetune
 
 
@@ -165,6 +171,7 @@ _CHOICES = {
     "data.on_bad_sample": ("error", "skip"),
     "llm.dtype": ("float32", "bfloat16", "float16"),
     "train.report_to": ("none", "tensorboard", "trackio", "wandb"),
+    "train.sharding": ("none", "fsdp"),
 }
 _RANGES = {
     "train.lr": (lambda v: v > 0, "> 0"),

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from graft.errors import GraftConfigError
 from graft.io import atomic_torch_save, atomic_write_dir
 from graft.run_dir import TRAINER_STATE, RunDir
 
@@ -34,19 +35,23 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_trainable(model, out_dir: Path) -> None:
-    """The projector (adapter.safetensors + adapter.json) and, if present, LoRA weights."""
+def save_trainable(model, out_dir: Path, tensors: dict) -> None:
+    """The projector (adapter.safetensors + adapter.json) and, if present, LoRA weights, from
+    `tensors` (graft.train.sharding.trainable_tensors: whole, whatever the sharding)."""
     from graft.adapters import save_adapter
 
-    save_adapter(model.projector, out_dir)
-    if hasattr(model.llm, "peft_config"):
-        model.llm.save_pretrained(str(RunDir(out_dir).lora_dir))
+    save_adapter(model.projector, out_dir, state=tensors["projector"])
+    if tensors["lora"] is not None:
+        model.llm.save_pretrained(str(RunDir(out_dir).lora_dir), state_dict=tensors["lora"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, position: dict) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model, tensors: dict, optimizer_state: dict,
+                    scheduler, position: dict) -> Path:
+    """Main process only; `tensors` and `optimizer_state` were gathered by every rank. Both are
+    whole and keyed by name, so the checkpoint loads at any world size and sharding."""
     def write(tmp: Path) -> None:
-        save_trainable(model, tmp)
-        atomic_torch_save({"step": step, "optimizer": optimizer.state_dict(),
+        save_trainable(model, tmp, tensors)
+        atomic_torch_save({"step": step, "optimizer": optimizer_state,
                            "scheduler": scheduler.state_dict(), "rng": rng_state(),
                            "position": position}, tmp / TRAINER_STATE)
 
@@ -62,18 +67,28 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict:
-    """Restore trainable weights, optimizer, scheduler and RNG; return the saved state."""
+    """Restore trainable weights, optimizer, scheduler and RNG on every rank (each reads the
+    files; sharded parameters take their part); return the saved state."""
     from safetensors.torch import load_file
 
-    saved = RunDir(ckpt)  # a checkpoint holds what a run dir holds, plus trainer_state.pt
-    model.projector.load_state_dict(load_file(str(saved.adapter_weights)))
-    if saved.has_lora:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file as load_lora
+    from graft.train.sharding import load_optimizer_state, load_trainable
 
-        set_peft_model_state_dict(model.llm, load_lora(str(saved.lora_dir / "adapter_model.safetensors")))
+    saved = RunDir(ckpt)  # a checkpoint holds what a run dir holds, plus trainer_state.pt
+    tensors = {"projector": load_file(str(saved.adapter_weights)), "lora": None}
+    if saved.has_lora:
+        from peft.utils import load_peft_weights
+
+        # peft saves names without the adapter's ("default"); the model's names hold it
+        raw = load_peft_weights(str(saved.lora_dir), device="cpu")
+        names = [k for k in model.llm.state_dict() if "lora_" in k]
+        missing = [k for k in names if k.replace(".default.", ".") not in raw]
+        if missing:
+            raise GraftConfigError(f"{saved.lora_dir} lacks LoRA tensors this run trains, e.g. "
+                                   f"{missing[:2]}; was it written with other train.lora settings?")
+        tensors["lora"] = {k: raw[k.replace(".default.", ".")] for k in names}
+    load_trainable(model, tensors)
     state = torch.load(ckpt / TRAINER_STATE, map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    load_optimizer_state(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state

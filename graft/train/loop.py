@@ -1,14 +1,15 @@
 """The training loop: projector only (align) or projector + LoRA (finetune), LLM frozen.
 
-Runs on accelerate (CPU, one GPU, `accelerate launch` for DDP). Data order is a pure
-function of (seed, epoch), and checkpoints hold optimizer, scheduler, RNG and data
-position, so --resume continues exactly where an interrupted run stopped.
+Runs on accelerate: one process (CPU or GPU), data parallel (`accelerate launch`, `torchrun`),
+or with the frozen LLM sharded per decoder layer (train.sharding=fsdp, graft.train.sharding).
+Data order is a pure function of (seed, epoch); checkpoints hold whole trainable tensors,
+optimizer state keyed by name, scheduler, RNG and the position in global batches, so --resume
+continues exactly where an interrupted run stopped, at any number of ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
@@ -16,22 +17,20 @@ from pathlib import Path
 
 import torch
 
-from graft.train.batching import Batcher
-from graft.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_trainable
-from graft.train.distributed import check_launch, global_token_loss
 from graft.errors import GraftConfigError
 from graft.integrity import params_digest
 from graft.io import atomic_write_json, weights_sha256
 from graft.run_dir import RunDir
 from graft.spec import GraftSpec
+from graft.train import sharding
+from graft.train.batching import Batcher
+from graft.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_trainable
+from graft.train.distributed import check_launch, global_token_loss
+from graft.train.plan import check_fits
+from graft.train.progress import Progress
 from graft.train.tracking import Reporter, accelerator_kwargs, check_report_to, plot_run, trim_rows
 
 log = logging.getLogger("graft.train.loop")
-
-
-def _optimizer_steps(n_batches: int, spec: GraftSpec) -> int:
-    per_epoch = math.ceil(n_batches / spec.train.grad_accum)
-    return spec.train.max_steps or per_epoch * spec.train.epochs
 
 
 def _build_model(spec: GraftSpec):
@@ -54,138 +53,213 @@ def _build_model(spec: GraftSpec):
     return model
 
 
-def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
-    """Train and return the run dir. `on_step(step, loss)` is called after each optimizer step."""
-    from accelerate import Accelerator
-    from transformers import get_cosine_schedule_with_warmup
-
-    check_report_to(spec.train.report_to)
-    run_dir = Path(GraftSpec.expand(spec.output_dir))
-    run = RunDir(run_dir)
-    llm_path = GraftSpec.expand(spec.llm.path)
+def _checked_llm_sha(spec: GraftSpec, llm_path: str) -> str:
     sha = weights_sha256(llm_path)
     if spec.llm.sha256 and spec.llm.sha256 != sha:
         raise GraftConfigError(
             f"llm.sha256 is {spec.llm.sha256} but the weights in {llm_path} hash to {sha}; "
             "the LLM changed since this spec was written")
-    spec.llm.sha256 = sha
+    return sha
 
-    accel = Accelerator(mixed_precision="bf16" if spec.train.precision == "bf16" else "no",
-                        **accelerator_kwargs(spec.train.report_to, run_dir))
-    check_launch(accel)
-    model = _build_model(spec)
-    base_digest = params_digest(model.llm)
-    batcher = Batcher(spec, model, accel.process_index, accel.num_processes)
-    # a resumed run, or one started from a trained adapter, keeps the stats it loaded (the
-    # projector's weights were fitted to them)
-    if model.projector.config.standardize and not resume and not spec.adapter_init:
-        model.projector.set_feature_stats(*batcher.feature_stats())
-    total_steps = _optimizer_steps(batcher.batches_per_epoch, spec)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=spec.train.lr, weight_decay=spec.train.weight_decay)
-    scheduler = get_cosine_schedule_with_warmup(
-        optimizer, int(spec.train.warmup_ratio * total_steps), total_steps)
-    model, optimizer = accel.prepare(model, optimizer)
-    core = accel.unwrap_model(model)
 
-    step, epoch, micro = 0, 0, 0
-    if resume:
-        ckpt = latest_checkpoint(run_dir)
+class Trainer:
+    """One run: built (and resumed) by the constructor, trained by `fit`."""
+
+    def __init__(self, spec: GraftSpec, resume: bool = False):
+        check_report_to(spec.train.report_to)
+        self.spec, self.run_dir = spec, Path(GraftSpec.expand(spec.output_dir))
+        self.run = RunDir(self.run_dir)
+        self.accel = sharding.make_accelerator(
+            spec, **accelerator_kwargs(spec.train.report_to, self.run_dir))
+        check_launch(self.accel)
+        self.sharded = sharding.is_sharded(self.accel)
+        check_fits(spec, self.accel.num_processes)  # config.json only: before any weight loads
+        self.llm_path = GraftSpec.expand(spec.llm.path)
+        spec.llm.sha256 = self.sha = _checked_llm_sha(spec, self.llm_path)
+        self._build(resume)
+        self.step, self.epoch, self.micro = 0, 0, 0
+        if resume:
+            self._resume()
+        self._open_run_dir()
+
+    # ---- setup -------------------------------------------------------------------------
+    def _build(self, resume: bool) -> None:
+        from transformers import get_cosine_schedule_with_warmup
+
+        spec, accel = self.spec, self.accel
+        model = _build_model(spec)
+        self.batcher = Batcher(spec, model, accel.process_index, accel.num_processes)
+        # a resumed run, or one started from a trained adapter, keeps the stats it loaded (the
+        # projector's weights were fitted to them)
+        if model.projector.config.standardize and not resume and not spec.adapter_init:
+            model.projector.set_feature_stats(*self.batcher.feature_stats())
+        per_epoch = math.ceil(self.batcher.batches_per_epoch / spec.train.grad_accum)
+        self.total_steps = spec.train.max_steps or per_epoch * spec.train.epochs
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                      lr=spec.train.lr, weight_decay=spec.train.weight_decay)
+        self.scheduler = get_cosine_schedule_with_warmup(
+            optimizer, int(spec.train.warmup_ratio * self.total_steps), self.total_steps)
+        if self.sharded:
+            sharding.prepare_sharding(accel, model)
+        self.model, self.optimizer = accel.prepare(model, optimizer)
+        self.core = accel.unwrap_model(self.model)
+        # after prepare: FSDP replaces parameters by their shards
+        self.trainable = [p for p in self.core.parameters() if p.requires_grad]
+        self.base_digest = params_digest(self.core.llm)
+
+    def _resume(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
-            raise GraftConfigError(f"--resume: no complete checkpoint under {run.checkpoints_dir}")
-        state = load_checkpoint(ckpt, core, optimizer, scheduler)
-        step, epoch, micro = state["step"], state["position"]["epoch"], state["position"]["micro"]
-        log.info("resumed from %s at step %d", ckpt, step)
-    if accel.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        spec.save(run.spec_file)
-        trim_rows(run.metrics_file, step)
-        for reason in batcher.skipped:
-            log.warning("skipped: %s", reason)
-    reporter = Reporter(accel, spec, run_dir) if accel.is_main_process else None
+            raise GraftConfigError(f"--resume: no complete checkpoint under {self.run.checkpoints_dir}")
+        state = load_checkpoint(ckpt, self.core, self.optimizer, self.scheduler)
+        position = state["position"]
+        saved, now = position.get("global_batch"), self.global_batch
+        if saved is not None and saved != now:
+            raise GraftConfigError(
+                f"--resume: {ckpt.name} was trained with a global batch of {saved} samples but this "
+                f"launch has {self.accel.num_processes} rank(s) x train.batch_size="
+                f"{self.spec.train.batch_size} = {now}; keep the global batch (ranks x batch_size), "
+                f"e.g. --set train.batch_size={max(saved // self.accel.num_processes, 1)}")
+        self.step, self.epoch, self.micro = state["step"], position["epoch"], position["micro"]
+        log.info("resumed from %s at step %d", ckpt, self.step)
 
-    from tqdm.auto import tqdm
+    def _open_run_dir(self) -> None:
+        self.reporter = None
+        if self.accel.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.spec.save(self.run.spec_file)
+            trim_rows(self.run.metrics_file, self.step)
+            for reason in self.batcher.skipped:
+                log.warning("skipped: %s", reason)
+            self.reporter = Reporter(self.accel, self.spec, self.run_dir)
 
-    bar = tqdm(total=total_steps, initial=step, desc="train", disable=not accel.is_main_process)
-    accum_loss, accum_n, t0, seen = 0.0, 0, time.perf_counter(), 0
-    val_seconds, val_loss, val_step, step_loss = 0.0, None, None, None
-    while step < total_steps:
-        batches = batcher.epoch_batches(epoch)
-        while micro < len(batches) and step < total_steps:
-            empty = not batches[micro]  # this rank has no sample left in the last global batch
-            batch = batcher.collate(batches[micro] or [0], accel.device)
-            micro += 1
-            last_micro = micro % spec.train.grad_accum == 0 or micro == len(batches)
-            ctx = accel.no_sync(model) if not last_micro else contextlib.nullcontext()
-            with ctx, accel.autocast():
-                loss = model(**batch).loss
-                # several processes: the mean over the global batch's label tokens
-                loss, loss_value = global_token_loss(loss, batch["labels"], accel, weight=0.0 if empty else 1.0)
-                accel.backward(loss / spec.train.grad_accum)
-            accum_loss += loss_value
-            accum_n += 1
-            seen += len(batches[micro - 1])
-            if not last_micro:
-                continue
-            # the norm before clipping; max_grad_norm 0 measures it without clipping
-            grad_norm = float(accel.clip_grad_norm_(trainable, spec.train.max_grad_norm or math.inf))
-            lr = scheduler.get_last_lr()[0]  # the rate this step applies
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            step_loss = accum_loss / accum_n
-            accum_loss, accum_n = 0.0, 0
-            # training throughput: the time spent validating is not training
-            rate = seen / max(time.perf_counter() - t0 - val_seconds, 1e-9)
-            validate = batcher.val_samples and (step == total_steps or (
-                spec.train.eval_every and step % spec.train.eval_every == 0))
-            if validate and accel.is_main_process:
-                v0 = time.perf_counter()
-                val_loss, val_step = batcher.val_loss(core, accel), step
-                val_seconds += time.perf_counter() - v0
-            bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}",
-                            **({} if val_loss is None else {"val": f"{val_loss:.4f}"}))
-            log_now = step == 1 or step % spec.train.log_every == 0 or step == total_steps
-            if accel.is_main_process and (log_now or validate):
-                reporter.log({
-                    "step": step, "epoch": epoch, "loss": step_loss, "lr": lr,
-                    "grad_norm": grad_norm, "samples_per_s": rate,
-                    "val_loss": val_loss if validate else None,
-                    "skipped_samples": len(batcher.skipped),
-                    "feature_cache_hits": batcher.cache_hits, "feature_cache_misses": batcher.cache_misses})
-            position = {"epoch": epoch, "micro": micro}
-            if micro == len(batches):
-                position = {"epoch": epoch + 1, "micro": 0}
-            if accel.is_main_process and spec.train.save_every and step % spec.train.save_every == 0:
-                save_checkpoint(run_dir, step, core, optimizer, scheduler, position)
-            if on_step is not None:
-                on_step(step, step_loss)
-        if micro >= len(batches):
-            epoch, micro = epoch + 1, 0
-    bar.close()
-    train_s = time.perf_counter() - t0 - val_seconds
+    @property
+    def global_batch(self) -> int:
+        return self.accel.num_processes * self.spec.train.batch_size
 
-    if params_digest(core.llm) != base_digest:
-        raise RuntimeError("the frozen LLM's weights changed during training; this is a bug")
-    if weights_sha256(llm_path) != sha:
-        raise RuntimeError(f"the LLM weight files in {llm_path} changed during training")
-    if accel.is_main_process:
-        save_trainable(core, run_dir)
-        if not (spec.train.save_every and step % spec.train.save_every == 0):  # else saved above
-            save_checkpoint(run_dir, step, core, optimizer, scheduler, {"epoch": epoch, "micro": micro})
-        if spec.data.val and val_step != step:  # a resumed run that had nothing left to do
-            val_loss = batcher.val_loss(core, accel)
-        summary = {"steps": step, "llm_sha256": sha, "skipped_samples": len(batcher.skipped),
-                   "train_samples": batcher.num_samples, "loss": step_loss,
-                   "val_loss": val_loss if spec.data.val else None,
-                   # this process's samples over the loop's time (validation excluded)
-                   "train_seconds": train_s, "val_seconds": val_seconds,
-                   "samples_per_s": seen / train_s if seen else None,
-                   "feature_cache": {"hits": batcher.cache_hits, "misses": batcher.cache_misses}}
-        atomic_write_json(run.train_summary, summary)
-        plot_run(run_dir)
-        reporter.close()
-    accel.wait_for_everyone()
-    return run_dir
+    # ---- training ------------------------------------------------------------------------
+    def fit(self, on_step=None) -> Path:
+        """Train to the last step; `on_step(step, loss)` after each optimizer step."""
+        from tqdm.auto import tqdm
+
+        self.progress = Progress()
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train",
+                   disable=not self.accel.is_main_process)
+        while self.step < self.total_steps:
+            batches = self.batcher.epoch_batches(self.epoch)
+            while self.micro < len(batches) and self.step < self.total_steps:
+                if self._micro_step(batches):
+                    self._optimizer_step(bar, len(batches))
+                    if on_step is not None:
+                        on_step(self.step, self.progress.step_loss)
+            if self.micro >= len(batches):
+                self.epoch, self.micro = self.epoch + 1, 0
+        bar.close()
+        self._finish()
+        return self.run_dir
+
+    def _micro_step(self, batches: list[list[int]]) -> bool:
+        """Forward and backward of one micro-batch; True when an optimizer step is due."""
+        spec, accel = self.spec, self.accel
+        indices = batches[self.micro]
+        empty = not indices  # this rank has no sample left in the last global batch
+        batch = self.batcher.collate(indices or [0], accel.device)
+        self.micro += 1
+        last_micro = self.micro % spec.train.grad_accum == 0 or self.micro == len(batches)
+        ctx = accel.no_sync(self.model) if not last_micro else contextlib.nullcontext()
+        with ctx, accel.autocast():
+            loss = self.model(**batch).loss
+            # several processes: the mean over the global batch's label tokens
+            loss, value = global_token_loss(loss, batch["labels"], accel, weight=0.0 if empty else 1.0)
+            accel.backward(loss / spec.train.grad_accum)
+        self.progress.add_micro(value, len(indices))
+        return last_micro
+
+    def _optimizer_step(self, bar, n_batches: int) -> None:
+        spec = self.spec
+        # the norm before clipping; max_grad_norm 0 measures it without clipping
+        grad_norm = float(self.accel.clip_grad_norm_(self.trainable, spec.train.max_grad_norm or math.inf))
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step applies
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        p = self.progress
+        p.end_step()
+        validate = bool(self.batcher.val_samples) and (self.step == self.total_steps or (
+            spec.train.eval_every and self.step % spec.train.eval_every == 0))
+        if validate:
+            self._validate()
+        rate = p.rate()
+        bar.update(1)
+        bar.set_postfix(loss=f"{p.step_loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}",
+                        **({} if p.val_loss is None else {"val": f"{p.val_loss:.4f}"}))
+        log_now = self.step == 1 or self.step % spec.train.log_every == 0 or self.step == self.total_steps
+        if self.reporter is not None and (log_now or validate):
+            self.reporter.log({
+                "step": self.step, "epoch": self.epoch, "loss": p.step_loss, "lr": lr,
+                "grad_norm": grad_norm, "samples_per_s": rate,
+                "val_loss": p.val_loss if validate else None,
+                "skipped_samples": len(self.batcher.skipped),
+                "feature_cache_hits": self.batcher.cache_hits,
+                "feature_cache_misses": self.batcher.cache_misses})
+        if spec.train.save_every and self.step % spec.train.save_every == 0:
+            done = self.micro == n_batches  # the epoch's last micro-batch: resume at the next
+            self._save_checkpoint({"epoch": self.epoch + 1, "micro": 0} if done
+                                  else {"epoch": self.epoch, "micro": self.micro})
+
+    def _validate(self) -> None:
+        """Validation loss; on the main process, or on every rank when the LLM is sharded
+        (each rank's forward takes part in gathering the layers)."""
+        if not (self.accel.is_main_process or self.sharded):
+            return
+        v0 = time.perf_counter()
+        self.progress.val_loss, self.progress.val_step = self.batcher.val_loss(self.core, self.accel), self.step
+        self.progress.val_seconds += time.perf_counter() - v0
+
+    def _save_checkpoint(self, position: dict) -> None:
+        """Every rank gathers its part of the trainable tensors and optimizer state; the main
+        process writes them."""
+        tensors = sharding.trainable_tensors(self.core)
+        optimizer_state = sharding.optimizer_state(self.core, self.optimizer)
+        if self.accel.is_main_process:
+            save_checkpoint(self.run_dir, self.step, self.core, tensors, optimizer_state,
+                            self.scheduler, {**position, "global_batch": self.global_batch})
+        self.accel.wait_for_everyone()
+
+    # ---- the end -------------------------------------------------------------------------
+    def _finish(self) -> None:
+        spec, accel, p = self.spec, self.accel, self.progress
+        train_s = p.train_seconds()
+        if params_digest(self.core.llm) != self.base_digest:
+            raise RuntimeError("the frozen LLM's weights changed during training; this is a bug")
+        if weights_sha256(self.llm_path) != self.sha:
+            raise RuntimeError(f"the LLM weight files in {self.llm_path} changed during training")
+        memory = sharding.memory_report(accel, self.core.llm)
+        if not (spec.train.save_every and self.step % spec.train.save_every == 0):  # else saved
+            self._save_checkpoint({"epoch": self.epoch, "micro": self.micro})
+        if spec.data.val and p.val_step != self.step:  # a resumed run that had nothing left to do
+            self._validate()
+        tensors = sharding.trainable_tensors(self.core)
+        if accel.is_main_process:
+            save_trainable(self.core, self.run_dir, tensors)
+            summary = {"steps": self.step, "llm_sha256": self.sha,
+                       "skipped_samples": len(self.batcher.skipped),
+                       "train_samples": self.batcher.num_samples, "loss": p.step_loss,
+                       "val_loss": p.val_loss if spec.data.val else None,
+                       # this process's samples over the loop's time (validation excluded)
+                       "train_seconds": train_s, "val_seconds": p.val_seconds,
+                       "samples_per_s": p.seen / train_s if p.seen else None,
+                       "feature_cache": {"hits": self.batcher.cache_hits,
+                                         "misses": self.batcher.cache_misses},
+                       "world_size": accel.num_processes, "sharding": spec.train.sharding,
+                       "sharded": self.sharded, **memory}
+            atomic_write_json(self.run.train_summary, summary)
+            plot_run(self.run_dir)
+            self.reporter.close()
+        accel.wait_for_everyone()
+
+
+def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
+    """Train and return the run dir. `on_step(step, loss)` is called after each optimizer step."""
+    return Trainer(spec, resume).fit(on_step)

@@ -11,10 +11,13 @@ from graft.run_dir import SPEC_FILE, RunDir, is_run_dir
 from graft.spec import GraftSpec
 
 # Fields a resumed run may change: how often it logs, validates and saves, where it reports
-# to and reads from; the LLM itself is pinned by llm.sha256 instead of its path.
+# to and reads from, how the LLM is laid out over the ranks (checkpoints do not depend on it;
+# batch_size may follow a change of ranks as long as the global batch stays, which the loop
+# checks); the LLM itself is pinned by llm.sha256 instead of its path.
 RESUME_MAY_CHANGE = {"output_dir", "llm.path", "llm.sha256", "train.save_every",
                      "train.log_every", "train.eval_every", "train.report_to",
-                     "train.num_workers", "train.feature_cache"}
+                     "train.num_workers", "train.feature_cache", "train.sharding",
+                     "train.device_memory", "train.batch_size"}
 
 
 def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> Path:

@@ -1,11 +1,5 @@
 """Two real CPU processes (gloo, `accelerate launch`) train like one process on the global batch."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,32 +8,7 @@ import torch
 from graft.errors import GraftConfigError
 from graft.train.distributed import check_launch
 from graft.train.loop import train
-from tests.graft.conftest import make_dataset
-
-REPO = Path(__file__).resolve().parents[3]
-# answers of very different lengths, so the two halves of a batch hold different token counts
-# 9 samples: the second global batch holds one, so one process runs a stand-in micro-batch
-ANSWERS = ["red", "green", "a blue square in the center of the picture", "red red red red red",
-           "blue", "the colour is green, and it fills the whole image", "yes", "two green triangles", "no"]
-
-
-def _uneven_dataset(root: Path) -> Path:
-    path = make_dataset(root, n=len(ANSWERS))
-    samples = json.loads(path.read_text())
-    for sample, answer in zip(samples, ANSWERS):
-        sample["conversations"][1]["value"] = answer
-    path.write_text(json.dumps(samples))
-    return path
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.graft.train.launch import launch_train, metric_rows as _rows, uneven_dataset as _uneven_dataset
 
 
 @pytest.mark.slow
@@ -56,12 +25,7 @@ def test_two_processes_equal_one_on_uneven_answers(make_spec, tmp_path):
     one = train(spec(8, "one"))
     two = spec(4, "two")
     two.save(tmp_path / "two.yaml")
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), "-m", "graft.cli", "train", str(tmp_path / "two.yaml")]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = launch_train(tmp_path / "two.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world size 2" in proc.stderr
 
