@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import os
+
 EXAMPLES = """examples:
   graft train my-graft.yaml
   graft train my-graft.yaml --set train.lr=1e-4 --set output_dir=runs/lr1e-4
   graft train my-graft.yaml --dry-run        # check everything, load no LLM weights
   graft train my-graft.yaml --resume         # continue the run in output_dir
+  graft train my-graft.yaml --plan --world-size 8 --device-memory 80GiB
+                                             # bytes per rank, DDP vs FSDP: config.json only
+  accelerate launch --num_processes 8 -m graft.cli train my-graft.yaml --set train.sharding=fsdp
 
 Relative paths in the YAML file are relative to its folder; --set paths and output_dir
 to the current directory."""
 
 
 def add_arguments(parser) -> None:
+    from graft.cli_types import number_in
+
     parser.add_argument("config", help="GraftSpec YAML (see docs/training.md)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a field, e.g. train.lr=1e-4 (repeatable)")
@@ -24,11 +31,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="validate spec, paths and data, print the resolved spec, data "
                         "counts, image tokens and a memory estimate; train nothing")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the memory each rank needs with sharding none (DDP) and fsdp, "
+                        "read from config.json files only (no weights, no data); train nothing")
+    parser.add_argument("--world-size", type=number_in(int, 1), default=None, metavar="N",
+                        help="ranks to plan for (default: $WORLD_SIZE, else 1)")
+    parser.add_argument("--device-memory", default=None, metavar="SIZE",
+                        help="memory of one rank to plan against, e.g. 80GiB (default: "
+                        "train.device_memory, else this machine's)")
 
 
 def run(args) -> int:
     import logging
-    import os
     import time
 
     from graft.spec import GraftSpec
@@ -40,6 +54,8 @@ def run(args) -> int:
     # with --overwrite) by the main one only, which no other may race
     main_process = os.environ.get("RANK", "0") == "0"
     spec = GraftSpec.load(args.config, args.overrides)
+    if args.plan:
+        return print_plan(spec, args)
     check_paths(spec)  # every input path, before any weights load
     check_report_to(spec.train.report_to)  # and the tracker's package
     if args.dry_run:
@@ -60,6 +76,15 @@ def run(args) -> int:
         print(summary_line(run_dir, time.perf_counter() - start))
     print(f"run dir: {run_dir}")
     print(f"next: graft chat {run_dir} --image PATH \"question\"   |   graft serve {run_dir}")
+    return 0
+
+
+def print_plan(spec, args) -> int:
+    from graft.train.plan import default_device_memory, format_plan, make_plan, parse_bytes
+
+    world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    memory = parse_bytes(args.device_memory) if args.device_memory else default_device_memory(spec)
+    print(format_plan(make_plan(spec, world, memory)))
     return 0
 
 

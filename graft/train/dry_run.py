@@ -3,13 +3,9 @@ printed: the resolved spec, data counts, image tokens per image and a memory est
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
 
 from graft.spec import GraftSpec
-
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def dry_run(spec: GraftSpec) -> dict:
@@ -40,43 +36,22 @@ def dry_run(spec: GraftSpec) -> dict:
                        "image_tokens_per_image": per_image,
                        "tokens_max": max(lengths), "tokens_mean": round(sum(lengths) / len(lengths), 1)}
     return {"spec": spec.to_dict(), "data": data,
-            "memory_gib": memory_estimate(spec, image_path, llm_dir, llm_cfg, data["train"]["tokens_max"])}
+            "memory_gib": memory_estimate(spec, data["train"]["tokens_max"])}
 
 
-def memory_estimate(spec: GraftSpec, image_path, llm_dir: str, llm_cfg, seq_len: int) -> dict:
-    """A rough peak in GiB: frozen weights in their dtype, the trainable projector with its
-    gradient and two AdamW moments (fp32), and the LLM's activations for one micro-batch
-    (about 16 values of d_model per token per layer kept for backward; much less with
-    gradient checkpointing). LoRA's few parameters are left out."""
-    llm_params = _safetensors_params(Path(llm_dir))
-    frozen = llm_params * _BYTES[spec.llm.dtype] + sum(p.numel() for p in image_path.encoder.parameters()) * 4
-    trainable = sum(p.numel() for p in image_path.projector.parameters()) * 4 * 4
-    act_bytes = 2 if spec.train.precision == "bf16" else 4
-    per_layer = 2 if spec.train.gradient_checkpointing else 16
-    layers = getattr(llm_cfg, "num_hidden_layers", 1)
-    acts = spec.train.batch_size * seq_len * llm_cfg.hidden_size * layers * per_layer * act_bytes
-    gib = 1024 ** 3
-    parts = {"frozen_weights": frozen / gib, "trainable_and_optimizer": trainable / gib,
-             "activations": acts / gib}
+def memory_estimate(spec: GraftSpec, seq_len: int) -> dict:
+    """One process's peak in GiB, from graft.train.plan (config.json and the encoder's size):
+    frozen weights in their dtype, the trainable parameters with gradients and AdamW moments,
+    and an estimate of the LLM's activations for one micro-batch of the longest sample."""
+    from graft.train.plan import GIB, make_plan
+
+    plan = make_plan(spec, world_size=1, seq_len=seq_len)
+    whole = plan["strategies"]["none"]
+    parts = {"frozen_weights": (plan["llm"]["bytes"] + plan["encoder"]["bytes"]) / GIB,
+             "trainable_and_optimizer": plan["trainable"]["state_bytes"] / GIB,
+             "activations": whole["activation_bytes"] / GIB}
     parts["total"] = sum(parts.values())
     return {k: round(v, 3) for k, v in parts.items()}
-
-
-def _safetensors_params(llm_dir: Path) -> int:
-    """Parameter count from the safetensors headers (no tensor is read)."""
-    from safetensors import safe_open
-
-    from graft.shards import safetensors_files
-
-    total = 0
-    for f in safetensors_files(llm_dir):
-        with safe_open(str(f), "pt") as fh:
-            for name in fh.keys():
-                n = 1
-                for d in fh.get_slice(name).get_shape():
-                    n *= d
-                total += n
-    return total
 
 
 def format_report(report: dict) -> str:

@@ -1,0 +1,88 @@
+"""`graft train --plan` and the launch-time memory check: config.json only, numbers that are the
+model's own, and a run that cannot fit stops in one line before any weight loads."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from graft.cli import main
+from graft.errors import GraftConfigError
+from graft.train.loop import train
+from graft.train.plan import make_plan, parse_bytes
+from tests.graft.cli_asserts import fails
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "moonvit-glm45air" / "graft.yaml"
+
+
+def _config_only(llm_dir: Path, out: Path) -> Path:
+    """The LLM dir's config.json alone: no weights, no tokenizer."""
+    out.mkdir(parents=True)
+    shutil.copy(llm_dir / "config.json", out / "config.json")
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "glm4_moe", "qwen3_moe"])
+def test_plan_counts_the_model_exactly_from_its_config(family, tiny_llm_factory, make_spec, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    llm_dir = tiny_llm_factory(family)
+    real = AutoModelForCausalLM.from_pretrained(llm_dir)
+    spec = make_spec(llm=_config_only(llm_dir, tmp_path / "cfg"))
+    plan = make_plan(spec, world_size=2, device_memory=10 ** 12)
+    params = sum(p.numel() for p in real.parameters())
+    assert plan["llm"]["params"] == params and plan["llm"]["bytes"] == 4 * params
+    layer = max(sum(p.numel() for p in x.parameters()) for x in real.model.layers) * 4
+    assert plan["llm"]["largest_layer_bytes"] == layer
+    fsdp, ddp = plan["strategies"]["fsdp"], plan["strategies"]["none"]
+    assert fsdp["llm_bytes"] == -(-4 * params // 2) + 2 * layer and ddp["llm_bytes"] == 4 * params
+    assert fsdp["fits"] and ddp["fits"]
+    moe = plan["llm"]["moe"]
+    if family == "llama":
+        assert moe is None
+    else:
+        experts = sum(p.numel() for n, p in real.named_parameters() if ".experts." in n)
+        assert moe["experts"] == 8 and moe["experts_per_token"] == 2
+        assert moe["routed_params"] == experts and moe["inactive_params_per_token"] == experts * 6 // 8
+
+
+def test_plan_cli_on_the_documented_example(capsys):
+    assert main(["train", str(EXAMPLE), "--plan", "--world-size", "8", "--device-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "(glm4_moe): 106.8" in out and "128 experts, 8 per token" in out
+    lines = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  ")}
+    assert lines["none"].endswith("does NOT fit") and lines["fsdp"].endswith("fits")
+    assert out.rstrip().endswith("fits: train.sharding=fsdp")
+
+
+def test_plan_cli_errors_are_one_line(capsys):
+    fails(capsys, ["train", str(EXAMPLE), "--plan", "--device-memory", "eighty"],
+          "--device-memory='eighty': expected a size such as 80GiB")
+    fails(capsys, ["train", str(EXAMPLE), "--plan", "--world-size", "0"], "--world-size: 0 is out of range: use >= 1")
+
+
+def test_sizes_parse():
+    assert parse_bytes("80GiB") == 80 * 2 ** 30 and parse_bytes("80GB") == 80 * 10 ** 9
+    assert parse_bytes("1.5 MiB") == 3 * 2 ** 19 and parse_bytes(4096) == 4096
+    with pytest.raises(GraftConfigError, match="train.device_memory='-1GiB'"):
+        parse_bytes("-1GiB", "train.device_memory")
+
+
+def test_a_run_that_cannot_fit_stops_before_loading(make_spec, tiny_llama, tmp_path):
+    # no weights and no tokenizer in the LLM dir: any load would fail with another error
+    spec = make_spec(llm=_config_only(tiny_llama, tmp_path / "cfg"), device_memory="64KiB")
+    with pytest.raises(GraftConfigError) as err:
+        train(spec)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("train.sharding=none on 1 rank(s): each rank needs")
+    assert "but has 0.00 GiB; train.sharding=fsdp needs" in message and "--plan" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_fits_records_its_memory(make_spec, tmp_path):
+    run = train(make_spec(max_steps=1, device_memory="8GiB"))
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["llm_param_bytes_per_rank"] == [summary["llm_param_bytes"]] and not summary["sharded"]
+    assert summary["peak_rss_bytes_per_rank"][0] > summary["llm_param_bytes"]
