@@ -35,11 +35,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_train(spec_path: Path, nproc: int = 2, *args: str) -> subprocess.CompletedProcess:
-    """`accelerate launch --multi_gpu --num_processes N -m graft.cli train SPEC ARGS` on CPU."""
+def launch_train(spec_path: Path, nproc: int = 2, *args: str,
+                 launcher: str = "accelerate") -> subprocess.CompletedProcess:
+    """`graft train SPEC ARGS` in `nproc` CPU ranks started by `launcher`: accelerate
+    (`accelerate launch --multi_gpu`), torchrun (one node), or nodes (one torchrun per rank, each
+    its own node of a multi-node rendezvous over loopback). Returns rank 0's process."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-           str(nproc), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), "-m", "graft.cli", "train", str(spec_path), *args]
-    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    port = str(_free_port())
+    train = ["-m", "graft.cli", "train", str(spec_path), *args]
+    if launcher == "accelerate":
+        cmds = [["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
+                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                 "--main_process_port", port, *train]]
+    elif launcher == "torchrun":
+        cmds = [["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                 "--master_port", port, *train]]
+    else:
+        cmds = [["-m", "torch.distributed.run", "--nnodes", str(nproc), "--node_rank", str(rank),
+                 "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port, *train]
+                for rank in range(nproc)]
+    procs = [subprocess.Popen([sys.executable, *cmd], env=env, cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for cmd in cmds]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    failed = [r for r in results if r.returncode != 0]
+    return failed[0] if failed else results[0]

@@ -41,9 +41,9 @@ def sharded_spec(make_spec, tmp_path):
     return spec
 
 
-def _launch(spec, path, nproc=2, *args):
+def _launch(spec, path, nproc=2, *args, launcher="accelerate"):
     spec.save(path)
-    proc = launch_train(path, nproc, *args)
+    proc = launch_train(path, nproc, *args, launcher=launcher)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -57,12 +57,16 @@ def _assert_same_run(a, b, rel=1e-5) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "qwen3_moe", "glm4_moe"])
-def test_two_sharded_ranks_equal_one_process(family, sharded_spec, tiny_llm_factory, tmp_path):
+@pytest.mark.parametrize("family,launcher", [("llama", "accelerate"), ("qwen3_moe", "torchrun"),
+                                             ("glm4_moe", "nodes")])
+def test_two_sharded_ranks_equal_one_process(family, launcher, sharded_spec, tiny_llm_factory, tmp_path):
+    """Each family under another launcher: accelerate launch, torchrun, and two single-rank
+    "nodes" meeting over loopback as a multi-node job would."""
     llm = tiny_llm_factory(family)
     one = train(sharded_spec(8, "one", llm=llm))
-    proc = _launch(sharded_spec(4, "two", llm=llm, sharding="fsdp"), tmp_path / "two.yaml")
-    assert "world size 2 (DistributedType.FSDP)" in proc.stderr
+    proc = _launch(sharded_spec(4, "two", llm=llm, sharding="fsdp"), tmp_path / "two.yaml",
+                   launcher=launcher)
+    assert "world size 2 (DistributedType.FSDP), process 0" in proc.stderr
     _assert_same_run(one, tmp_path / "two")
 
     whole, sharded = _summary(one), _summary(tmp_path / "two")
