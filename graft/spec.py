@@ -71,6 +71,7 @@ class TrainConfig:
     # none: every rank holds the whole frozen LLM (data parallel) | fsdp: the frozen LLM sharded
     # per decoder layer across the ranks (accelerate's FSDP2); the result is the same
     sharding: str = "none"
+    cpu_offload: bool = False  # fsdp on GPUs: LLM shards wait in host memory, moved in a layer at a time
     # memory one rank may use, e.g. 80GiB (None: the device's, or this host's RAM over its
     # local ranks); a run whose plan does not fit stops before loading any weights
     device_memory: str | None = None
@@ -147,6 +148,9 @@ class GraftSpec:
             value = self._get(dotted)
             if value is not None and not ok(value):
                 raise GraftConfigError(f"{dotted}={value!r}: must be {hint}")
+        if self.train.cpu_offload and self.train.sharding != "fsdp":
+            raise GraftConfigError("train.cpu_offload=true offloads FSDP shards; it needs "
+                                   "train.sharding=fsdp (or set train.cpu_offload=false)")
         if self.train.eval_every and not self.data.val:
             raise GraftConfigError(f"train.eval_every={self.train.eval_every} needs data.val (a "
                                    "held-out JSON like data.train); set it, or train.eval_every=0")

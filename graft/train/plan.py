@@ -139,6 +139,8 @@ def make_plan(spec: GraftSpec, world_size: int = 1, device_memory: int | None = 
     # next one prefetched (two full layers in flight); trainable state is sharded too
     ddp = {"llm_bytes": llm_bytes, "weights_and_state_bytes": llm_bytes + fixed + state}
     shard = -(-llm_bytes // world_size)
+    if spec.train.cpu_offload:  # the shards wait in host memory; the device sees two layers
+        shard = 0
     fsdp = {"llm_bytes": shard + 2 * layer_bytes,
             "weights_and_state_bytes": shard + 2 * layer_bytes + fixed + -(-state // world_size)}
     for strategy in (ddp, fsdp):
@@ -151,7 +153,7 @@ def make_plan(spec: GraftSpec, world_size: int = 1, device_memory: int | None = 
             "encoder": {"kind": spec.encoder.get("kind"), "params": enc_params, "bytes": fixed},
             "trainable": {"params": trainable, "state_bytes": state},
             "world_size": world_size, "device_memory": device_memory, "seq_len": seq_len,
-            "micro_batch": spec.train.batch_size,
+            "micro_batch": spec.train.batch_size, "cpu_offload": spec.train.cpu_offload,
             "strategies": {"none": ddp, "fsdp": fsdp}}
 
 
@@ -211,8 +213,8 @@ def format_plan(plan: dict) -> str:
                  f"{plan['seq_len']} tokens" + (f", {_gib(memory)} each:" if memory else ":"))
     for name, s in plan["strategies"].items():
         verdict = "" if s["fits"] is None else ("  fits" if s["fits"] else "  does NOT fit")
-        label = "none (DDP)" if name == "none" else "fsdp"
-        lines.append(f"  {label:<11} LLM {_gib(s['llm_bytes']):>12}   weights + state "
+        label = "none (DDP)" if name == "none" else "fsdp" + (" (offload)" if plan["cpu_offload"] else "")
+        lines.append(f"  {label:<14} LLM {_gib(s['llm_bytes']):>12}   weights + state "
                      f"{_gib(s['weights_and_state_bytes']):>12}   + activations ~"
                      f"{_gib(s['activation_bytes'])} = {_gib(s['total_bytes'])}{verdict}")
     fitting = [n for n, s in plan["strategies"].items() if s["fits"]]

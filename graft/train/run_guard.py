@@ -17,7 +17,7 @@ from graft.spec import GraftSpec
 RESUME_MAY_CHANGE = {"output_dir", "llm.path", "llm.sha256", "train.save_every",
                      "train.log_every", "train.eval_every", "train.report_to",
                      "train.num_workers", "train.feature_cache", "train.sharding",
-                     "train.device_memory", "train.batch_size"}
+                     "train.cpu_offload", "train.device_memory", "train.batch_size"}
 
 
 def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> Path:

@@ -45,6 +45,9 @@ def make_accelerator(spec, **kwargs):
         raise GraftConfigError(
             "the launcher asked for FSDP (--use_fsdp / ACCELERATE_USE_FSDP) but "
             "train.sharding=none; add --set train.sharding=fsdp (graft configures FSDP itself)")
+    if spec.train.cpu_offload and not torch.cuda.is_available():
+        raise GraftConfigError("train.cpu_offload=true keeps FSDP shards in host memory between "
+                               "their turns on a GPU; this machine has no GPU: set it false")
     plugin = None
     if not _LAUNCHED_WITH_FSDP:
         os.environ.pop(_ENV_FSDP, None)  # left by an earlier sharded train() in this process
@@ -52,6 +55,7 @@ def make_accelerator(spec, **kwargs):
         # layer classes and ignored modules are filled in by prepare_sharding() once the model exists
         plugin = FullyShardedDataParallelPlugin(
             fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True,
+            cpu_offload=spec.train.cpu_offload,
             state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=False)
     # each run sets up accelerate afresh: its state is a process-wide singleton that would keep
     # the precision and sharding of an earlier train() in this process (the process group stays)

@@ -15,6 +15,9 @@ echo "== tests on CUDA"
 TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton_cases.py tests/kernels/test_triton_quant.py \
     tests/serving/engine/test_cuda_engine.py tests/serving/engine/test_decode_graphs.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
 
+echo "== sharded training on 2 GPUs (NCCL; skips with fewer)"
+"$PY" -m pytest -q -p no:cacheprovider tests/graft/train/test_sharded_gpu.py 2>&1 | tee "$OUT/sharded_train.log" | tail -5 || status=1
+
 if [ "${GPU_KERNEL_BENCH:-1}" = 1 ]; then
     echo "== kernel benchmark"
     "$PY" -m graft.cli bench kernels --out "$OUT/kernels.json" 2>&1 | tail -40 || status=1

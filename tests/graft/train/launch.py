@@ -35,13 +35,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_train(spec_path: Path, nproc: int = 2, *args: str,
-                 launcher: str = "accelerate") -> subprocess.CompletedProcess:
-    """`graft train SPEC ARGS` in `nproc` CPU ranks started by `launcher`: accelerate
-    (`accelerate launch --multi_gpu`), torchrun (one node), or nodes (one torchrun per rank, each
-    its own node of a multi-node rendezvous over loopback). Returns rank 0's process."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
+def launch_train(spec_path: Path, nproc: int = 2, *args: str, launcher: str = "accelerate",
+                 cpu: bool = True) -> subprocess.CompletedProcess:
+    """`graft train SPEC ARGS` in `nproc` ranks (CPU ranks on gloo unless `cpu` is False: one GPU
+    each, NCCL) started by `launcher`: accelerate (`accelerate launch --multi_gpu`), torchrun
+    (one node), or nodes (one torchrun per rank, each its own node of a multi-node rendezvous
+    over loopback). Returns rank 0's process, or the first that failed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if cpu:
+        env["ACCELERATE_USE_CPU"] = "true"
     port = str(_free_port())
     train = ["-m", "graft.cli", "train", str(spec_path), *args]
     if launcher == "accelerate":

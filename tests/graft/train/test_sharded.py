@@ -144,3 +144,19 @@ def test_sharded_resume_exact_and_at_another_world_size(sharded_spec, tmp_path):
     _launch(sharded_spec(4, "one", sharding="fsdp", save_every=2), tmp_path / "one.yaml", 2, "--resume")
     assert [r["loss"] for r in metric_rows(one)] == pytest.approx([r["loss"] for r in one_rows], rel=1e-5)
     assert _max_diff(_adapter(one), one_adapter) <= 1e-5
+
+
+def test_cpu_offload_needs_fsdp_and_a_gpu(make_spec):
+    with pytest.raises(GraftConfigError, match="needs train.sharding=fsdp"):
+        make_spec(cpu_offload=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(GraftConfigError, match="this machine has no GPU: set it false"):
+            train(make_spec(sharding="fsdp", cpu_offload=True))
+
+
+def test_launcher_fsdp_without_sharding_is_refused(make_spec, monkeypatch):
+    from graft.train import sharding
+
+    monkeypatch.setattr(sharding, "_LAUNCHED_WITH_FSDP", True)
+    with pytest.raises(GraftConfigError, match="add --set train.sharding=fsdp"):
+        train(make_spec())
