@@ -34,13 +34,19 @@ def sampling_kwargs(temperature: float, top_p: float = 1.0, seed: int | None = N
     return dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
 
 
-def load_llm(path: str, dtype: str = "float32"):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_llm(path: str, dtype: str = "float32", weights: bool = True):
+    """(LLM, tokenizer) from a local HF dir; weights=False builds the LLM on the meta device
+    from config.json alone (sharded training fills it from another rank)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = llm_dir(path)
     if dtype not in DTYPES:
         raise GraftConfigError(f"llm.dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if not weights:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                                    dtype=DTYPES[dtype]), tokenizer
     llm = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     return llm, tokenizer
 
@@ -63,11 +69,12 @@ class GraftedModel(nn.Module):
 
     # ---- construction --------------------------------------------------------------
     @classmethod
-    def from_spec(cls, spec: GraftSpec, adapter_dir: str | Path | None = None) -> "GraftedModel":
-        """Build from a spec: the LLM from spec.llm.path, the projector from adapter_dir
-        (else spec.adapter_init, else freshly initialised). For the image path alone (no LLM
-        weights), use `ImagePath.from_spec`."""
-        llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype)
+    def from_spec(cls, spec: GraftSpec, adapter_dir: str | Path | None = None,
+                  llm_weights: bool = True) -> "GraftedModel":
+        """Build from a spec: the LLM from spec.llm.path (on the meta device when not
+        llm_weights), the projector from adapter_dir (else spec.adapter_init, else freshly
+        initialised). For the image path alone (no LLM weights), use `ImagePath.from_spec`."""
+        llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype, weights=llm_weights)
         d_model = llm.get_input_embeddings().embedding_dim
         return cls(spec, ImagePath.from_spec(spec, d_model, adapter_dir), llm, tokenizer)
 

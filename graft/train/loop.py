@@ -33,10 +33,10 @@ from graft.train.tracking import Reporter, accelerator_kwargs, check_report_to, 
 log = logging.getLogger("graft.train.loop")
 
 
-def _build_model(spec: GraftSpec):
+def _build_model(spec: GraftSpec, llm_weights: bool = True):
     from graft.model import GraftedModel
 
-    model = GraftedModel.from_spec(spec)
+    model = GraftedModel.from_spec(spec, llm_weights=llm_weights)
     torch.manual_seed(spec.train.seed)
     if spec.train.stage == "finetune":
         from peft import LoraConfig, get_peft_model
@@ -87,7 +87,11 @@ class Trainer:
         from transformers import get_cosine_schedule_with_warmup
 
         spec, accel = self.spec, self.accel
-        model = _build_model(spec)
+        self.read_llm_weights = sharding.reads_llm_weights(accel)
+        broadcast = sharding.is_sharded(accel) and accel.num_processes > 1
+        model = _build_model(spec, llm_weights=self.read_llm_weights)
+        # rank 0 holds the whole LLM until its shards reach every rank
+        llm_state = model.llm.state_dict() if broadcast and accel.is_main_process else None
         self.batcher = Batcher(spec, model, accel.process_index, accel.num_processes)
         # a resumed run, or one started from a trained adapter, keeps the stats it loaded (the
         # projector's weights were fitted to them)
@@ -103,6 +107,9 @@ class Trainer:
             sharding.prepare_sharding(accel, model)
         self.model, self.optimizer = accel.prepare(model, optimizer)
         self.core = accel.unwrap_model(self.model)
+        if broadcast:
+            sharding.fill_meta_shards(self.core, llm_state, accel.device, self.optimizer)
+            del llm_state
         # after prepare: FSDP replaces parameters by their shards
         self.trainable = [p for p in self.core.parameters() if p.requires_grad]
         self.base_digest = params_digest(self.core.llm)
@@ -235,7 +242,7 @@ class Trainer:
             raise RuntimeError("the frozen LLM's weights changed during training; this is a bug")
         if weights_sha256(self.llm_path) != self.sha:
             raise RuntimeError(f"the LLM weight files in {self.llm_path} changed during training")
-        memory = sharding.memory_report(accel, self.core.llm)
+        memory = sharding.memory_report(accel, self.core.llm, self.read_llm_weights)
         if not (spec.train.save_every and self.step % spec.train.save_every == 0):  # else saved
             self._save_checkpoint({"epoch": self.epoch, "micro": self.micro})
         if spec.data.val and p.val_step != self.step:  # a resumed run that had nothing left to do

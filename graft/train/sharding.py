@@ -89,6 +89,50 @@ def decoder_layer_classes(llm) -> list[str]:
     return names
 
 
+def reads_llm_weights(accel) -> bool:
+    """Whether this rank reads the LLM's weights from disk. With several sharded ranks only
+    rank 0 does; the others build the LLM on the meta device and receive their shards from it
+    once sharded (`fill_meta_shards`), so host memory holds one whole LLM while loading, not
+    one per rank."""
+    return accel.is_main_process or not (is_sharded(accel) and accel.num_processes > 1)
+
+
+def fill_meta_shards(model, llm_state: dict | None, device, optimizer) -> None:
+    """After sharding: rank 0 broadcasts the LLM (`llm_state`, its whole state dict taken before
+    sharding; None elsewhere) and every rank keeps its shard (torch's set_model_state_dict with
+    broadcast_from_rank0); the non-persistent buffers (rotary tables), which no state dict
+    holds, are broadcast whole. Every rank must call this, before the first optimizer step:
+    the meta ranks get new parameter objects (LoRA's too), which `optimizer` is pointed at."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full, seen = {}, set()
+    for k, v in (llm_state or {}).items():
+        if v.data_ptr() not in seen:  # a tied tensor once: the tie is made again below
+            seen.add(v.data_ptr())
+            full[f"llm.{k}"] = v
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, full, options=options)
+    base = model.llm.get_base_model() if hasattr(model.llm, "get_base_model") else model.llm
+    base.tie_weights()  # loading by assignment (the meta ranks) replaced one side of a tie
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    (group,) = optimizer.param_groups  # one group, built from the same list in the same order
+    assert len(group["params"]) == len(trainable) and not optimizer.state
+    group["params"] = trainable
+    for _, module in sorted(model.llm.named_modules(), key=lambda kv: kv[0]):
+        for name in sorted(module._non_persistent_buffers_set):
+            buf = module._buffers.get(name)
+            if buf is None:
+                continue
+            whole = torch.empty_like(buf, device=device) if buf.is_meta else buf.contiguous()
+            dist.broadcast(whole, src=0)
+            module._buffers[name] = whole
+    left = [n for n, t in list(model.llm.named_parameters()) + list(model.llm.named_buffers())
+            if _local(t).is_meta]
+    if left:
+        raise RuntimeError(f"LLM tensors still on the meta device after the broadcast: {left[:3]}")
+
+
 def prepare_sharding(accel, model) -> None:
     """Tell accelerate's FSDP2 what to wrap: every decoder layer of the LLM as its own unit;
     the encoder stays whole (ignored); everything else joins the root unit."""
@@ -138,18 +182,21 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-def memory_report(accel, llm) -> dict:
-    """The LLM's bytes in all, the bytes of it resident on each rank, and each rank's peak RSS
-    and peak device memory (measured; every rank calls, collectives inside)."""
+def memory_report(accel, llm, read_weights: bool) -> dict:
+    """The LLM's bytes in all, the bytes of it resident on each rank, whether each rank read
+    the LLM's weights from disk, and each rank's peak RSS and peak device memory (measured;
+    every rank calls, collectives inside)."""
     from accelerate.utils import gather_object
 
     whole = sum(p.numel() * p.element_size() for p in llm.parameters())
     local = sum(_local(p).numel() * p.element_size() for p in llm.parameters())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     device = torch.cuda.max_memory_allocated() if accel.device.type == "cuda" else None
-    rows = gather_object([(local, rss, device)]) if accel.num_processes > 1 else [(local, rss, device)]
+    row = (local, rss, device, read_weights)
+    rows = gather_object([row]) if accel.num_processes > 1 else [row]
     return {"llm_param_bytes": whole,
             "llm_param_bytes_per_rank": [r[0] for r in rows],
             "peak_rss_bytes_per_rank": [r[1] for r in rows],
-            "peak_device_memory_bytes_per_rank": [r[2] for r in rows]}
+            "peak_device_memory_bytes_per_rank": [r[2] for r in rows],
+            "llm_weights_read_per_rank": [r[3] for r in rows]}
 

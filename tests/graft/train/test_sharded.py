@@ -77,6 +77,8 @@ def test_two_sharded_ranks_equal_one_process(family, launcher, sharded_spec, tin
     assert all(b <= 0.6 * sharded["llm_param_bytes"] for b in per_rank)
     assert len(sharded["peak_rss_bytes_per_rank"]) == 2 and min(sharded["peak_rss_bytes_per_rank"]) > 0
     assert sharded["peak_device_memory_bytes_per_rank"] == [None, None]  # CPU ranks
+    # rank 0 alone reads the weights; rank 1 gets its shards from it
+    assert sharded["llm_weights_read_per_rank"] == [True, False]
 
 
 @pytest.mark.slow
