@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from graft.errors import GraftConfigError
-from graft.kernels import cpu_ops
+from graft.kernels import cpu_ops, cpu_quant
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.quantize import QuantConfig, dequantize_hf_model
 from tests.serving.conftest import make_prompts
@@ -189,7 +189,9 @@ def test_fused_decode_is_off_where_it_does_not_apply(tiny_llm_factory):
     assert plain.runner.model.fused_decode is None and plain.runner.quant_plan == {}  # torch linears
 
 
-@pytest.mark.skipif(not cpu_ops.available(), reason="the C kernels could not be built")
+@pytest.mark.skipif(not cpu_ops.available() or not cpu_quant.isa().startswith("avx512"),
+                    reason="the fp32 default is the C linears on AVX-512 CPUs only (the test "
+                    "below covers the others)")
 def test_the_cpu_fp32_default_is_the_c_linears(tiny_llm_factory):
     """quantization=None on CPU in fp32: every linear fp32 on the C kernels, decode in one call."""
     engine = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig())

@@ -17,12 +17,12 @@ def _tokens(engine, prompts):
     return [o.token_ids for o in engine.generate(prompt_token_ids=prompts, sampling_params=GREEDY)]
 
 
-@pytest.mark.skipif(not cpu_ops.available(), reason="the fp32 default needs the C kernels")
+@pytest.mark.skipif(not cpu_ops.available(), reason="fp32 on the C linears needs the C kernels")
 def test_swapped_weights_are_the_ones_that_run(tiny_llm_factory):
     model_dir = tiny_llm_factory("llama")
     prompts = make_prompts((5, 21), seed=9)
     cfg = dict(num_kv_blocks=64, enable_prefix_caching=False)
-    engine = Engine.from_pretrained(model_dir, EngineConfig(**cfg))  # fp32 on the C linears
+    engine = Engine.from_pretrained(model_dir, EngineConfig(**cfg, quantization="fp32"))  # C linears
     model = engine.runner.model
     assert model.fused_decode is not None
     base = _tokens(engine, prompts)
