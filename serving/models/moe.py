@@ -13,6 +13,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from graft.kernels import moe_grouped_gemm
 from graft.serving.models.layers import GatedMLP, Linear
 from graft.serving.models.llama import CausalLM, DecoderLayer
 
@@ -79,6 +80,7 @@ class MoEBlock(nn.Module):
                                      for _ in range(router.num_experts))
         self.shared_experts = (GatedMLP(hidden, moe_intermediate * num_shared, act)
                                if num_shared else None)
+        self._stacked = None  # the grouped GEMM's stacked expert weights, built on first use
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T, H = x.shape
@@ -86,21 +88,46 @@ class MoEBlock(nn.Module):
         k = ids.shape[1]
         flat = ids.reshape(-1)  # slot s = token s // k, its (s % k)-th choice
         order = torch.argsort(flat, stable=True)  # slots grouped by expert, tokens in order
-        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        counts = torch.bincount(flat, minlength=len(self.experts))  # [E]
         rows = order // k
         slot_weights = weights.reshape(-1)[order].unsqueeze(-1)  # [T k, 1] fp32
         out = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
-        start = 0
-        for expert, n in enumerate(counts):
-            if n == 0:
-                continue  # never touched: an inactive expert's weights are not read
-            picked = order[start:start + n]
-            out[picked] = self.experts[expert](x[rows[start:start + n]]) * slot_weights[start:start + n]
-            start += n
+        if self._use_grouped_gemm(x):
+            out[order] = self._grouped(x[rows], counts) * slot_weights
+        else:
+            start = 0
+            for expert, n in enumerate(counts.tolist()):
+                if n == 0:
+                    continue  # never touched: an inactive expert's weights are not read
+                picked = slice(start, start + n)
+                out[order[picked]] = self.experts[expert](x[rows[picked]]) * slot_weights[picked]
+                start += n
         routed = out.view(T, k, H).sum(dim=1).to(x.dtype)  # [T, H]
         if self.shared_experts is not None:
             routed = routed + self.shared_experts(x)
         return routed
+
+    def _use_grouped_gemm(self, x: torch.Tensor) -> bool:
+        """The Triton grouped GEMM (GPU, or GRAFT_KERNELS=triton under the interpreter) takes
+        float experts; quantized ones and the CPU path run each expert's own linears."""
+        from graft.kernels.dispatch import implementation, reference
+
+        return implementation(x) is not reference and all(
+            lin.quantized is None and lin.prepacked is None
+            for e in self.experts for lin in (e.gate_up_proj, e.down_proj))
+
+    def _grouped(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Every expert's MLP on its rows of xs [S, H] (grouped by expert) in two launches."""
+        if self._stacked is None:
+            # [E, 2I, H] and [E, H, I]; each expert's weights become views of them (one copy)
+            self._stacked = tuple(torch.stack([getattr(e, name).weight.detach() for e in self.experts])
+                                  for name in ("gate_up_proj", "down_proj"))
+            for i, e in enumerate(self.experts):
+                e.gate_up_proj.weight = nn.Parameter(self._stacked[0][i], requires_grad=False)
+                e.down_proj.weight = nn.Parameter(self._stacked[1][i], requires_grad=False)
+        offsets = F.pad(torch.cumsum(counts, 0), (1, 0))  # [E + 1]
+        h = self.experts[0].activate(moe_grouped_gemm(xs, self._stacked[0], offsets))  # [S, I]
+        return moe_grouped_gemm(h, self._stacked[1], offsets)  # [S, H]
 
     def expert_read_bytes(self, linear_bytes) -> int:
         """Bytes of all routed experts' weights, with linear_bytes(Linear) per matmul."""
