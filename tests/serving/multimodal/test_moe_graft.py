@@ -2,37 +2,17 @@
 training-side GraftedModel (HF's MoE underneath), with image runs cut across prefill chunks."""
 
 import pytest
-import torch
-from PIL import Image
 
-from graft.serving import Engine, EngineConfig, SamplingParams
+from graft.serving import Engine, EngineConfig
 from graft.serving.multimodal.front import generate_chats
 from tests.conftest import _write_run
-
-RED = Image.new("RGB", (32, 32), (220, 20, 20))
-BLUE = Image.new("RGB", (32, 32), (20, 20, 220))
-ASK = [{"role": "user", "content": "<image>\nWhat color is it?"}]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+from tests.serving.multimodal.test_engine_mm import ASK, BLUE, GREEDY, RED, _hf_tokens
 
 
 @pytest.fixture(scope="module")
 def moe_run(tmp_path_factory, tiny_llm_factory, tiny_encoder_config):
     return _write_run(tmp_path_factory.mktemp("moe_run"), "moe", tiny_encoder_config("siglip"),
                       tiny_llm_factory("glm4_moe"), 0)
-
-
-def _hf_tokens(model, image):
-    from graft.template import encode_chat
-
-    n = model.image_token_count(*image.size)
-    chat = encode_chat(model.tokenizer, ASK, [n], add_generation_prompt=True)
-    ids = torch.tensor([chat.input_ids])
-    embeds = model.embed(ids, model.image_features([image]))
-    out = model.llm.generate(inputs_embeds=embeds, attention_mask=torch.ones_like(ids),
-                             max_new_tokens=GREEDY.max_tokens, min_new_tokens=GREEDY.max_tokens,
-                             do_sample=False, temperature=None, top_p=None, top_k=None,
-                             pad_token_id=model.tokenizer.pad_token_id)
-    return out[0].tolist()
 
 
 @pytest.mark.parametrize("budget", [64, 5])  # 5: every image run is cut across prefill chunks
