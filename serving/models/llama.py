@@ -48,6 +48,7 @@ class CausalLM(nn.Module):
 
     layer_cls = DecoderLayer
     interleaved_rope = False
+    graph_unsafe_reason: str | None = None  # why decode steps cannot be captured as CUDA graphs
 
     def __init__(self, cfg, flags: dict):
         super().__init__()

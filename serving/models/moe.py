@@ -152,6 +152,9 @@ class MoeCausalLM(CausalLM):
     """CausalLM whose layers flags["moe"]["sparse"](index) picks are MoeDecoderLayers; the
     others stay dense (GLM-4.5's first_k_dense_replace, Qwen3-MoE's mlp_only_layers)."""
 
+    # the step's expert counts decide which experts run (read on the host): not capturable
+    graph_unsafe_reason = "MoE layers pick their experts on the host"
+
     def build_layer(self, cfg, flags: dict, index: int) -> nn.Module:
         if flags["moe"]["sparse"](index):
             return MoeDecoderLayer(cfg, flags)
