@@ -130,3 +130,18 @@ def test_decode_roofline_counts_active_experts(tiny_llm_factory):
     dense = model.weight_bytes_per_token(batch_size=10**6)  # every expert active
     assert model.weight_bytes_per_token() == pytest.approx(dense - experts * (1 - 2 / 8), abs=2)
     assert model.weight_bytes_per_token() < model.weight_bytes_per_token(32) <= dense
+
+
+def test_a_grouped_router_that_cannot_work_is_refused_by_name():
+    from transformers import AutoConfig
+
+    from graft.serving.models.glm4_moe import glm4_moe_flags
+
+    cfg = AutoConfig.for_model("glm4_moe", n_routed_experts=16, n_group=3, topk_group=1,
+                               num_experts_per_tok=4)
+    with pytest.raises(ValueError, match="n_group=3.*n_group must divide the experts"):
+        glm4_moe_flags(cfg)
+    cfg.n_group, cfg.topk_group = 4, 1  # one group of 4 experts cannot hold top-6
+    cfg.num_experts_per_tok = 6
+    with pytest.raises(ValueError, match="num_experts_per_tok=6"):
+        glm4_moe_flags(cfg)
