@@ -145,3 +145,25 @@ def test_a_grouped_router_that_cannot_work_is_refused_by_name():
     cfg.num_experts_per_tok = 6
     with pytest.raises(ValueError, match="num_experts_per_tok=6"):
         glm4_moe_flags(cfg)
+
+
+def test_the_fused_expert_layout_loads_the_same_model(tiny_llm_factory, tmp_path):
+    """save_pretrained(save_original_format=False) writes transformers' in-memory layout: one
+    [E, 2I, H] gate_up_proj and one [E, H, I] down_proj per layer for all experts."""
+    import shutil
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    src = tiny_llm_factory("glm4_moe")
+    fused = tmp_path / "fused"
+    shutil.copytree(src, fused)
+    AutoModelForCausalLM.from_pretrained(src).save_pretrained(fused, save_original_format=False)
+    with safe_open(str(fused / "model.safetensors"), "pt") as f:
+        assert f.get_slice("model.layers.1.mlp.experts.gate_up_proj").get_shape() == [16, 128, 64]
+    prompts = make_prompts((5, 17))
+    want = Engine.from_pretrained(src, EngineConfig(num_kv_blocks=32)).generate(
+        prompt_token_ids=prompts, sampling_params=GREEDY)
+    got = Engine.from_pretrained(fused, EngineConfig(num_kv_blocks=32)).generate(
+        prompt_token_ids=prompts, sampling_params=GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
