@@ -136,20 +136,33 @@ def _backend(engine) -> str:
 
 
 def _matmul_shapes(engine) -> dict:
-    """Per-token matmul shapes (out, in) of every layer, the lm head, and attention sizes."""
+    """Matmul shapes (out, in) of the last layer (of a sparse one: attention, one routed expert
+    and the shared experts), multiply-adds per token over all layers (a sparse layer counts its
+    router and top-k experts: active parameters), the lm head, and attention sizes."""
     m = engine.runner.model
-    layer = m.layers[0]
-    per_layer = [tuple(mod.weight.shape) for mod in
-                 (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                  layer.mlp.down_proj)]
-    return {"layer": per_layer, "num_layers": len(m.layers), "lm_head": tuple(m.output_weight.shape),
-            "q_dim": layer.self_attn.q_size}
+    macs = 0
+    for layer in m.layers:
+        mlp = layer.mlp
+        mats = [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
+        experts = getattr(mlp, "experts", None)
+        if experts is None:
+            mats += [mlp.gate_up_proj, mlp.down_proj]
+        else:
+            mats += [experts[0].gate_up_proj, experts[0].down_proj]
+            macs += mlp.gate.weight.numel() + (mlp.gate.top_k - 1) * sum(
+                lin.out_features * lin.in_features for lin in mats[2:])
+            if mlp.shared_experts is not None:
+                mats += [mlp.shared_experts.gate_up_proj, mlp.shared_experts.down_proj]
+        per_layer = [(lin.out_features, lin.in_features) for lin in mats]
+        macs += sum(o * i for o, i in per_layer)
+    return {"layer": per_layer, "macs_per_token": macs, "num_layers": len(m.layers),
+            "lm_head": tuple(m.output_weight.shape), "q_dim": m.layers[0].self_attn.q_size}
 
 
 def _step_flops(shapes: dict, chunks: list[tuple[int, int]], num_logits: int) -> float:
     """FLOPs of one forward: chunks are (tokens already cached, new tokens) per sequence."""
     tokens = sum(n for _, n in chunks)
-    lin = sum(o * i for o, i in shapes["layer"]) * shapes["num_layers"]
+    lin = shapes["macs_per_token"]
     # QK^T and PV: 2 matmuls x 2 flops x q_dim per (query, key) pair, causal within a chunk
     pairs = sum(n * start + n * (n + 1) // 2 for start, n in chunks)
     attn = 4 * shapes["q_dim"] * pairs * shapes["num_layers"]

@@ -107,6 +107,9 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
             "kv_cache_dtype": str(engine.runner.kv_cache.dtype).removeprefix("torch."),
             "linears": scheme_counts(engine.runner.quant_plan),
             "weight_bytes_per_decode_step": model.weight_bytes_per_token(),
+            # MoE: a batch of 32 activates more experts than one token (the active-parameter roofline)
+            "weight_bytes_per_batch32_step": (model.weight_bytes_per_token(32)
+                                              if hasattr(model, "moe_blocks") else None),
             "read_bandwidth_bytes_per_s": bw,
             "resident_bytes": sum(t.numel() * t.element_size() for t in model.resident_tensors()),
             "batch1_decode_tokens_per_s": _decode_tokens_per_s(one, 1),
@@ -133,6 +136,9 @@ def run_formats(args, schemes: list[str]) -> dict:
         roof = f["read_bandwidth_bytes_per_s"] / f["weight_bytes_per_decode_step"]
         f["batch1_roofline_tokens_per_s"] = roof
         f["batch1_roofline_fraction"] = f["batch1_decode_tokens_per_s"] / roof
+        if f["weight_bytes_per_batch32_step"]:
+            f["batch32_roofline_tokens_per_s"] = (32 * f["read_bandwidth_bytes_per_s"]
+                                                  / f["weight_bytes_per_batch32_step"])
         if base:
             for key in ("batch1_decode_tokens_per_s", "batch32_decode_tokens_per_s", "prefill512_tokens_per_s"):
                 f[key.replace("_tokens_per_s", "_vs_base")] = f[key] / base[key]

@@ -7,10 +7,10 @@ the reference). cpu_linear holds the oneDNN-prepacked
 linears the engine's CPU model runs its projections on.
 """
 
-from graft.kernels.dispatch import (apply_rotary, argmax, backend_name, paged_attention_decode,
-                                    paged_attention_prefill, quant_linear, rms_norm, rope_cos_sin,
-                                    silu_mul, store_kv)
+from graft.kernels.dispatch import (apply_rotary, argmax, backend_name, moe_grouped_gemm,
+                                    paged_attention_decode, paged_attention_prefill, quant_linear,
+                                    rms_norm, rope_cos_sin, silu_mul, store_kv)
 
-__all__ = ["apply_rotary", "argmax", "backend_name", "paged_attention_decode",
+__all__ = ["apply_rotary", "argmax", "backend_name", "moe_grouped_gemm", "paged_attention_decode",
            "paged_attention_prefill", "quant_linear", "rms_norm", "rope_cos_sin", "silu_mul",
            "store_kv"]

@@ -120,3 +120,13 @@ def check_rope_args(positions, inv_freq) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"rope_cos_sin: positions must be [T] (1D) or [T, 2] (h, w) for 2D rope, "
                          f"got shape {_shape(positions)}")
     return inv_h, inv_w
+
+
+def check_moe_gemm_args(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.Tensor) -> None:
+    """moe_grouped_gemm: x [S, K] rows grouped by expert, w [E, N, K], expert_offsets [E + 1]."""
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2]:
+        raise ValueError(f"moe_grouped_gemm: x must be [S, K] and w [E, N, K] with the same K, got "
+                         f"x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if expert_offsets.shape != (w.shape[0] + 1,) or expert_offsets.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"moe_grouped_gemm: expert_offsets must be int32/int64 [E + 1] = "
+                         f"[{w.shape[0] + 1}], got {expert_offsets.dtype} {tuple(expert_offsets.shape)}")

@@ -33,7 +33,7 @@ def _compile(fn, pointers: dict, floats: set, consts: dict, arch: int, num_warps
 
 def kernel_specs(dt: str):
     """(name, fn, pointer dtypes, float args, constexprs) for every kernel at cache dtype dt."""
-    from graft.kernels import norm_rope, paged_attention as pa
+    from graft.kernels import norm_rope, paged_attention as pa, triton_moe
 
     attn_ptrs = dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, bt_ptr="i32", ctx_ptr="i32", out_ptr=dt)
     unit = dict(stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1)  # Triton specialises stride 1
@@ -55,6 +55,7 @@ def kernel_specs(dt: str):
         ("store_kv", norm_rope._store_kv_kernel,
          dict(k_ptr=dt, v_ptr=dt, kc_ptr=dt, vc_ptr=dt, slot_ptr="i64"), set(),
          dict(HEAD_DIM=72, BLOCK_H=8, BLOCK_D=128)),
+        triton_moe.compile_spec(dt),
     ]
 
 

@@ -165,6 +165,15 @@ def quant_linear(x, weight, bias=None):
     return quant.quant_linear(x, weight, bias)
 
 
+def moe_grouped_gemm(x, w, expert_offsets):
+    """Expert e's rows expert_offsets[e]:[e + 1] of x [S, K] times w[e] [N, K]^T: Triton on
+    CUDA, else the reference (on CPU the MoE layer runs each expert's own linears instead)."""
+    impl = implementation(x)
+    if impl is not reference:
+        return importlib.import_module("graft.kernels.triton_moe").moe_grouped_gemm(x, w, expert_offsets)
+    return reference.moe_grouped_gemm(x, w, expert_offsets)
+
+
 def argmax(logits):
     """logits.argmax(dim=-1) of [B, V] rows: the C scan for fp32 CPU rows in auto and cpu
     modes (torch's rules: first index of the largest value, NaN largest), else torch."""

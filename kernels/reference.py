@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, check_prefill_args,
-                                  check_rope_args, check_rotary_args, check_store_kv_args,
-                                  slot_out_of_range)
+from graft.kernels.checks import (check_kv_scales, check_moe_gemm_args, check_paged_attention_args,
+                                  check_prefill_args, check_rope_args, check_rotary_args,
+                                  check_store_kv_args, slot_out_of_range)
 
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,3 +224,16 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq) -> tuple[torch.Tensor, torch
         f_w = positions[:, 1, None].float() * inv_w.to(device=positions.device, dtype=torch.float)
         freqs = torch.stack((f_w, f_h), dim=-1).flatten(1)  # [T, 2F]: (w_i, h_i) pairs
     return freqs.cos(), freqs.sin()
+
+
+def moe_grouped_gemm(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+    """Grouped GEMM over experts: rows expert_offsets[e]:expert_offsets[e + 1] of x [S, K] times
+    w[e] [N, K]^T -> [S, N] in x's dtype (fp32 accumulation; rows past expert_offsets[-1] are 0).
+    Experts with no rows are never read."""
+    check_moe_gemm_args(x, w, expert_offsets)
+    out = x.new_zeros(x.shape[0], w.shape[1])
+    bounds = expert_offsets.tolist()
+    for e, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if end > start:
+            out[start:end] = F.linear(x[start:end].float(), w[e].float()).to(x.dtype)
+    return out

@@ -61,7 +61,7 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
 
 
 def _llm_config(family: str, vocab_size: int, pad_id: int, eos_id: int):
-    from transformers import AutoConfig, Glm4Config, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import Glm4Config, LlamaConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -86,23 +86,26 @@ def _llm_config(family: str, vocab_size: int, pad_id: int, eos_id: int):
     if family == "glm4":
         return Glm4Config(**common, head_dim=16, partial_rotary_factor=0.5, attention_bias=True,
                           tie_word_embeddings=False)
-    if family == "qwen3_moe":  # every layer sparse: 8 experts, 2 per token, softmax router
-        return AutoConfig.for_model(
-            "qwen3_moe", **common, head_dim=32, num_experts=8, num_experts_per_tok=2,
-            moe_intermediate_size=32, decoder_sparse_step=1, norm_topk_prob=True,
-            tie_word_embeddings=False)
-    if family == "glm4_moe":  # GLM-4.5: first layer dense, then sigmoid router with grouped
-        # top-k over 2 groups, a shared expert, routed scaling, qk-norm, partial rotary
-        return AutoConfig.for_model(
-            "glm4_moe", **common, head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
-            moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
-            topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
-            partial_rotary_factor=0.5, attention_bias=True, tie_word_embeddings=False)
+    if family in _MOE:
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(family, **common, **_MOE[family])
     raise ValueError(f"unknown tiny family {family!r}")
 
 
+# Mixture-of-experts families: 8-16 experts of width 64 (a multiple of every int4 group size)
+_MOE = {
+    "qwen3_moe": dict(head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                      tie_word_embeddings=False),
+    # GLM-4.5 in small: grouped top-4 of 16 experts (2 of 4 groups), a shared expert, layer 0 dense
+    "glm4_moe": dict(n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
+                     moe_intermediate_size=64, n_shared_experts=1, routed_scaling_factor=2.5,
+                     norm_topk_prob=True, first_k_dense_replace=1, partial_rotary_factor=0.5,
+                     use_qk_norm=True, attention_bias=True, tie_word_embeddings=False),
+}
 LLM_FAMILIES = ("llama", "qwen2", "qwen3", "glm4")
-MOE_FAMILIES = ("qwen3_moe", "glm4_moe")  # HF's mixture-of-experts families
+MOE_FAMILIES = tuple(_MOE)
 
 
 def build_llm(out_dir: str | Path, family: str = "llama", seed: int = 0,
@@ -125,6 +128,9 @@ def build_llm(out_dir: str | Path, family: str = "llama", seed: int = 0,
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # zeros at init: make it steer choices
+                b.normal_(0.0, 0.1)
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model.save_pretrained(str(out_dir))

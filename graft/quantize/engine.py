@@ -53,11 +53,18 @@ class QuantEngine:
         return self._quantized[key]
 
     def module_bytes(self, name: str, scheme) -> int:
-        """Bytes one decode step reads for this module in this scheme (as weight_bytes_per_token)."""
+        """Bytes one decode step reads for this module in this scheme (as weight_bytes_per_token:
+        a routed expert counts top_k / num_experts of its bytes, its share of a batch-1 step)."""
         if scheme.kind == "fp32":
             out, inp = self.shapes[name]
-            return out * inp * self.runner.dtype.itemsize
-        return self.quantized(name, scheme).read_bytes()
+            full = out * inp * self.runner.dtype.itemsize
+        else:
+            full = self.quantized(name, scheme).read_bytes()
+        parts = name.split(".")
+        if len(parts) > 3 and parts[2:4] == ["mlp", "experts"]:
+            router = self.model.layers[int(parts[1])].mlp.gate
+            return round(full * router.top_k / router.num_experts)
+        return full
 
     def apply(self, plan: dict) -> None:
         """Hold every linear in its scheme under `plan`; fp32 modules go back to what the

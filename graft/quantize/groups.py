@@ -1,7 +1,10 @@
 """Module groups (the units the search assigns a scheme to) and assignments <-> quant.json.
 
 A group is a set of the engine's linears: one module, the attention or the MLP of one layer or
-of a block of consecutive layers, or the output head. An assignment maps every group to a
+of a block of consecutive layers, or the output head. In MoE layers the routed experts and the
+shared experts are groups of their own (`layers.3.experts`, `layers.3.shared_experts`), never
+split per expert, even at module granularity; the router is not a linear of the plan (it stays
+fp32). An assignment maps every group to a
 scheme name; its plan maps every linear to a QuantScheme, as the engine takes it.
 """
 
@@ -13,7 +16,7 @@ from collections import Counter
 from graft.errors import GraftConfigError
 
 GRANULARITIES = "module | layer | block:N | auto"
-_LAYER = re.compile(r"^layers\.(\d+)\.(self_attn|mlp)\.")
+_LAYER = re.compile(r"^layers\.(\d+)\.(self_attn|mlp)\.(?:((?:shared_)?experts)\.)?")
 
 
 def parse_granularity(text: str, num_layers: int) -> int:
@@ -33,18 +36,21 @@ def parse_granularity(text: str, num_layers: int) -> int:
 
 def module_groups(module_names: list[str], layers_per_group: int) -> dict[str, list[str]]:
     """Group name -> module names, in model order. Names: `lm_head`, `layers.0-9.mlp`,
-    `layers.3.self_attn` (layer), or the module name itself (module granularity)."""
+    `layers.3.self_attn`, `layers.3.experts` (layer), or the module name itself (module
+    granularity; a layer's routed or shared experts stay one group)."""
     groups: dict[str, list[str]] = {}
     num_layers = 1 + max([int(m.group(1)) for n in module_names if (m := _LAYER.match(n))], default=-1)
     for name in module_names:
         match = _LAYER.match(name)
-        if layers_per_group == 0 or match is None:
+        part = match and (match.group(3) or match.group(2))
+        if match is None or (layers_per_group == 0 and not match.group(3)):
             key = name
         else:
-            lo = int(match.group(1)) // layers_per_group * layers_per_group
-            hi = min(lo + layers_per_group, num_layers) - 1
+            per = layers_per_group or 1
+            lo = int(match.group(1)) // per * per
+            hi = min(lo + per, num_layers) - 1
             span = str(lo) if lo == hi else f"{lo}-{hi}"
-            key = f"layers.{span}.{match.group(2)}"
+            key = f"layers.{span}.{part}"
         groups.setdefault(key, []).append(name)
     return groups
 

@@ -100,7 +100,9 @@ class ModelRunner:
             log.info("decode steps: %s", "one C call per step" if why_not is None
                      else f"op by op ({why_not})")
         self.decode_graphs = None
-        if self.device.type == "cuda" and not config.enforce_eager:
+        if self.device.type == "cuda" and not config.enforce_eager and model.graph_unsafe_reason:
+            log.info("decode steps: eager, no CUDA graphs (%s)", model.graph_unsafe_reason)
+        elif self.device.type == "cuda" and not config.enforce_eager:
             from graft.serving.engine.cuda_graphs import DecodeGraphs, capture_sizes
 
             self.decode_graphs = DecodeGraphs(self, capture_sizes(config.max_num_seqs))

@@ -92,12 +92,15 @@ class GatedMLP(nn.Module):
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        return self.down_proj(self.activate(self.gate_up_proj(x)))
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of gate_up [T, 2I] -> [T, I]."""
         if self.is_silu:
-            return self.down_proj(silu_mul(gate_up, self.intermediate))
+            return silu_mul(gate_up, self.intermediate)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         # act() returns a fresh tensor: multiply into it (one [T, I] temporary less)
-        return self.down_proj(self.act(gate).mul_(up))
+        return self.act(gate).mul_(up)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -48,6 +48,7 @@ class CausalLM(nn.Module):
 
     layer_cls = DecoderLayer
     interleaved_rope = False
+    graph_unsafe_reason: str | None = None  # why decode steps cannot be captured as CUDA graphs
 
     def __init__(self, cfg, flags: dict):
         super().__init__()
@@ -57,7 +58,8 @@ class CausalLM(nn.Module):
                      num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.head_dim, self.num_kv_heads = head_dim, flags["num_kv_heads"]
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(self.layer_cls(cfg, flags) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.build_layer(cfg, flags, i)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else Linear(
@@ -65,6 +67,10 @@ class CausalLM(nn.Module):
         self.head_prepacked = None  # tied head's oneDNN copy (the embedding stays plain)
         self.head_quantized = None  # tied head's low-precision copy
         self.fused_decode = None  # the CPU one-call decode step (graft.serving.models.fused_decode)
+
+    def build_layer(self, cfg, flags: dict, index: int) -> nn.Module:
+        """Decoder layer `index` (MoE families make some layers dense, some sparse)."""
+        return self.layer_cls(cfg, flags)
 
     def prepack_linears(self) -> None:
         """Put every projection and the output head not quantized on oneDNN-prepacked weights (CPU)."""
@@ -140,17 +146,19 @@ class CausalLM(nn.Module):
     def weight_bytes_per_token(self) -> int:
         """Bytes of linear weights one decode step reads (every projection and the head once;
         the packed layout each kernel reads, padding included)."""
-        total = 0
-        for m in self.modules():
-            if isinstance(m, Linear):
-                if m.quantized is not None:
-                    total += m.quantized.read_bytes()
-                elif m.prepacked is not None or not m.weight.is_meta:
-                    total += m.out_features * m.in_features * self.embed_tokens.weight.element_size()
+        total = sum(self.linear_read_bytes(m) for m in self.modules() if isinstance(m, Linear))
         if self.lm_head is None:
             total += (self.head_quantized.read_bytes() if self.head_quantized is not None
                       else self.embed_tokens.weight.numel() * self.embed_tokens.weight.element_size())
         return total
+
+    def linear_read_bytes(self, m: Linear) -> int:
+        """Bytes one matmul of linear `m` reads (its packed layout, padding included)."""
+        if m.quantized is not None:
+            return m.quantized.read_bytes()
+        if m.prepacked is not None or not m.weight.is_meta:
+            return m.out_features * m.in_features * self.embed_tokens.weight.element_size()
+        return 0
 
     @property
     def output_weight(self) -> torch.Tensor:

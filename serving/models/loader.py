@@ -1,4 +1,5 @@
-"""Load HF safetensors (single file or sharded index) into our model, packing q|k|v and gate|up."""
+"""Load HF safetensors (single file or sharded index) into our model, packing q|k|v and gate|up
+(and splitting transformers' fused [E, out, in] expert tensors per expert)."""
 
 from __future__ import annotations
 
@@ -26,20 +27,20 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                     continue
                 if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):
                     continue  # tied: the output projection is the embedding table
-                target, shard = _map_name(name, model)
-                if target not in params:
-                    raise ValueError(f"{file.name}: unexpected tensor {name!r} for "
-                                     f"{type(model).__name__}; is config.json the right family?")
-                dest = params[target].data
-                if shard is not None:
-                    dest = _packed_module(model, target).shard(dest, shard)
-                tensor = f.get_tensor(name)
-                if tuple(tensor.shape) != tuple(dest.shape):
-                    raise ValueError(f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                     f"expected {tuple(dest.shape)} from config.json")
-                with torch.no_grad():
-                    dest.copy_(tensor)
-                loaded.add(target if shard is None else f"{target}#{shard}")
+                for target, shard, tensor in _pieces(name, f, model):
+                    if target not in params:
+                        raise ValueError(f"{file.name}: unexpected tensor {name!r} for "
+                                         f"{type(model).__name__}; is config.json the right family?")
+                    dest = params[target].data
+                    if shard is not None:
+                        dest = _packed_module(model, target).shard(dest, shard)
+                    if tuple(tensor.shape) != tuple(dest.shape):
+                        raise ValueError(f"{file.name}: tensor {name!r} has shape "
+                                         f"{tuple(tensor.shape)}, expected {tuple(dest.shape)} "
+                                         "from config.json")
+                    with torch.no_grad():
+                        dest.copy_(tensor)
+                    loaded.add(target if shard is None else f"{target}#{shard}")
     missing = []
     for name, module in model.named_modules():
         for pname, _ in module.named_parameters(recurse=False):
@@ -51,6 +52,19 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
                 missing.append(full)
     if missing:
         raise ValueError(f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")
+
+
+def _pieces(name: str, f, model: nn.Module):
+    """(our name, packed shard or None, tensor) for checkpoint tensor `name`. transformers'
+    fused expert layout (`save_pretrained(save_original_format=False)`) holds all routed
+    experts of a layer in one `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows, then up) or
+    `mlp.experts.down_proj` [E, H, I]: one piece per expert, whole into its linear."""
+    parts = name.removeprefix("model.").split(".")
+    if parts[-2:-1] == ["experts"] and parts[-1] in ("gate_up_proj", "down_proj"):
+        fused = f.get_tensor(name)
+        prefix = ".".join(parts[:-1])
+        return [(f"{prefix}.{e}.{parts[-1]}.weight", None, fused[e]) for e in range(fused.shape[0])]
+    return [(*_map_name(name, model), f.get_tensor(name))]
 
 
 def _map_name(name: str, model: nn.Module) -> tuple[str, int | None]:

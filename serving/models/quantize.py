@@ -9,7 +9,10 @@ writes):
 module wins, `default` (fp32 when absent) covers the rest. Module names are the engine's:
 `layers.N.self_attn.qkv_proj` (q|k|v as one matmul), `layers.N.self_attn.o_proj`,
 `layers.N.mlp.gate_up_proj`, `layers.N.mlp.down_proj` and `lm_head` (for tied embeddings a
-quantized copy of the table; the lookups keep the table as loaded). The checkpoint on disk is
+quantized copy of the table; the lookups keep the table as loaded). MoE layers have
+`layers.N.mlp.experts.E.gate_up_proj` / `.down_proj` per routed expert and
+`layers.N.mlp.shared_experts.*`; their router (`layers.N.mlp.gate`) is not a linear of the
+plan: it always stays fp32. The checkpoint on disk is
 never modified: weights are quantized at load time.
 """
 
@@ -154,6 +157,9 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
     from graft.kernels.quant import quantize
 
     for name, module in hf_model.named_modules():
+        if isinstance(getattr(module, "gate_up_proj", None), nn.Parameter):
+            _dequantize_fused_experts(name, module, plan)
+            continue
         if not isinstance(module, nn.Linear):
             continue
         scheme = plan.get(engine_module_name(name))
@@ -165,6 +171,32 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
                 deq = quantize(module.weight, scheme).dequantize().to(module.weight.dtype)
             module.weight = nn.Parameter(deq, requires_grad=False)  # unties a tied head
     return hf_model
+
+
+def _dequantize_fused_experts(name: str, module: nn.Module, plan: dict[str, QuantScheme]) -> None:
+    """transformers 5 holds a layer's routed experts as 3-D parameters gate_up_proj [E, 2I, H]
+    and down_proj [E, H, I] ([E, in, out] when is_transposed); the engine holds expert e as
+    linears `<layer>.mlp.experts.e.gate_up_proj` / `.down_proj`: dequantize slice e by their plan."""
+    import torch
+    from graft.kernels.quant import quantize
+
+    base = engine_module_name(name)
+    transposed = bool(getattr(module, "is_transposed", False))
+    for pname in ("gate_up_proj", "down_proj"):
+        param = getattr(module, pname)
+        deq = param.detach().clone()
+        for e in range(param.shape[0]):
+            scheme = plan.get(f"{base}.{e}.{pname}")
+            if scheme is None:
+                raise GraftConfigError(f"HF experts {name!r} have no entry {base}.{e}.{pname} in "
+                                       "the engine's plan; is it the same checkpoint?")
+            if scheme.kind == "fp32":
+                continue
+            weight = param[e].t() if transposed else param[e]  # [out, in]
+            with torch.no_grad():
+                value = quantize(weight, scheme).dequantize().to(param.dtype)
+                deq[e] = value.t() if transposed else value
+        setattr(module, pname, nn.Parameter(deq, requires_grad=False))
 
 
 def plan_digest(plan: dict[str, QuantScheme]) -> str:

@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 from graft.serving.models.glm4 import Glm4CausalLM, glm4_flags
+from graft.serving.models.glm4_moe import glm4_moe_flags
 from graft.serving.models.llama import CausalLM, llama_flags, qwen2_flags, qwen3_flags
+from graft.serving.models.moe import MoeCausalLM
+from graft.serving.models.qwen3_moe import qwen3_moe_flags
 
 # architecture name -> (model class, flags from the HF config)
 ARCHITECTURES = {
@@ -14,9 +17,12 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": (CausalLM, qwen2_flags),
     "Qwen3ForCausalLM": (CausalLM, qwen3_flags),
     "Glm4ForCausalLM": (Glm4CausalLM, glm4_flags),
+    "Qwen3MoeForCausalLM": (MoeCausalLM, qwen3_moe_flags),
+    "Glm4MoeForCausalLM": (MoeCausalLM, glm4_moe_flags),
 }
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM", "glm4": "Glm4ForCausalLM"}
+               "qwen3": "Qwen3ForCausalLM", "glm4": "Glm4ForCausalLM",
+               "qwen3_moe": "Qwen3MoeForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
 
 
 def resolve_architecture(model_dir: str | Path) -> str:

@@ -1,7 +1,8 @@
 """GraftForConditionalGeneration: a graft as a vLLM model.
 
 The LLM is vLLM's own implementation of the exported LLM's architecture (Llama, Qwen2, Qwen3,
-GLM4, ...), so it runs on vLLM's kernels, KV cache and parallelism. The image path is graft's
+GLM4, the MoE Qwen3-MoE and GLM-4.5, ...), so it runs on vLLM's kernels (its fused MoE for
+experts), KV cache and parallelism. The image path is graft's
 own encoder + projector code (`graft.image_path.ImagePath`), loaded from the export's `graft/`
 run dir, so every encoder and projector kind graft trains is served as graft runs it.
 

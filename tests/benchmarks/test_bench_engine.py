@@ -54,3 +54,21 @@ def test_bench_engine_formats_long_context(tiny_llama, tmp_path, capsys):
     assert "error: --context 100000: use 1 to" in capsys.readouterr().err
     assert main(["bench", "engine", str(tiny_llama), "--quantization", "int8", "--context", "0"]) == 2
     assert "error: --context and --decode-tokens must be positive" in capsys.readouterr().err
+
+
+def test_bench_engine_on_an_moe_model(tiny_llm_factory, tmp_path):
+    """An MoE checkpoint: the workload's FLOPs count active experts only; the formats' roofline
+    reads the top-k experts per token at batch 1 and more distinct experts at batch 32."""
+    model_dir = tiny_llm_factory("qwen3_moe")
+    out = tmp_path / "moe.json"
+    assert main(["bench", "engine", str(model_dir), "--num-requests", "3", "--concurrency", "2",
+                 "--input-len", "8", "20", "--output-len", "2", "5", "--skip-hf",
+                 "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["engine"]["flops"] > 0
+    assert main(["bench", "engine", str(model_dir), "--quantization", "int8", "--decode-tokens", "4",
+                 "--bandwidth-mb", "64", "--out", str(out)]) == 0
+    int8 = json.loads(out.read_text())["formats"]["int8"]
+    # 2 layers x (qkv, o, 8 experts x 2) + the head
+    assert int8["linears"] == {"int8": 2 * (2 + 8 * 2) + 1}
+    assert int8["weight_bytes_per_decode_step"] < int8["weight_bytes_per_batch32_step"]
+    assert int8["batch32_roofline_tokens_per_s"] > 0 and int8["batch1_decode_tokens_per_s"] > 0

@@ -49,7 +49,10 @@ def _hf_logits(out, images):
     ("llama", "clip", {"kind": "mlp", "depth": 2}, False),
     ("qwen2", "siglip", {"kind": "linear"}, False),
     ("glm4", "clip-full", {"kind": "mlp", "depth": 2}, True),
-], ids=["llama-clip-mlp", "qwen2-siglip-linear", "glm4-dual-clip-mlp-lora"])
+    ("qwen3_moe", "siglip", {"kind": "mlp", "depth": 2}, False),
+    ("glm4_moe", "clip", {"kind": "mlp", "depth": 2}, False),
+], ids=["llama-clip-mlp", "qwen2-siglip-linear", "glm4-dual-clip-mlp-lora", "qwen3-moe-siglip-mlp",
+        "glm4-moe-clip-mlp"])
 def test_round_trip_matches_graft_logits(family, tower, adapter, lora, tiny_llm_factory,
                                          request, tmp_path):
     llm = tiny_llm_factory(family)

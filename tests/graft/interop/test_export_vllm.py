@@ -63,6 +63,25 @@ def test_layout_tokenizer_and_sources_untouched(tiny_llama, tiny_siglip_dir, tmp
                                 tokenize=False, add_generation_prompt=True)
 
 
+@pytest.mark.parametrize("family,arch", [("qwen3_moe", "Qwen3MoeForCausalLM"),
+                                         ("glm4_moe", "Glm4MoeForCausalLM")])
+def test_moe_llm_keeps_its_own_config_for_vllm(family, arch, tiny_llm_factory, tiny_siglip_dir,
+                                              tmp_path):
+    """vLLM builds its own MoE implementation from the LLM's config: experts and router fields
+    pass through untouched, and the per-expert tensors are the LLM's own."""
+    llm = tiny_llm_factory(family)
+    run = write_run_dir(tmp_path / "run", llm, {"kind": "siglip", "path": tiny_siglip_dir},
+                        {"kind": "mlp", "depth": 2})
+    export_vllm(run, tmp_path / "export")
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    source = json.loads((llm / "config.json").read_text())
+    assert config["graft"]["text_architectures"] == [arch] and config["model_type"] == family
+    for key in ("num_experts_per_tok", "moe_intermediate_size", "n_group", "num_experts",
+                "routed_scaling_factor", "first_k_dense_replace"):
+        assert config.get(key) == source.get(key)
+    assert weights_sha256(tmp_path / "export") == weights_sha256(llm)
+
+
 @pytest.mark.parametrize("encoder,adapter", [
     ("siglip", {"kind": "pixel_shuffle", "ratio": 2}),
     ("clip-keep-cls", {"kind": "mlp", "depth": 2}),

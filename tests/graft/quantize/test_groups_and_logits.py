@@ -32,14 +32,39 @@ def test_quant_config_round_trip():
     assert QuantConfig.parse(config).plan(shapes) == to_plan(assignment, groups)
 
 
-@pytest.mark.parametrize("scheme", ["fp32", "int8"])
-def test_prefill_logits_match_hf_on_the_same_weights(tiny_llm_factory, scheme):
+def test_moe_experts_and_shared_experts_are_groups_of_their_own():
+    names = ["layers.0.self_attn.qkv_proj", "layers.0.mlp.gate_up_proj"] + [
+        f"layers.1.mlp.{e}.{p}" for e in ("experts.0", "experts.1", "shared_experts")
+        for p in ("gate_up_proj", "down_proj")] + ["lm_head"]
+    by_layer = module_groups(names, 1)
+    assert list(by_layer) == ["layers.0.self_attn", "layers.0.mlp", "layers.1.experts",
+                              "layers.1.shared_experts", "lm_head"]
+    assert by_layer["layers.1.experts"] == names[2:6]
+    by_module = module_groups(names, 0)  # one group per module, but never one per expert
+    assert by_module["layers.1.experts"] == names[2:6] and "layers.0.mlp.gate_up_proj" in by_module
+    assert list(module_groups(names, 2))[2:4] == ["layers.0-1.experts", "layers.0-1.shared_experts"]
+
+
+def test_a_routed_expert_counts_its_share_of_a_decode_step(tiny_llm_factory):
+    from graft.kernels.quant import QuantScheme
+    from graft.quantize.engine import QuantEngine
+
+    qe = QuantEngine(tiny_llm_factory("glm4_moe"))  # top-4 of 16 experts
+    int8 = QuantScheme.parse("int8")
+    expert, shared = "layers.1.mlp.experts.5.down_proj", "layers.1.mlp.shared_experts.down_proj"
+    assert qe.shapes[expert] == qe.shapes[shared]
+    assert qe.module_bytes(expert, int8) == round(qe.module_bytes(shared, int8) / 4)
+
+
+@pytest.mark.parametrize("family,scheme", [("qwen2", "fp32"), ("qwen2", "int8"),
+                                           ("glm4_moe", "int8")])
+def test_prefill_logits_match_hf_on_the_same_weights(tiny_llm_factory, family, scheme):
     from transformers import AutoModelForCausalLM
 
     from graft.quantize.engine import QuantEngine
     from graft.serving.models.quantize import QuantConfig, dequantize_hf_model
 
-    model_dir = tiny_llm_factory("qwen2")
+    model_dir = tiny_llm_factory(family)
     qe = QuantEngine(model_dir)
     plan = QuantConfig.parse(scheme).plan(qe.shapes)
     qe.apply(plan)

@@ -43,8 +43,11 @@ def test_plan_counts_the_model_exactly_from_its_config(family, tiny_llm_factory,
         assert moe is None
     else:
         experts = sum(p.numel() for n, p in real.named_parameters() if ".experts." in n)
-        assert moe["experts"] == 8 and moe["experts_per_token"] == 2
-        assert moe["routed_params"] == experts and moe["inactive_params_per_token"] == experts * 6 // 8
+        n = getattr(real.config, "num_experts", None) or real.config.n_routed_experts
+        k = real.config.num_experts_per_tok
+        assert moe["experts"] == n and moe["experts_per_token"] == k and n > k
+        assert moe["routed_params"] == experts
+        assert moe["inactive_params_per_token"] == experts - experts * k // n
 
 
 def test_plan_cli_on_the_documented_example(capsys):

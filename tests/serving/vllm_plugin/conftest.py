@@ -15,7 +15,7 @@ SMOLLM2 = Path("~/.cache/graft/smollm2-135m-instruct").expanduser()
 # vLLM's CPU attention takes head sizes 32, 64, 80, ...: the shared tiny configs use 16
 HEAD_DIM_32 = {"llama": {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32},
                "qwen2": {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32},
-               "qwen3": {}, "glm4": {"head_dim": 32}}
+               "qwen3": {}, "glm4": {"head_dim": 32}, "qwen3_moe": {}, "glm4_moe": {"head_dim": 32}}
 # one tower per projector shape: SigLIP (no CLS) + pixel_shuffle; CLIP keeping CLS + MLP
 GRAFTS = {"siglip": ({"kind": "siglip"}, {"kind": "pixel_shuffle", "ratio": 2}),
           "clip": ({"kind": "clip", "drop_prefix": False}, {"kind": "mlp", "depth": 2})}

@@ -1,5 +1,6 @@
 """vLLM `LLM.generate` with the graft plugin gives graft's engine's greedy tokens, for SigLIP and
-CLIP grafts over Llama / Qwen2 / Qwen3 / GLM4 (tiny, random) and the real SmolLM2: prompts with
+CLIP grafts over Llama / Qwen2 / Qwen3 / GLM4 / Qwen3-MoE / GLM-4.5-MoE (tiny, random) and the
+real SmolLM2: prompts with
 one image, two images of different sizes, and none. All exports run in one vLLM process.
 
 Two engines with different kernels agree to float noise, not to the bit: where graft's own top
@@ -19,7 +20,7 @@ import pytest
 from graft.inject import IMAGE_PLACEHOLDER
 from tests.serving.vllm_plugin.conftest import graft_engine, image, vllm_env
 
-FAMILIES = ("llama", "qwen2", "qwen3", "glm4", "smollm2")
+FAMILIES = ("llama", "qwen2", "qwen3", "glm4", "qwen3_moe", "glm4_moe", "smollm2")
 TOWERS = ("siglip", "clip")
 MAX_TOKENS = 8
 TIE = 0.01
