@@ -78,9 +78,14 @@ def is_sharded(accel) -> bool:
     return accel.distributed_type == DistributedType.FSDP
 
 
+def _base(llm):
+    """The HF model itself, under a LoRA (peft) wrapper or not."""
+    return llm.get_base_model() if hasattr(llm, "get_base_model") else llm
+
+
 def decoder_layer_classes(llm) -> list[str]:
     """The LLM's decoder-layer class names (HF's `_no_split_modules`): FSDP's wrapping units."""
-    base = llm.get_base_model() if hasattr(llm, "get_base_model") else llm
+    base = _base(llm)
     names = sorted(getattr(base, "_no_split_modules", None) or ())
     if not names:
         raise GraftConfigError(
@@ -113,11 +118,11 @@ def fill_meta_shards(model, llm_state: dict | None, device, optimizer) -> None:
             full[f"llm.{k}"] = v
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(model, full, options=options)
-    base = model.llm.get_base_model() if hasattr(model.llm, "get_base_model") else model.llm
-    base.tie_weights()  # loading by assignment (the meta ranks) replaced one side of a tie
+    _base(model.llm).tie_weights()  # loading by assignment (meta ranks) replaced one side of a tie
     trainable = [p for p in model.parameters() if p.requires_grad]
     (group,) = optimizer.param_groups  # one group, built from the same list in the same order
-    assert len(group["params"]) == len(trainable) and not optimizer.state
+    if len(group["params"]) != len(trainable) or optimizer.state:
+        raise RuntimeError("fill_meta_shards must run before the first optimizer step")
     group["params"] = trainable
     for _, module in sorted(model.llm.named_modules(), key=lambda kv: kv[0]):
         for name in sorted(module._non_persistent_buffers_set):
