@@ -16,7 +16,7 @@ TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton_c
     tests/serving/engine/test_cuda_engine.py tests/serving/engine/test_decode_graphs.py 2>&1 | tee "$OUT/tests.log" | tail -25 || status=1
 
 echo "== sharded training on 2 GPUs (NCCL; skips with fewer)"
-"$PY" -m pytest -q -p no:cacheprovider tests/graft/train/test_sharded_gpu.py 2>&1 | tee "$OUT/sharded_train.log" | tail -5 || status=1
+"$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_sharded_train.py 2>&1 | tee "$OUT/sharded_train.log" | tail -5 || status=1
 
 if [ "${GPU_KERNEL_BENCH:-1}" = 1 ]; then
     echo "== kernel benchmark"

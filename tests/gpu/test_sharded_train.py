@@ -1,11 +1,13 @@
 """train.sharding=fsdp on two GPUs (NCCL), with and without the LLM's shards offloaded to host
-memory: the same adapter as one GPU on the global batch. Needs 2 CUDA devices; run with
-`python -m pytest -q tests/graft/train/test_sharded_gpu.py` (make gpu-check runs it too)."""
+memory: the same adapter as one GPU on the global batch. Needs 2 CUDA devices (skips with
+fewer); on a GPU machine: `python -m pytest -q tests/gpu/test_sharded_train.py` (make gpu-check
+runs it too)."""
 
 import pytest
 import torch
 
 from graft.train.loop import train
+from tests.graft.conftest import make_spec, tiny_dataset  # noqa: F401 (fixtures)
 from tests.graft.train.launch import launch_train
 from tests.graft.train.test_sharded import _assert_same_run, _summary, sharded_spec  # noqa: F401
 
