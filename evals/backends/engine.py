@@ -17,9 +17,9 @@ class EngineBackend:
         from graft.serving import Engine, EngineConfig
 
         self.chunk = chunk
-        self.quantization = quantization  # a base_llm reference runs under the same weights
         path = Path(path)
         config = config or EngineConfig(device=device, quantization=quantization)
+        self.quantization = config.quantization  # a base_llm reference runs under the same weights
         self.engine = Engine.from_pretrained(path, config)
         self.front = self.engine.mm  # multimodal front of a run dir, else None
         if self.front is not None:

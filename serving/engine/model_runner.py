@@ -66,8 +66,8 @@ class ModelRunner:
         with torch.device("meta"):  # no random init: every weight comes from the checkpoint
             model = build_model(model_dir, self.hf_config)
         inv_freq, rope_scaling, _ = rope_inv_freq(self.hf_config, model.head_dim)
-        quant = QuantConfig.parse(default_quantization(config, self.device)
-                                  if config.quantization is None else config.quantization)
+        quant = QuantConfig.parse(default_quantization(config, self.device)) \
+            if config.quantization is None else config.quant_config  # parsed once, in config
         # checked on the shape-only model: a bad pattern or group size fails before any weight loads
         self.quant_plan = quant.plan(linear_shapes(model)) if quant is not None else {}
         model = model.to_empty(device=self.device).to(self.dtype)

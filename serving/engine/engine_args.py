@@ -1,0 +1,68 @@
+"""Command-line flags derived from EngineConfig's fields: every command that builds an engine
+(serve, chat, eval, bench, quantize) declares its engine flags through `add_engine_args`, so an
+option added to EngineConfig appears in all of them, with the same help, default and choices."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from graft.cli_types import number_in
+from graft.serving.engine.config import DECLARED, EngineConfig, engine_values
+
+
+def engine_fields(config_cls=None) -> list[dataclasses.Field]:
+    """The options: every init field (a subclass's new fields included)."""
+    return [f for f in dataclasses.fields(config_cls or EngineConfig) if f.init]
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_engine_args(parser: argparse.ArgumentParser, exclude=(), defaults: dict | None = None,
+                    unset: bool = False, config_cls=None) -> None:
+    """One flag per EngineConfig option, in an "engine options" group. `exclude`: options the
+    command fixes itself (or gives another meaning); `defaults`: the command's own defaults;
+    `unset`: every flag defaults to None (not given), so the command can tell what was asked."""
+    unknown = (set(exclude) | set(defaults or {})) - {f.name for f in engine_fields(config_cls)}
+    if unknown:  # a typo here would silently leave a flag in place
+        raise ValueError(f"add_engine_args: no engine option named {sorted(unknown)}")
+    group = parser.add_argument_group("engine options (EngineConfig; also keys of a serve "
+                                      "--config file)")
+    hints = typing.get_type_hints(config_cls or EngineConfig)
+    declared = []
+    for f in engine_fields(config_cls):
+        if f.name in exclude:
+            continue
+        default = (defaults or {}).get(f.name, f.default)
+        kwargs = _argparse_kwargs(f, hints[f.name], default)
+        if unset:
+            kwargs["default"] = None
+        group.add_argument(flag_of(f), dest=f.name, **kwargs)
+        declared.append(f.name)
+    parser.set_defaults(**{DECLARED: tuple(declared)})
+
+
+def _argparse_kwargs(f: dataclasses.Field, hint, default) -> dict:
+    help_text = f.metadata.get("help", "")
+    if hint is bool:  # a switch that flips the default (--enforce-eager, --no-prefix-caching)
+        return {"action": "store_const", "const": not f.default, "default": default,
+                "help": help_text}
+    kind = next((t for t in (int, float) if t is hint or t in typing.get_args(hint)), None)
+    if kind is int:
+        value_type = number_in(int, low=f.metadata.get("min", 1))
+    elif kind is float:
+        value_type = number_in(float)
+    else:
+        value_type = str
+    if default is not None:
+        help_text += " (default: %(default)s)"
+    return {"type": value_type, "default": default, "choices": f.metadata.get("choices"),
+            "metavar": f.metadata.get("metavar"), "help": help_text}
+
+
+def given_options(args: argparse.Namespace) -> list[str]:
+    """With `unset=True`: the engine options the user gave."""
+    return list(engine_values(args))
