@@ -77,7 +77,7 @@ def _decode_tokens_per_s(steps, batch: int) -> float | None:
 
 def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     from graft.serving import Engine, EngineConfig
-    from graft.serving.models.quantize import scheme_counts
+    from graft.serving.models.quant_config import scheme_counts
 
     config = EngineConfig.from_args(args, max_num_seqs=max(32, args.concurrency),
                                     quantization=scheme,

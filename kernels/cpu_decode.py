@@ -11,7 +11,7 @@ import torch
 
 from graft.kernels import cpu_ops, cpu_quant
 from graft.kernels.checks import slot_out_of_range
-from graft.kernels.quant import QuantizedWeight
+from graft.kernels.quant_formats import QuantizedWeight
 
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
 

@@ -35,7 +35,7 @@ class EngineBackend:
             self.base_llm = str(path)
         plan = self.engine.runner.quant_plan
         if any(s.kind != "fp32" for s in plan.values()):  # other weights, other answers: own cache keys
-            from graft.serving.models.quantize import plan_digest
+            from graft.serving.models.quant_config import plan_digest
 
             self.identity += f"+quant:{plan_digest(plan)}"
         self._next = 0

@@ -1,5 +1,5 @@
 """`graft quantize MODEL --tasks T1,T2 [--max-accuracy-drop D | --target-speedup X |
---budget-bytes B] --out DIR`: per-group weight schemes measured end to end (docs/quantize.md)."""
+--budget-bytes B] --out DIR`: per-group weight schemes measured end to end (docs/quant-search.md)."""
 
 from __future__ import annotations
 

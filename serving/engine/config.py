@@ -99,7 +99,7 @@ class EngineConfig:
                 "the activations' dtype (the Triton kernels read one dtype); use auto, or the "
                 "CPU engine for a bf16/int8 cache")
         if self.quantization is not None:
-            from graft.serving.models.quantize import QuantConfig
+            from graft.serving.models.quant_config import QuantConfig
 
             # a bad scheme or file fails here, before loading; the runner uses this parse
             self.quant_config = QuantConfig.parse(self.quantization)

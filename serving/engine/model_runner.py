@@ -18,7 +18,7 @@ from graft.kernels import cpu_linear, cpu_ops, cpu_quant, huge_pages, rope_cos_s
 from graft.serving.engine.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
-from graft.serving.models.quantize import QuantConfig, linear_shapes
+from graft.serving.models.quant_config import QuantConfig, linear_shapes
 from graft.serving.engine.scheduler import ScheduledBatch
 from graft.serving.engine.sequence import Sequence
 

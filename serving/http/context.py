@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graft.errors import GraftError, RequestError
-from graft.serving.http import protocol as P
+from graft.serving.http import openai_chat as P
 from graft.serving.http.engine_worker import EngineWorker
 from graft.serving.http.metrics import ServerMetrics, speculation_gauges
 from graft.serving.multimodal.media import MediaConfig, load_image

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from graft.serving.http.protocol import ChatCompletionRequest
+from graft.serving.http.openai_chat import ChatCompletionRequest
 
 CHAT_PATH = "/v1/chat/completions"
 # every status the chat route may refuse with (all with ErrorBody): bad request, key, a

@@ -168,7 +168,7 @@ def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):
 def uvicorn_options(args: argparse.Namespace) -> dict:
     """Connection limits for uvicorn.Config: header deadline, keep-alive, concurrency and
     header size (also used by tests)."""
-    from graft.serving.http.http_protocol import with_header_timeout
+    from graft.serving.http.uvicorn_protocol import with_header_timeout
 
     return {"http": with_header_timeout(args.header_timeout_s),
             "timeout_keep_alive": args.timeout_keep_alive,

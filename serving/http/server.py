@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from graft.serving.http import openapi_schema
-from graft.serving.http import protocol as P
+from graft.serving.http import openai_chat as P
 from graft.serving.http.auth import APIKeys
 from graft.serving.http.context import ServerContext, ServerSettings
 from graft.serving.http.engine_worker import Job

@@ -23,7 +23,7 @@ from pathlib import Path
 from torch import nn
 
 from graft.errors import GraftConfigError
-from graft.kernels.quant import QuantScheme, QuantSchemeError, SCHEME_NAMES
+from graft.kernels.quant_formats import QuantScheme, QuantSchemeError, SCHEME_NAMES
 
 FORMAT = "graft-quant/1"
 FP32 = QuantScheme("fp32")
@@ -151,7 +151,7 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
     match. Quantization is per output row, so q/k/v (gate/up) quantized apart equal the
     engine's stacked matrix. A tied head gets its own dequantized copy (the embedding stays)."""
     import torch
-    from graft.kernels.quant import quantize
+    from graft.kernels.quant_formats import quantize
 
     for name, module in hf_model.named_modules():
         if not isinstance(module, nn.Linear):

@@ -22,7 +22,7 @@ def test_granularities():
 
 
 def test_quant_config_round_trip():
-    from graft.serving.models.quantize import QuantConfig
+    from graft.serving.models.quant_config import QuantConfig
 
     groups = module_groups(NAMES, 1)
     assignment = {g: "int8" for g in groups} | {"lm_head": "fp32", "layers.2.mlp": "int4-g64"}
@@ -37,7 +37,7 @@ def test_prefill_logits_match_hf_on_the_same_weights(tiny_llm_factory, scheme):
     from transformers import AutoModelForCausalLM
 
     from graft.quantize.engine import QuantEngine
-    from graft.serving.models.quantize import QuantConfig, dequantize_hf_model
+    from graft.serving.models.quant_config import QuantConfig, dequantize_hf_model
 
     model_dir = tiny_llm_factory("qwen2")
     qe = QuantEngine(model_dir)

@@ -130,7 +130,7 @@ def test_graft_serve_reports_a_bad_config_file_in_one_line(tmp_path, capsys):
 
 def test_quantization_is_parsed_once(tiny_llama, monkeypatch):
     from graft.serving import Engine
-    from graft.serving.models.quantize import QuantConfig
+    from graft.serving.models.quant_config import QuantConfig
 
     calls = []
     parse = QuantConfig.parse.__func__
