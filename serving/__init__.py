@@ -7,7 +7,7 @@ EngineConfig's fields (graft.serving.engine.engine_args) does not pay for torch.
 
 from __future__ import annotations
 
-import importlib
+from graft.lazy_exports import lazy_exports
 
 # public name -> module that defines it
 _LAZY = {
@@ -23,13 +23,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later look-ups skip this function
-        return value
-    raise AttributeError(f"module 'graft.serving' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
