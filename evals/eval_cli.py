@@ -97,11 +97,21 @@ def run(args) -> int:
 
 
 def _engine_config(args):
-    """The engine options for --backend engine (the HF backend takes --device only)."""
-    if args.backend != "engine" or args.endpoint:
-        return None
+    """The engine options for --backend engine; the HF backend takes --device only, so another
+    engine option there is an error naming it (not silently ignored)."""
+    from graft.errors import GraftConfigError
     from graft.serving import EngineConfig
+    from graft.serving.engine.engine_args import changed_flags
 
+    if args.endpoint:
+        return None
+    if args.backend != "engine":
+        # --quantization has its own message in make_backend
+        unused = changed_flags(args, ignore=("device", "quantization"))
+        if unused:
+            raise GraftConfigError(f"{' '.join(unused)} needs --backend engine (the HF backend "
+                                   "runs the checkpoint with --device only)")
+        return None
     return EngineConfig.from_args(args)
 
 

@@ -66,3 +66,11 @@ def _argparse_kwargs(f: dataclasses.Field, hint, default) -> dict:
 def given_options(args: argparse.Namespace) -> list[str]:
     """With `unset=True`: the engine options the user gave."""
     return list(engine_values(args))
+
+
+def changed_flags(args: argparse.Namespace, ignore=()) -> list[str]:
+    """The flags of the engine options whose parsed value is not EngineConfig's default
+    (`ignore`: options that mean something without an engine too, e.g. device)."""
+    values = engine_values(args)
+    return [flag_of(f) for f in engine_fields()
+            if f.name in values and f.name not in ignore and values[f.name] != f.default]

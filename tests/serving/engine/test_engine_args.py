@@ -138,3 +138,12 @@ def test_quantization_is_parsed_once(tiny_llama, monkeypatch):
         lambda cls, value: calls.append(value) or parse(cls, value)))
     Engine.from_pretrained(tiny_llama, EngineConfig(quantization="int8", num_kv_blocks=16))
     assert calls == ["int8"]
+
+
+def test_eval_refuses_engine_options_on_the_hf_backend(capsys):
+    from graft.cli import main
+
+    assert main(["eval", "--model", "x", "--tasks", "t", "--kv-cache-dtype", "int8",
+                 "--max-num-seqs", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-num-seqs --kv-cache-dtype needs --backend engine" in err
