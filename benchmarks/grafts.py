@@ -49,8 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", default=None, help="where synthetic run dirs go (default: temp)")
     p.add_argument("--out", default=None, help="write the JSON result here")
     # every engine of both setups (--num-kv-blocks: the KV pool of each)
-    add_engine_args(p, exclude=("seed",),
-                    defaults={"num_kv_blocks": 256, "max_num_seqs": 32, "max_num_batched_tokens": 1024})
+    add_engine_args(p, exclude=("seed",), defaults={"num_kv_blocks": 256, "max_num_seqs": 32,
+                                                    "max_num_batched_tokens": 1024})
 
 
 def workload(names: list[str], n: int, image_ratio: float, rate: float | None,

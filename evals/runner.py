@@ -177,8 +177,8 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
     model_or_backend: a run dir, a plain HF LLM dir, an http(s) endpoint URL, a GraftedModel,
     or any object with `identity` and `generate(requests)`. `backend` picks "hf" or "engine"
     for directories, on `device` (`quantization`: the engine's weight scheme or quant.json;
-    `engine_config`: every engine option, an EngineConfig). Tasks are shipped names or YAML paths. `base_llm` is the
-    frozen LLM dir for `reference: base_llm` tasks (default: the one the model names).
+    `engine_config`: every engine option, an EngineConfig). Tasks are shipped names or YAML
+    paths. `base_llm` is the frozen LLM dir for `reference: base_llm` tasks (default: the one the model names).
     `progress`: a tqdm bar per task on stderr (None: only when stderr is a terminal).
     """
     if isinstance(tasks, str):

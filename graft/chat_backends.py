@@ -1,5 +1,6 @@
 """What `graft chat` answers with: a run dir or plain LLM dir on HF generate, or either on
-graft's engine (any engine option, e.g. `--quantization`). Each is `answer(messages, images) -> str`."""
+graft's engine (when any engine option is given, e.g. `--quantization`). Each is
+`answer(messages, images) -> str`."""
 
 from __future__ import annotations
 

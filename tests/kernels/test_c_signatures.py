@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from graft.kernels import c_signatures, cpu_ops
-from graft.kernels.c_signatures import I64, INT, PTR, SIGNATURES, SignatureMismatch, check_signatures
+from graft.kernels.c_signatures import (I64, INT, PTR, SIGNATURES, SignatureMismatch,
+                                        check_signatures)
 
 
 def test_the_declarations_match_the_c_sources():
@@ -35,12 +36,14 @@ def test_a_mismatch_names_the_function(name, wrong, message):
 
 
 def test_c_files_prototypes_of_each_other_are_checked_too(tmp_path):
-    (tmp_path / "a.c").write_text("#include <stdint.h>\n/* the definition */\n"
-                                  "int64_t graft_twice(const float *x,\n    int64_t n) { return 2 * n; }\n"
-                                  "static int graft_private(int a) { return a; }\n")
+    (tmp_path / "a.c").write_text(
+        "#include <stdint.h>\n/* the definition */\n"
+        "int64_t graft_twice(const float *x,\n    int64_t n) { return 2 * n; }\n"
+        "static int graft_private(int a) { return a; }\n")
     (tmp_path / "b.c").write_text("int64_t graft_twice(const float *x, int n); // stale\n")
-    with pytest.raises(SignatureMismatch, match=r"graft_twice: b.c declares int64_t\(float\*, int\) "
-                                                r"but a.c defines int64_t\(float\*, int64_t\)"):
+    with pytest.raises(SignatureMismatch, match=r"graft_twice: b.c declares int64_t\(float\*, "
+                                                r"int\) but a.c defines int64_t\(float\*, "
+                                                r"int64_t\)"):
         check_signatures([tmp_path / "a.c", tmp_path / "b.c"], {})
     (tmp_path / "b.c").write_text("int64_t graft_twice(const float *x, int64_t n);\n")
     check_signatures([tmp_path / "a.c", tmp_path / "b.c"], {"graft_twice": (I64, [PTR, I64])})

@@ -107,7 +107,8 @@ def test_serve_config_file_sets_every_option_and_flags_win(tmp_path):
 
 
 @pytest.mark.parametrize("yaml_text, message", [
-    ("max_num_seq: 8\n", "unknown key 'max_num_seq' (not a graft serve option); did you mean 'max_num_seqs'"),
+    ("max_num_seq: 8\n",
+     "unknown key 'max_num_seq' (not a graft serve option); did you mean 'max_num_seqs'"),
     ("kv_cache_dtype: fp8\n", "kv_cache_dtype: must be one of auto, float32, bfloat16, int8"),
     ("block_size: 0\n", "block_size: 0 is out of range"),
     ("enforce_eager: 1\n", "enforce_eager: must be true or false"),
