@@ -1,8 +1,9 @@
-"""The C entry points Python calls, declared once: return type and argument types per function.
-`cpu_ops` sets ctypes' restype/argtypes from this table, and every build first checks it against
-the prototypes in kernels/csrc/*.c (and those files' prototypes of each other against the
-definitions): a mismatch would make ctypes pass garbage and corrupt memory silently, so it
-is an error naming the function instead."""
+"""The C entry points Python calls, declared once: return type and argument types per function,
+and the structs passed by pointer (ctypes Structures). `cpu_ops` sets ctypes' restype/argtypes
+from this table, and every build first checks the table and the structs against
+kernels/csrc/*.c (and those files' prototypes of each other against the definitions): a
+mismatch would make ctypes pass garbage and corrupt memory silently, so it is an error naming
+the function or struct instead."""
 
 from __future__ import annotations
 
@@ -34,6 +35,41 @@ SIGNATURES: dict[str, tuple[str, list[str]]] = {
     "graft_decode_step_scratch": (I64, [PTR, I64]),
     "graft_decode_step": (I64, [PTR, I64, PTR, PTR, I64] + [PTR] * 7 + [INT]),
 }
+
+
+_ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+# the descriptors of decode_step_cpu.c; `_c_name_` is the C typedef each mirrors
+class LinearDesc(ctypes.Structure):
+    _c_name_ = "graft_linear_t"
+    _fields_ = [("kind", _i64), ("w", _ptr), ("scale8", _ptr), ("scales4", _ptr), ("mins4", _ptr),
+                ("group", _i64), ("bias", _ptr), ("n", _i64), ("k", _i64), ("nb", _i64)]
+
+
+class LayerDesc(ctypes.Structure):
+    _c_name_ = "graft_layer_t"
+    _fields_ = [("qkv", LinearDesc), ("o", LinearDesc), ("gate_up", LinearDesc),
+                ("down", LinearDesc), ("in_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr),
+                ("k_norm", _ptr), ("k_cache", _ptr), ("v_cache", _ptr), ("k_scale", _ptr),
+                ("v_scale", _ptr)]
+
+
+class Dims(ctypes.Structure):
+    _c_name_ = "graft_dims_t"
+    _fields_ = [(name, _i64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim", "rot",
+                                          "inter", "interleaved", "block_size", "num_blocks",
+                                          "max_blocks", "cache_dtype")] + \
+               [("eps", _f32), ("qk_eps", _f32), ("scale", _f32)]
+
+
+class StepDesc(ctypes.Structure):
+    _c_name_ = "graft_step_t"
+    _fields_ = [("embed", _ptr), ("vocab", _i64), ("final_norm", _ptr), ("final_eps", _f32),
+                ("head", LinearDesc), ("cos_table", _ptr), ("sin_table", _ptr), ("max_pos", _i64)]
+
+
+STRUCTS = (LinearDesc, LayerDesc, Dims, StepDesc)
 
 
 class SignatureMismatch(TypeError):
@@ -71,9 +107,11 @@ def _as_ctype(c_type: str) -> str:
     return PTR if c_type.endswith("*") else c_type
 
 
-def check_signatures(sources, declared: dict | None = None) -> None:
+def check_signatures(sources, declared: dict | None = None, structs=None) -> None:
     """SignatureMismatch naming the first function whose Python declaration (or a C prototype in
-    another file) disagrees with its definition in `sources`."""
+    another file) disagrees with its definition in `sources`, or the first struct whose fields
+    (names and types, in order) differ from its C typedef."""
+    _check_structs(sources, STRUCTS if structs is None else structs)
     found = parse_prototypes(sources)
     defs = found["definitions"]
     for name, (ret, args) in (SIGNATURES if declared is None else declared).items():
@@ -91,6 +129,39 @@ def check_signatures(sources, declared: dict | None = None) -> None:
             if name in defs and (ret, args) != defs[name][0][:2]:
                 raise SignatureMismatch(f"{name}: {where} declares {_show(ret, args)} but "
                                         f"{defs[name][0][2]} defines {_show(*defs[name][0][:2])}")
+
+
+_STRUCT = re.compile(r"typedef\s+struct\s*\{(.*?)\}\s*(\w+)\s*;", re.S)
+_CTYPE_NAMES = {ctypes.c_void_p: PTR, ctypes.c_int64: I64, ctypes.c_int: INT, ctypes.c_float: FLOAT}
+
+
+def parse_structs(sources) -> dict[str, list[tuple[str, str]]]:
+    """{typedef name: [(field, type), ...]} of the `typedef struct {...} name;` in `sources`;
+    pointers are "ptr" (what ctypes passes), `int64_t n, k;` gives two fields."""
+    structs = {}
+    for path in map(Path, sources):
+        for body, name in _STRUCT.findall(_COMMENT.sub(" ", path.read_text())):
+            fields = []
+            for decl in filter(str.strip, body.split(";")):
+                base, *rest = decl.replace("const", " ").replace("*", " * ").split(None, 1)
+                for part in " ".join(rest).split(","):
+                    fields.append((part.replace("*", "").strip(), PTR if "*" in part else base))
+            structs[name] = fields
+    return structs
+
+
+def _check_structs(sources, structs) -> None:
+    found = parse_structs(sources)
+    for cls in structs:
+        want = [(f, getattr(t, "_c_name_", None) or _CTYPE_NAMES.get(t, t.__name__))
+                for f, t in cls._fields_]
+        if cls._c_name_ not in found:
+            raise SignatureMismatch(f"{cls.__name__}: its C struct {cls._c_name_} is defined in "
+                                    f"none of {[Path(s).name for s in sources]}")
+        if found[cls._c_name_] != want:
+            raise SignatureMismatch(
+                f"{cls.__name__} (kernels/c_signatures.py) has fields {want} but the C "
+                f"{cls._c_name_} has {found[cls._c_name_]}; make the ctypes fields match the C")
 
 
 def _show(ret: str, args: list[str]) -> str:

@@ -44,9 +44,10 @@ def test_c_files_prototypes_of_each_other_are_checked_too(tmp_path):
     with pytest.raises(SignatureMismatch, match=r"graft_twice: b.c declares int64_t\(float\*, "
                                                 r"int\) but a.c defines int64_t\(float\*, "
                                                 r"int64_t\)"):
-        check_signatures([tmp_path / "a.c", tmp_path / "b.c"], {})
+        check_signatures([tmp_path / "a.c", tmp_path / "b.c"], {}, structs=())
     (tmp_path / "b.c").write_text("int64_t graft_twice(const float *x, int64_t n);\n")
-    check_signatures([tmp_path / "a.c", tmp_path / "b.c"], {"graft_twice": (I64, [PTR, I64])})
+    check_signatures([tmp_path / "a.c", tmp_path / "b.c"], {"graft_twice": (I64, [PTR, I64])},
+                     structs=())
     assert "graft_private" not in c_signatures.parse_prototypes([tmp_path / "a.c"])["definitions"]
 
 
@@ -59,3 +60,22 @@ def test_the_build_refuses_a_wrong_declaration(tmp_path, monkeypatch):
     with pytest.raises(SignatureMismatch, match="graft_rms_norm: "):
         cpu_ops._build(cc)
     assert not list(tmp_path.iterdir())  # refused before compiling: nothing in the cache
+
+
+def test_the_ctypes_structs_match_the_c_typedefs():
+    import ctypes
+
+    check_signatures(cpu_ops.SOURCES, structs=c_signatures.STRUCTS)
+
+    class SwappedDims(ctypes.Structure):  # eps and qk_eps in the wrong order: wrong values read
+        _c_name_ = "graft_dims_t"
+        _fields_ = [f for f in c_signatures.Dims._fields_ if f[0] not in ("eps", "qk_eps")] \
+            + [("qk_eps", ctypes.c_float), ("eps", ctypes.c_float)]
+
+    class ShortLinear(ctypes.Structure):  # the last field dropped: every later layer misread
+        _c_name_ = "graft_linear_t"
+        _fields_ = c_signatures.LinearDesc._fields_[:-1]
+
+    for cls in (SwappedDims, ShortLinear):
+        with pytest.raises(SignatureMismatch, match=f"{cls.__name__} .* the C {cls._c_name_} has"):
+            check_signatures(cpu_ops.SOURCES, {}, structs=(cls,))
