@@ -21,6 +21,7 @@ EXAMPLES = """examples:
   graft serve runs/quickstart                       # chat page at http://127.0.0.1:8000/
   graft serve ~/models/smollm2 --port 8001          # a bare LLM, text only
   graft serve ~/models/smollm2 --graft colors=runs/colors --graft digits=runs/digits
+  graft serve --config serve.yaml --port 8002       # options from YAML; flags win over it
 """
 
 
