@@ -29,8 +29,7 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude=(), defaults: dict 
     unknown = (set(exclude) | set(defaults or {})) - {f.name for f in engine_fields(config_cls)}
     if unknown:  # a typo here would silently leave a flag in place
         raise ValueError(f"add_engine_args: no engine option named {sorted(unknown)}")
-    group = parser.add_argument_group("engine options (EngineConfig; also keys of a serve "
-                                      "--config file)")
+    group = parser.add_argument_group("engine options (the fields of EngineConfig)")
     hints = typing.get_type_hints(config_cls or EngineConfig)
     declared = []
     for f in engine_fields(config_cls):
@@ -57,8 +56,8 @@ def _argparse_kwargs(f: dataclasses.Field, hint, default) -> dict:
         value_type = number_in(float)
     else:
         value_type = str
-    if default is not None:
-        help_text += " (default: %(default)s)"
+    if default is not None:  # written out: with unset=True argparse's default is None
+        help_text += f" (default: {default})".replace("%", "%%")
     return {"type": value_type, "default": default, "choices": f.metadata.get("choices"),
             "metavar": f.metadata.get("metavar"), "help": help_text}
 

@@ -148,3 +148,8 @@ def test_eval_refuses_engine_options_on_the_hf_backend(capsys):
                  "--max-num-seqs", "8"]) == 2
     err = capsys.readouterr().err
     assert "--max-num-seqs --kv-cache-dtype needs --backend engine" in err
+
+
+def test_chat_help_shows_the_engine_defaults_though_its_flags_start_unset():
+    text = " ".join(_parser("graft.chat_cli").format_help().split())
+    assert "(default: auto)" in text and "(default: None)" not in text
