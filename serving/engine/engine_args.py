@@ -36,19 +36,17 @@ def add_engine_args(parser: argparse.ArgumentParser, exclude=(), defaults: dict 
         if f.name in exclude:
             continue
         default = (defaults or {}).get(f.name, f.default)
-        kwargs = _argparse_kwargs(f, hints[f.name], default)
-        if unset:
-            kwargs["default"] = None
+        kwargs = _argparse_kwargs(f, hints[f.name], default, unset)
         group.add_argument(flag_of(f), dest=f.name, **kwargs)
         declared.append(f.name)
     parser.set_defaults(**{DECLARED: tuple(declared)})
 
 
-def _argparse_kwargs(f: dataclasses.Field, hint, default) -> dict:
+def _argparse_kwargs(f: dataclasses.Field, hint, default, unset: bool) -> dict:
     help_text = f.metadata.get("help", "")
     if hint is bool:  # a switch that flips the default (--enforce-eager, --no-prefix-caching)
-        return {"action": "store_const", "const": not f.default, "default": default,
-                "help": help_text}
+        return {"action": "store_const", "const": not f.default,
+                "default": None if unset else default, "help": help_text}
     kind = next((t for t in (int, float) if t is hint or t in typing.get_args(hint)), None)
     if kind is int:
         value_type = number_in(int, low=f.metadata.get("min", 1))
@@ -56,9 +54,11 @@ def _argparse_kwargs(f: dataclasses.Field, hint, default) -> dict:
         value_type = number_in(float)
     else:
         value_type = str
-    if default is not None:  # written out: with unset=True argparse's default is None
-        help_text += f" (default: {default})".replace("%", "%%")
-    return {"type": value_type, "default": default, "choices": f.metadata.get("choices"),
+    if default is not None:  # unset: argparse's default is None, so the value is written out
+        help_text += f" (default: {default})".replace("%", "%%") if unset \
+            else " (default: %(default)s)"
+    return {"type": value_type, "default": None if unset else default,
+            "choices": f.metadata.get("choices"),
             "metavar": f.metadata.get("metavar"), "help": help_text}
 
 

@@ -153,3 +153,13 @@ def test_eval_refuses_engine_options_on_the_hf_backend(capsys):
 def test_chat_help_shows_the_engine_defaults_though_its_flags_start_unset():
     text = " ".join(_parser("graft.chat_cli").format_help().split())
     assert "(default: auto)" in text and "(default: None)" not in text
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_each_default_is_shown_once(module, capsys):
+    from graft.cli import _HelpFormatter
+
+    parser = argparse.ArgumentParser(prog=module, formatter_class=_HelpFormatter)
+    importlib.import_module(module).add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    assert "(default: 4) (default" not in text and "(default: auto)" in text
