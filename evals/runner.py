@@ -206,7 +206,9 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         "backend": "endpoint" if is_url else backend,
         "model_identity": model.identity, "data_root": None if data_root is None else str(data_root),
         "limit": limit, "n_boot": n_boot, "base_llm": base_llm, "device": device,
-        "quantization": None if quantization is None else str(quantization), "task_specs": {}},
+        "quantization": None if quantization is None else str(quantization),
+        "engine": model.engine.config.to_dict() if getattr(model, "engine", None) else None,
+        "task_specs": {}},
         "seed": seed, "git": git_state(), "packages": package_versions(), "created": now_utc()}
     try:
         for spec, samples in zip(specs, task_samples):

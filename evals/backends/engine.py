@@ -38,6 +38,12 @@ class EngineBackend:
             from graft.serving.models.quant_config import plan_digest
 
             self.identity += f"+quant:{plan_digest(plan)}"
+        # activations or a KV cache in other precisions give other answers too (the defaults,
+        # fp32 throughout, add nothing: identities from before these options stay valid)
+        if config.dtype != "float32":
+            self.identity += f"+{config.dtype}"
+        if config.kv_torch_dtype != config.torch_dtype:
+            self.identity += f"+kv:{str(config.kv_torch_dtype).removeprefix('torch.')}"
         self._next = 0
 
     def _prompt(self, req: Request, rid: str):

@@ -113,6 +113,12 @@ class EngineConfig:
         unset keep this dataclass's defaults), then `overrides` (what the command fixes)."""
         return cls(**{**engine_values(args), **overrides})
 
+    def to_dict(self) -> dict:
+        """The options as given (what a results file records beside its numbers)."""
+        from dataclasses import fields
+
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
     @property
     def torch_dtype(self):
         import torch
