@@ -42,7 +42,8 @@ class EngineConfig:
     kv_cache_memory: int | None = option(
         None, "KV pool size in bytes when --num-kv-blocks is not given", metavar="BYTES")
     max_num_seqs: int = option(64, "most sequences running at once")
-    max_num_batched_tokens: int = option(2048, "token budget of one step (prefill chunks + decodes)")
+    max_num_batched_tokens: int = option(
+        2048, "token budget of one step (prefill chunks + decodes)")
     enable_prefix_caching: bool = option(True, "reuse the KV of identical full prompt "
                                          "blocks (--no-prefix-caching: never)",
                                          flag="--no-prefix-caching")
