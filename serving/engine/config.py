@@ -20,7 +20,8 @@ QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | 
 
 def option(default, help: str, choices: tuple | None = None, **cli):
     """A dataclass field that is also a command-line flag and a serve YAML key. `cli` may set
-    `flag` (the flag's own spelling), `metavar` and `min` (smallest int accepted, default 1)."""
+    `flag` (the flag's own spelling), `metavar`, and for numbers `min` (default 1 for ints),
+    `max` and `min_open` (min itself excluded)."""
     return field(default=default, metadata={"help": help, "choices": choices, **cli})
 
 
@@ -55,7 +56,8 @@ class EngineConfig:
     max_model_len: int | None = option(
         None, "context limit in tokens (default: the model's max_position_embeddings)")
     kv_cache_fraction: float = option(
-        0.9, "default KV pool: at most this share of free memory (0 < F <= 1)")
+        0.9, "default KV pool: at most this share of free memory (0 < F <= 1)",
+        min=0.0, min_open=True, max=1.0)
     cpu_kv_cache_cap: int = option(2 << 30, "... and on CPU never above this many bytes",
                                    metavar="BYTES")
     enforce_eager: bool = option(False, "CUDA: no decode CUDA graphs (launch kernel by kernel)")

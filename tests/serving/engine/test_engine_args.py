@@ -163,3 +163,12 @@ def test_each_default_is_shown_once(module, capsys):
     importlib.import_module(module).add_arguments(parser)
     text = " ".join(parser.format_help().split())
     assert "(default: 4) (default" not in text and "(default: auto)" in text
+
+
+def test_declared_ranges_are_argparse_errors_naming_the_flag(capsys):
+    parser = _parser("graft.serving.http.serve_cli")
+    for argv in (["--kv-cache-fraction", "0"], ["--kv-cache-fraction", "1.5"], ["--seed", "-1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", *argv])
+        assert f"argument {argv[0]}: " in capsys.readouterr().err
+    assert parser.parse_args(["run", "--kv-cache-fraction", "1", "--seed", "0"]).seed == 0
