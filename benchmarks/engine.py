@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from graft.io import atomic_write_json
+from graft.serving.engine.engine_args import add_engine_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,18 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="engine max_num_seqs and HF batch size")
     parser.add_argument("--input-len", type=int, nargs=2, default=(32, 512), metavar=("MIN", "MAX"))
     parser.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--enforce-eager", action="store_true",
-                        help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for both engine and HF (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
-    parser.add_argument("--kv-cache-dtype", default="auto",
-                        choices=["auto", "float32", "bfloat16", "int8"],
-                        help="KV cache dtype of every engine measured (auto: = --dtype)")
     parser.add_argument("--quantization", default=None, metavar="none,fp32,bf16,int8,int4",
                         help="instead of the workload: batch-1/batch-32 decode and prefill-512 "
                         "tok/s of each weight format (or quant.json; none: no quantization "
@@ -43,8 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative", default=None, choices=["ngram", "suffix"],
                         help="instead of the workload: decode tok/s with and without "
                         "speculative decoding, copy-heavy and open chats, batch 1 and 8")
-    parser.add_argument("--num-speculative-tokens", type=int, default=4,
-                        help="with --speculative: most proposed tokens per verify step")
     parser.add_argument("--context", type=int, default=32,
                         help="with --quantization: prompt tokens of the batch-1 decode run (a long "
                         "chat or an image prompt: decode attention reads that many cached tokens)")
@@ -53,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-mb", type=int, default=1024,
                         help="with --quantization: buffer read to measure memory bandwidth")
     parser.add_argument("--out", default=None, help="write the JSON result here")
+    # every engine measured (HF too: --dtype, --device); --concurrency is max_num_seqs, and
+    # --quantization / --speculative above choose what is compared
+    add_engine_args(parser, exclude=("max_num_seqs", "quantization", "speculative", "seed"))
 
 
 def workload(n: int, input_len, output_len, vocab: int, seed: int):
@@ -92,9 +86,7 @@ def run(args) -> int:
         if args.out:
             atomic_write_json(Path(args.out), result)
         return 0
-    config = EngineConfig(max_num_seqs=args.concurrency, dtype=args.dtype, device=args.device,
-                          max_num_batched_tokens=args.max_num_batched_tokens,
-                          enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype)
+    config = EngineConfig.from_args(args, max_num_seqs=args.concurrency)
     engine = Engine.from_pretrained(args.model_dir, config)
     reqs = workload(args.num_requests, args.input_len, args.output_len, engine.runner.vocab_size,
                     args.seed)

@@ -77,12 +77,11 @@ def _decode_tokens_per_s(steps, batch: int) -> float | None:
 
 def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     from graft.serving import Engine, EngineConfig
-    from graft.serving.models.quantize import scheme_counts
+    from graft.serving.models.quant_config import scheme_counts
 
-    config = EngineConfig(max_num_seqs=max(32, args.concurrency), dtype=args.dtype,
-                          device=args.device, quantization=scheme,
-                          max_num_batched_tokens=max(args.max_num_batched_tokens, 512),
-                          kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
+    config = EngineConfig.from_args(args, max_num_seqs=max(32, args.concurrency),
+                                    quantization=scheme,
+                                    max_num_batched_tokens=max(args.max_num_batched_tokens, 512))
     t0 = time.perf_counter()
     engine = Engine.from_pretrained(model_dir, config)
     load_s = time.perf_counter() - t0

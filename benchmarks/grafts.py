@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from graft.serving.engine.engine_args import add_engine_args, engine_values
+
 SMOLLM2 = "~/.cache/graft/smollm2-135m-instruct"  # written by `graft models prepare`
 _PROMPTS = ["Describe the picture in one sentence.", "What is in the image?",
             "Which colors do you see?", "Is there a person in the picture?"]
@@ -36,15 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=None,
                    help="Poisson arrivals per second (default: every request at t=0)")
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--num-kv-blocks", type=int, default=256, help="KV pool of every engine")
     p.add_argument("--shared-kv-blocks", type=int, default=None,
                    help="KV pool of the one shared engine (default --num-kv-blocks; pass N times "
                         "it to compare at the same total KV memory)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
     p.add_argument("--cores", type=int, default=None,
                    help="pin every process to the first CORES cores this process may use; the "
                         "shared engine runs CORES torch threads, each separate one CORES/N "
@@ -52,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="where synthetic run dirs go (default: temp)")
     p.add_argument("--out", default=None, help="write the JSON result here")
+    # every engine of both setups (--num-kv-blocks: the KV pool of each)
+    add_engine_args(p, exclude=("seed",), defaults={"num_kv_blocks": 256, "max_num_seqs": 32,
+                                                    "max_num_batched_tokens": 1024})
 
 
 def workload(names: list[str], n: int, image_ratio: float, rate: float | None,
@@ -178,9 +177,7 @@ def run(args) -> int:
                                        args.image_size)
     names = list(grafts)
     reqs = workload(names, args.num_requests, args.image_ratio, args.rate, args.seed)
-    engine = {"block_size": args.block_size, "num_kv_blocks": args.num_kv_blocks,
-              "max_num_seqs": args.max_num_seqs, "dtype": args.dtype, "device": args.device,
-              "max_num_batched_tokens": args.max_num_batched_tokens}
+    engine = engine_values(args)  # to each worker as JSON: EngineConfig(**engine) there
     base = {"llm": str(llm) if llm else None, "engine": engine, "image_size": args.image_size,
             "max_tokens": args.max_tokens, "cpus": cpus}
     try:

@@ -183,7 +183,7 @@ def bench_quant_linear(cfg: BenchConfig, device) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from graft.kernels import quant, triton_quant
+    from graft.kernels import quant_formats as quant, triton_quant
 
     dtype = getattr(torch, cfg.dtype)
     n, k = cfg.quant_n, cfg.quant_k

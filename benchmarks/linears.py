@@ -48,7 +48,7 @@ def _paths(weights):
     import torch.nn.functional as F
 
     from graft.kernels import cpu_linear, cpu_ops, cpu_quant
-    from graft.kernels.quant import QuantScheme, quantize
+    from graft.kernels.quant_formats import QuantScheme, quantize
 
     paths = {"fp32 F.linear": ([w for w in weights], F.linear, "fp32")}
     if cpu_linear.unavailable_reason(torch.float32) is None:
@@ -108,7 +108,7 @@ def _ao_dynamic(w):
 def run(args) -> int:
     import torch
 
-    from graft.kernels.quant import QuantScheme, quant_linear, quantize
+    from graft.kernels.quant_formats import QuantScheme, quant_linear, quantize
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -58,10 +58,8 @@ def run_speculative(args) -> dict:
 
     from graft.serving import Engine, EngineConfig
 
-    engine = Engine.from_pretrained(args.model_dir, EngineConfig(
-        max_num_seqs=8, dtype=args.dtype, device=args.device, speculative=args.speculative,
-        num_speculative_tokens=args.num_speculative_tokens,
-        max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager))
+    engine = Engine.from_pretrained(args.model_dir, EngineConfig.from_args(
+        args, max_num_seqs=8, speculative=args.speculative))
     loads = {"load_average_before": os.getloadavg()}
     result = {"model_dir": str(args.model_dir), "speculative": args.speculative,
               "num_speculative_tokens": args.num_speculative_tokens,

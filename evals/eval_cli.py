@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from graft.serving.engine.engine_args import add_engine_args
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("mode", nargs="*", metavar="compare A B",
@@ -21,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bars (they are off anyway when stderr is not a terminal)")
     parser.add_argument("--backend", default="hf", choices=["hf", "engine"], help="how --model runs")
-    parser.add_argument("--device", default="cpu", help="torch device for --model (cpu, cuda, cuda:1)")
-    parser.add_argument("--quantization", default=None, metavar="SCHEME|quant.json",
-                        help="with --backend engine: " + "weights of the LLM's linears: fp32 | bf16 | int8 | int4 | int4-g32/-g64/-g128, or a quant.json per module (graft quantize)")
+    # --device runs --model on either backend; the rest need --backend engine (--seed here is
+    # the bootstrap's and the samples', not the engine's default)
+    add_engine_args(parser, exclude=("seed",))
     parser.add_argument("--data-root", default=None, help="folder task data paths are relative to")
     parser.add_argument("--base-llm", default=None, help="frozen LLM dir for reference: base_llm tasks")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap and sampling seed")
@@ -87,10 +89,30 @@ def run(args) -> int:
                        cache=False if args.no_cache else (args.cache or True), seed=args.seed,
                        n_boot=args.bootstrap, base_llm=args.base_llm, device=args.device,
                        quantization=args.quantization, progress=False if args.quiet else None,
+                       engine_config=_engine_config(args),
                        **endpoint_options)
     print(results_table(results))
     print(f"wrote {Path(out) / 'results.json'}")
     return 0
+
+
+def _engine_config(args):
+    """The engine options for --backend engine; the HF backend takes --device only, so another
+    engine option there is an error naming it (not silently ignored)."""
+    from graft.errors import GraftConfigError
+    from graft.serving import EngineConfig
+    from graft.serving.engine.engine_args import changed_flags
+
+    if args.endpoint:
+        return None
+    if args.backend != "engine":
+        # --quantization has its own message in make_backend
+        unused = changed_flags(args, ignore=("device", "quantization"))
+        if unused:
+            raise GraftConfigError(f"{' '.join(unused)} needs --backend engine (the HF backend "
+                                   "runs the checkpoint with --device only)")
+        return None
+    return EngineConfig.from_args(args)
 
 
 def default_out_dir(target: str, tasks: str, now=None) -> Path:

@@ -124,7 +124,7 @@ def _reference_backend(state: dict, backend, base_llm, device: str):
         if quantization is not None:  # the graft's effect, not the quantization's: same weights
             from graft.evals.backends.engine import EngineBackend
 
-            state["ref"] = EngineBackend(path, device=device, quantization=quantization)
+            state["ref"] = EngineBackend(path, config=backend.engine.config)
             return state["ref"]
         from graft.evals.backends.hf import PlainLLMBackend
 
@@ -170,13 +170,15 @@ def eval_task(spec: TaskSpec, samples: list[Sample], model, reference, cache: Re
 def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, limit: int | None = None,
              backend: str = "hf", cache: bool | str | Path | ResponseCache = True, seed: int = 0,
              n_boot: int = 1000, base_llm: str | None = None, device: str = "cpu", log=print,
-             quantization=None, progress: bool | None = None, **endpoint_options) -> dict:
+             quantization=None, progress: bool | None = None, engine_config=None,
+             **endpoint_options) -> dict:
     """Evaluate a model on tasks; returns the results dict (also written to out_dir/results.json).
 
     model_or_backend: a run dir, a plain HF LLM dir, an http(s) endpoint URL, a GraftedModel,
     or any object with `identity` and `generate(requests)`. `backend` picks "hf" or "engine"
-    for directories, on `device` (`quantization`: the engine's weight scheme or quant.json). Tasks are shipped names or YAML paths. `base_llm` is the
-    frozen LLM dir for `reference: base_llm` tasks (default: the one the model names).
+    for directories, on `device` (`quantization`: the engine's weight scheme or quant.json;
+    `engine_config`: every engine option, an EngineConfig). Tasks are shipped names or YAML
+    paths. `base_llm` is the frozen LLM dir for `reference: base_llm` tasks (default: the one the model names).
     `progress`: a tqdm bar per task on stderr (None: only when stderr is a terminal).
     """
     if isinstance(tasks, str):
@@ -188,7 +190,7 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
     specs = [get_task(t) for t in tasks]
     task_samples = [load_samples(s, data_root, limit) for s in specs]  # all data errors before any model load
     model = make_backend(model_or_backend, backend, device=device, quantization=quantization,
-                         **endpoint_options)
+                         engine_config=engine_config, **endpoint_options)
     store = cache if isinstance(cache, ResponseCache) else (
         ResponseCache(None if cache is True else cache) if cache else None)
     state: dict = {}
@@ -204,7 +206,9 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         "backend": "endpoint" if is_url else backend,
         "model_identity": model.identity, "data_root": None if data_root is None else str(data_root),
         "limit": limit, "n_boot": n_boot, "base_llm": base_llm, "device": device,
-        "quantization": None if quantization is None else str(quantization), "task_specs": {}},
+        "quantization": None if quantization is None else str(quantization),
+        "engine": model.engine.config.to_dict() if getattr(model, "engine", None) else None,
+        "task_specs": {}},
         "seed": seed, "git": git_state(), "packages": package_versions(), "created": now_utc()}
     try:
         for spec, samples in zip(specs, task_samples):

@@ -7,7 +7,7 @@ Kept import-light on purpose: subpackages (graft.kernels, graft.encoders, ...) i
 
 from __future__ import annotations
 
-import importlib
+from graft.lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -27,13 +27,4 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later look-ups skip this function
-        return value
-    raise AttributeError(f"module 'graft' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

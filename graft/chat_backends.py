@@ -1,5 +1,6 @@
 """What `graft chat` answers with: a run dir or plain LLM dir on HF generate, or either on
-graft's engine (`--quantization`). Each is `answer(messages, images) -> str`."""
+graft's engine (when any engine option is given, e.g. `--quantization`). Each is
+`answer(messages, images) -> str`."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from graft.errors import GraftConfigError
 def open_backend(path: str, args):
     """The answering function for `path` (run dir or LLM dir), loaded once for a REPL."""
     from graft.run_dir import model_dir_kind
+    from graft.serving.engine.engine_args import given_options
 
     kind = model_dir_kind(path, "PATH")
-    if args.quantization is not None or getattr(args, "kv_cache_dtype", None) is not None:
+    if given_options(args):  # --quantization, --kv-cache-dtype, ...: only the engine has them
         return _engine_backend(path, args)
     if kind == "run":
         from graft.model import GraftedModel
@@ -64,9 +66,8 @@ def _engine_backend(path: str, args):
     from graft.serving.multimodal.front import generate_chats
     from graft.template import encode_chat
 
-    engine = Engine.from_pretrained(path, EngineConfig(
-        quantization=args.quantization, device=args.device, dtype=args.dtype or "float32",
-        kv_cache_dtype=args.kv_cache_dtype or "auto"))
+    engine = Engine.from_pretrained(path, EngineConfig.from_args(
+        args, device=args.device, dtype=args.dtype or "float32"))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_new_tokens, seed=args.seed)
 

@@ -1,12 +1,15 @@
 """`graft chat PATH [--image IMG] ["question"]`: one answer, or a multi-turn REPL when no
 question is given; PATH is a run dir (images + text) or a plain LLM dir (text only). HF
-generate by default, graft's engine with `--quantization` (the LLM's weights in low precision)."""
+generate by default, graft's engine when an engine option is given (e.g. `--quantization`: the
+LLM's weights in low precision)."""
 
 from __future__ import annotations
 
 import sys
 
 from graft.cli_types import number_in
+from graft.serving.engine.config import DTYPES
+from graft.serving.engine.engine_args import add_engine_args
 
 EXAMPLES = """examples:
   graft chat runs/quickstart --image cat.png "What is in the picture?"
@@ -35,15 +38,10 @@ def add_arguments(parser) -> None:
                         "of tokens whose probability reaches P (0 < P <= 1; 1: every token)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="LLM weights dtype (default: llm.dtype of the run, else float32)")
-    parser.add_argument("--quantization", default=None, metavar="SCHEME|quant.json",
-                        help="answer on graft's engine with the LLM's linears in fp32 | bf16 | int8 | "
-                        "int4 | int4-g32/-g64/-g128, or per module from a quant.json (graft quantize)")
-    parser.add_argument("--kv-cache-dtype", default=None,
-                        choices=["auto", "float32", "bfloat16", "int8"],
-                        help="answer on graft's engine with this KV cache dtype: auto (= --dtype) | "
-                        "float32 | bfloat16 | int8 (a scale per token and head; CPU)")
+    # any engine option given (--quantization, --kv-cache-dtype, ...): answer on graft's engine
+    add_engine_args(parser, exclude=("device", "dtype", "seed"), unset=True)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show transformers' weight-loading bars")
 

@@ -144,15 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog=prog, description=help_text, formatter_class=_HelpFormatter,
                      epilog=getattr(module, "EXAMPLES", None) or f"example:\n  {example}")
     module.add_arguments(parser)
-    try:
-        args = parser.parse_intermixed_args(argv)  # `PATH --image X "question"` works too
-    except SystemExit as exit_:  # --help (0) or a usage error (2): a return code for callers
-        return int(exit_.code or 0)
-    _quiet_loading_bars(getattr(args, "verbose", False))
     from graft.errors import GraftError
 
     try:
+        # a command with a config file (graft serve --config) parses through its own hook
+        parse = getattr(module, "parse_args", None)
+        # `PATH --image X "question"` works too
+        args = parse(parser, argv) if parse else parser.parse_intermixed_args(argv)
+        _quiet_loading_bars(getattr(args, "verbose", False))
         return int(module.run(args) or 0)
+    except SystemExit as exit_:  # --help (0) or a usage error (2): a return code for callers
+        return int(exit_.code or 0)
     except GraftError as err:  # our own errors already say what to fix: no traceback
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2

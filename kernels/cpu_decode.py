@@ -1,6 +1,6 @@
 """One C call for every decoder layer of an all-decode step, or for the whole step from token
-ids to logits (kernels/csrc/decode_step_cpu.c): the descriptors it reads (ctypes structs
-mirroring the C ones) and the calls."""
+ids to logits (kernels/csrc/decode_step_cpu.c): filling the descriptors it reads (ctypes
+structs declared, and checked against the C, in kernels/c_signatures.py) and the calls."""
 
 from __future__ import annotations
 
@@ -10,34 +10,9 @@ from array import array
 import torch
 
 from graft.kernels import cpu_ops, cpu_quant
+from graft.kernels.c_signatures import Dims, LayerDesc, LinearDesc, StepDesc  # noqa: F401
 from graft.kernels.checks import slot_out_of_range
-from graft.kernels.quant import QuantizedWeight
-
-_ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
-
-
-class LinearDesc(ctypes.Structure):
-    _fields_ = [("kind", _i64), ("w", _ptr), ("scale8", _ptr), ("scales4", _ptr), ("mins4", _ptr),
-                ("group", _i64), ("bias", _ptr), ("n", _i64), ("k", _i64), ("nb", _i64)]
-
-
-class LayerDesc(ctypes.Structure):
-    _fields_ = [("qkv", LinearDesc), ("o", LinearDesc), ("gate_up", LinearDesc), ("down", LinearDesc),
-                ("in_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr),
-                ("k_cache", _ptr), ("v_cache", _ptr), ("k_scale", _ptr), ("v_scale", _ptr)]
-
-
-class Dims(ctypes.Structure):
-    _fields_ = [(name, _i64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim", "rot",
-                                          "inter", "interleaved", "block_size", "num_blocks",
-                                          "max_blocks", "cache_dtype")] + \
-               [("eps", ctypes.c_float), ("qk_eps", ctypes.c_float), ("scale", ctypes.c_float)]
-
-
-class StepDesc(ctypes.Structure):
-    _fields_ = [("embed", _ptr), ("vocab", _i64), ("final_norm", _ptr), ("final_eps", ctypes.c_float),
-                ("head", LinearDesc), ("cos_table", _ptr), ("sin_table", _ptr), ("max_pos", _i64)]
-
+from graft.kernels.quant_formats import QuantizedWeight
 
 def _addr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()

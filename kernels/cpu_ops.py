@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from graft.kernels.c_signatures import SIGNATURES, bind, check_signatures
 from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, check_rotary_args,
                                   check_store_kv_args, slot_out_of_range)
 
@@ -68,15 +69,18 @@ def _cpu_model() -> str:
 
 
 def _build(cc: str) -> Path:
-    """Compile SOURCES into the cache (once per source, flags, compiler and CPU); return the .so."""
+    """Compile SOURCES into the cache (once per source, flags, compiler, CPU and Python
+    declaration of the C functions); return the .so. A declaration that disagrees with the C
+    raises SignatureMismatch naming the function, before anything is compiled."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256()
     for part in [*(p.read_bytes() for p in SOURCES + HEADERS), " ".join(CFLAGS).encode(), version.encode(),
-                 _cpu_model().encode(), platform.machine().encode()]:
+                 _cpu_model().encode(), platform.machine().encode(), repr(SIGNATURES).encode()]:
         key.update(part)
     target = cache_dir() / f"graft_cpu_kernels-{key.hexdigest()[:16]}.so"
     if target.is_file():
         return target
+    check_signatures(SOURCES)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
@@ -108,45 +112,12 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         lib = ctypes.CDLL(str(_build(cc)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         return None, f"building the CPU kernels failed: {err}"
+    bind(lib)  # restype/argtypes from kernels/c_signatures.py, checked against the C at build
     cap = os.environ.get("GRAFT_CPU_ISA", "").strip()
     if cap:  # run the fallback paths of a CPU with fewer instructions than this one
         if cap not in ISA_NAMES:
             raise ValueError(f"GRAFT_CPU_ISA={cap!r}: use one of {', '.join(ISA_NAMES)}, or unset it")
         lib.graft_quant_cap_isa(ISA_NAMES.index(cap))
-    fn = lib.graft_paged_decode
-    fn.restype = ctypes.c_int64
-    fn.argtypes = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7
-                   + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3)
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    # per-token ops (norm_rope_cpu.c): the trailing ints before num_threads are dtype codes
-    lib.graft_rms_norm.restype = None
-    lib.graft_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, ctypes.c_float,
-                                   ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.graft_rotary.restype = None
-    lib.graft_rotary.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64] + [ctypes.c_int] * 4
-    lib.graft_silu_mul.restype = None
-    lib.graft_silu_mul.argtypes = [ptr, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int]
-    lib.graft_store_kv_i8.restype = i64
-    lib.graft_store_kv_i8.argtypes = [ptr, i64, ptr, i64] + [ptr] * 5 + [i64] * 4
-    lib.graft_store_kv.restype = i64
-    lib.graft_store_kv.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int,
-                                   ctypes.c_int]
-    quant_args = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, i64]
-    lib.graft_quant_linear.restype = ctypes.c_int
-    lib.graft_quant_linear_portable.restype = None
-    lib.graft_quant_linear.argtypes = quant_args + [i64, ctypes.c_int]
-    lib.graft_quant_linear_portable.argtypes = quant_args + [ctypes.c_int]
-    lib.graft_quant_isa.restype = ctypes.c_int
-    lib.graft_decode_scratch.restype = i64
-    lib.graft_decode_scratch.argtypes = [ptr, i64]
-    lib.graft_decode_layers.restype = i64
-    lib.graft_decode_layers.argtypes = [ptr, i64, ptr, i64] + [ptr] * 7 + [ptr, ctypes.c_int]
-    lib.graft_argmax_rows.restype = None
-    lib.graft_argmax_rows.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int]
-    lib.graft_decode_step_scratch.restype = i64
-    lib.graft_decode_step_scratch.argtypes = [ptr, i64]
-    lib.graft_decode_step.restype = i64
-    lib.graft_decode_step.argtypes = [ptr, i64, ptr, ptr, i64] + [ptr] * 7 + [ctypes.c_int]
     return lib, None
 
 

@@ -2,7 +2,7 @@
 weights with fp32 activations, and the blocked layout they read.
 
 `pack` turns a QuantizedWeight's canonical tensors into 16-lane output blocks once, at load
-time; `quant_linear` has the contract of graft.kernels.quant.quant_linear (the reference).
+time; `quant_linear` has the contract of graft.kernels.quant_formats.quant_linear (the reference).
 The library is the one cpu_ops builds: int8/int4 run on AVX-512 VNNI, bf16/fp32 on AVX-512F,
 what this CPU lacks on AVX2 + FMA, and without AVX2 a portable loop (`isa()` says which).
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from graft.kernels import cpu_ops
-from graft.kernels.quant import QuantizedWeight
+from graft.kernels.quant_formats import QuantizedWeight
 
 KIND_CODES = {"int8": 0, "int4": 1, "bf16": 2, "fp32": 3}  # quant_linear_cpu.c KIND_*
 
@@ -230,9 +230,9 @@ def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:
 
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
                  portable: bool = False) -> torch.Tensor:
-    """Same contract as graft.kernels.quant.quant_linear, for fp32 or bf16 CPU x. portable=True runs
+    """Same contract as graft.kernels.quant_formats.quant_linear, for fp32 or bf16 CPU x. portable=True runs
     the scalar loop instead of the vector path (for tests)."""
-    from graft.kernels import quant
+    from graft.kernels import quant_formats as quant
 
     if not supports(x, weight):
         return quant.quant_linear(x, weight, bias)

@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 from graft.errors import GraftConfigError
-from graft.kernels import cpu_ops, cpu_quant, quant, reference
+from graft.kernels import cpu_ops, cpu_quant, quant_formats, reference
 
 _MODES = ("auto", "reference", "triton", "cpu")
 
@@ -152,7 +152,7 @@ def rope_cos_sin(positions, inv_freq):
 
 
 def quant_linear(x, weight, bias=None):
-    """x @ dequantize(weight).T + bias (graft.kernels.quant): Triton on CUDA, the C linears for
+    """x @ dequantize(weight).T + bias (graft.kernels.quant_formats): Triton on CUDA, the C linears for
     CPU rows in auto and cpu modes, else the dequantize-then-matmul reference."""
     impl = implementation(x)
     if impl is not reference:
@@ -162,7 +162,7 @@ def quant_linear(x, weight, bias=None):
         raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")
     if mode in ("auto", "cpu") and cpu_quant.supports(x, weight):
         return cpu_quant.quant_linear(x, weight, bias)
-    return quant.quant_linear(x, weight, bias)
+    return quant_formats.quant_linear(x, weight, bias)
 
 
 def moe_grouped_gemm(x, w, expert_offsets):

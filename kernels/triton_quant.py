@@ -1,6 +1,6 @@
-"""Triton weight-only linears for bf16, int8 and int4 weights (graft.kernels.quant formats).
+"""Triton weight-only linears for bf16, int8 and int4 weights (the formats of graft.kernels.quant_formats).
 
-`quant_linear` has the contract of graft.kernels.quant.quant_linear (the reference): x [..., K]
+`quant_linear` has the contract of graft.kernels.quant_formats.quant_linear (the reference): x [..., K]
 in fp32 / bf16 / fp16 times the dequantized weight, fp32 accumulation, x's dtype out. It reads
 the canonical tensors as they are (int8 [N, K]; int4 bytes [N, K/2], low nibble = even column,
 fp16 scales and mins [N, K/G], w = q * scale + min), so a weight needs no second copy on the GPU.
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graft.kernels.quant import QuantizedWeight, QuantScheme
+from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
 from graft.kernels.triton_ops import INTERPRET, _check_device
 
 __all__ = ["quant_linear", "launch_config", "compile_specs", "INTERPRET"]
@@ -206,7 +206,7 @@ def _on_device(weight: QuantizedWeight, device: torch.device) -> list[torch.Tens
 
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None,
                  **tuning) -> torch.Tensor:
-    """Same contract as graft.kernels.quant.quant_linear. tuning: see launch_config."""
+    """Same contract as graft.kernels.quant_formats.quant_linear. tuning: see launch_config."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")

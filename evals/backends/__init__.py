@@ -11,9 +11,11 @@ from graft.run_dir import model_dir_kind
 BACKEND_KINDS = ("hf", "engine")
 
 
-def make_backend(target, kind: str = "hf", device: str = "cpu", quantization=None, **endpoint_options):
+def make_backend(target, kind: str = "hf", device: str = "cpu", quantization=None,
+                 engine_config=None, **endpoint_options):
     """A ready backend from a backend object, a GraftedModel, an http(s) URL, a run dir or an LLM dir.
-    quantization (a scheme or quant.json) holds the engine backend's LLM weights in low precision."""
+    quantization (a scheme or quant.json) holds the engine backend's LLM weights in low precision;
+    engine_config (an EngineConfig) sets every engine option and wins over device/quantization."""
     if hasattr(target, "generate") and hasattr(target, "identity"):
         return target
     if hasattr(target, "chat") and hasattr(target, "spec"):
@@ -35,7 +37,7 @@ def make_backend(target, kind: str = "hf", device: str = "cpu", quantization=Non
     if kind == "engine":
         from graft.evals.backends.engine import EngineBackend
 
-        return EngineBackend(path, device=device, quantization=quantization)
+        return EngineBackend(path, config=engine_config, device=device, quantization=quantization)
     if dir_kind == "run":
         from graft.evals.backends.hf import GraftedBackend
 

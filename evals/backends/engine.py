@@ -17,9 +17,9 @@ class EngineBackend:
         from graft.serving import Engine, EngineConfig
 
         self.chunk = chunk
-        self.quantization = quantization  # a base_llm reference runs under the same weights
         path = Path(path)
         config = config or EngineConfig(device=device, quantization=quantization)
+        self.quantization = config.quantization  # a base_llm reference runs under the same weights
         self.engine = Engine.from_pretrained(path, config)
         self.front = self.engine.mm  # multimodal front of a run dir, else None
         if self.front is not None:
@@ -35,9 +35,15 @@ class EngineBackend:
             self.base_llm = str(path)
         plan = self.engine.runner.quant_plan
         if any(s.kind != "fp32" for s in plan.values()):  # other weights, other answers: own cache keys
-            from graft.serving.models.quantize import plan_digest
+            from graft.serving.models.quant_config import plan_digest
 
             self.identity += f"+quant:{plan_digest(plan)}"
+        # activations or a KV cache in other precisions give other answers too (the defaults,
+        # fp32 throughout, add nothing: identities from before these options stay valid)
+        if config.dtype != "float32":
+            self.identity += f"+{config.dtype}"
+        if config.kv_torch_dtype != config.torch_dtype:
+            self.identity += f"+kv:{str(config.kv_torch_dtype).removeprefix('torch.')}"
         self._next = 0
 
     def _prompt(self, req: Request, rid: str):

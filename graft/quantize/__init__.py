@@ -1,5 +1,5 @@
 """`graft quantize`: per-group weight precision for the frozen LLM, found by measuring whole
-configurations end to end on graft's engine (docs/quantize.md).
+configurations end to end on graft's engine (docs/quant-search.md).
 
 Imports of graft.serving and graft.evals stay inside functions: they depend on graft core.
 """

@@ -1,5 +1,5 @@
 """`graft quantize MODEL --tasks T1,T2 [--max-accuracy-drop D | --target-speedup X |
---budget-bytes B] --out DIR`: per-group weight schemes measured end to end (docs/quantize.md)."""
+--budget-bytes B] --out DIR`: per-group weight schemes measured end to end (docs/quant-search.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from graft.quantize.evaluator import EvalSettings
+    from graft.serving.engine.engine_args import add_engine_args
 
     d = EvalSettings()
     parser.add_argument("model", help="run dir (graft.yaml) or plain HF LLM dir")
@@ -42,7 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-repeats", type=int, default=d.decode_repeats)
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for CIs")
     parser.add_argument("--seed", type=int, default=0, help="split and bootstrap seed")
-    parser.add_argument("--device", default="cpu")
+    # the engine every candidate runs on; the weights are the search's, the prefix cache and
+    # CUDA graphs stay off (a plan swaps the linears in place)
+    add_engine_args(parser, exclude=("quantization", "enable_prefix_caching", "enforce_eager",
+                                     "seed"))
     parser.add_argument("--fresh", action="store_true", help="ignore an existing state.json")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -61,6 +65,7 @@ def run(args) -> int:
     from graft.errors import GraftConfigError
     from graft.quantize.evaluator import EvalSettings
     from graft.quantize.run import quantize_search
+    from graft.serving import EngineConfig
 
     for name in ("max_evals", "beam", "calibration_samples", "decode_tokens", "decode_repeats"):
         if getattr(args, name) < 1 - (name == "max_evals"):
@@ -74,5 +79,5 @@ def run(args) -> int:
                     data_root=args.data_root, settings=settings, max_evals=args.max_evals,
                     beam=args.beam, heldout_points=args.heldout_points, n_boot=args.bootstrap,
                     seed=args.seed, device=args.device, fresh=args.fresh,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, engine_config=EngineConfig.from_args(args))
     return 0

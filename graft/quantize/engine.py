@@ -14,15 +14,19 @@ import torch
 
 
 class QuantEngine:
-    def __init__(self, path: str | Path, device: str = "cpu"):
+    def __init__(self, path: str | Path, device: str = "cpu", config=None):
+        """`config`: the engine options (an EngineConfig; default: the defaults on `device`)."""
+        from dataclasses import replace
+
         from graft.evals.backends.engine import EngineBackend
         from graft.serving import EngineConfig
-        from graft.serving.models.quantize import FP32, linear_shapes
+        from graft.serving.models.quant_config import FP32, linear_shapes
 
         # no prefix cache: KV computed under one plan must never serve another; eager: CUDA
-        # graphs would keep calling the linears they captured
-        self.backend = EngineBackend(path, config=EngineConfig(
-            device=device, enable_prefix_caching=False, enforce_eager=True))
+        # graphs would keep calling the linears they captured; the plans set the weights
+        config = replace(config or EngineConfig(device=device), enable_prefix_caching=False,
+                         enforce_eager=True, quantization=None)
+        self.backend = EngineBackend(path, config=config)
         self.engine = self.backend.engine
         self.runner = self.engine.runner
         self.model = self.runner.model
@@ -43,7 +47,7 @@ class QuantEngine:
         key = (name, scheme.name)
         if key not in self._quantized:
             from graft.kernels import cpu_ops, cpu_quant
-            from graft.kernels.quant import quantize
+            from graft.kernels.quant_formats import quantize
 
             weight = quantize(self._fp32[name], scheme)
             if self.runner.device.type == "cpu" and cpu_ops.available() and \
@@ -125,7 +129,7 @@ class PlanBackend:
     identity as EngineBackend gives it, so response-cache keys match `graft eval`'s."""
 
     def __init__(self, qe: QuantEngine, plan: dict):
-        from graft.serving.models.quantize import plan_digest
+        from graft.serving.models.quant_config import plan_digest
 
         self.qe, self.plan = qe, plan
         self.identity = qe.base_identity

@@ -25,7 +25,7 @@ class EvalSettings:
 
 def parse_schemes(text) -> list[str]:
     """Scheme names ordered from most to least bytes per weight, fp32 first."""
-    from graft.kernels.quant import QuantScheme, QuantSchemeError
+    from graft.kernels.quant_formats import QuantScheme, QuantSchemeError
 
     names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
     try:
@@ -54,14 +54,14 @@ class Evaluator:
                                 settings.calibration_tokens)
         self.kl = KLMeter(qe, seqs, fp32_plan)
         self.quality = QualityMeter(splits, settings.n_chunks)
-        from graft.kernels.quant import QuantScheme
+        from graft.kernels.quant_formats import QuantScheme
 
         self._bytes = {(g, s): sum(qe.module_bytes(m, QuantScheme.parse(s)) for m in ms)
                        for g, ms in self.modules.items() for s in self.schemes}
 
     def _check_fits(self) -> None:
         """A scheme that does not fit some module (int4 group size vs width) fails now."""
-        from graft.serving.models.quantize import QuantConfig
+        from graft.serving.models.quant_config import QuantConfig
 
         for s in self.schemes:
             QuantConfig.parse(s).plan(self.qe.shapes)

@@ -63,7 +63,7 @@ def assignment_key(assignment: dict[str, str], groups: list[str]) -> str:
 
 def to_plan(assignment: dict[str, str], groups: dict[str, list[str]]) -> dict:
     """{module name: QuantScheme} for the engine."""
-    from graft.kernels.quant import QuantScheme
+    from graft.kernels.quant_formats import QuantScheme
 
     return {module: QuantScheme.parse(assignment.get(g, "fp32"))
             for g, modules in groups.items() for module in modules}

@@ -24,9 +24,10 @@ def quantize_search(model: str | Path, tasks: list[str], out_dir: str | Path,
                     settings: EvalSettings | None = None, max_evals: int = 16, beam: int = 3,
                     heldout_points: int = 2, n_boot: int = 1000, seed: int = 0,
                     device: str = "cpu", fresh: bool = False, progress: bool = True,
-                    log=print) -> dict:
+                    log=print, engine_config=None) -> dict:
     """Search per-group schemes for `model` (run dir or LLM dir) on `tasks`; returns the
-    pareto.json dict. Bad input fails before the model loads, with one-line errors."""
+    pareto.json dict; `engine_config` (an EngineConfig) sets the engine options, else defaults
+    on `device`. Bad input fails before the model loads, with one-line errors."""
     from graft.quantize.engine import QuantEngine
     from graft.quantize.evaluator import Evaluator
     from graft.quantize.quality import load_tasks
@@ -47,7 +48,7 @@ def quantize_search(model: str | Path, tasks: list[str], out_dir: str | Path,
     splits = load_tasks(tasks, data_root, settings.heldout_fraction, settings.split_seed,
                         settings.limit)
     out = Path(out_dir)
-    qe = QuantEngine(path, device=device)
+    qe = QuantEngine(path, device=device, config=engine_config)
     ev = Evaluator(qe, splits, settings)
     if goal.kind == "bytes":
         _check_budget(ev, goal)

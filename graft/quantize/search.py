@@ -15,7 +15,7 @@
    that would beat the incumbent were their change harmless, the best predicted is measured
    next (early-stopped when it cannot matter), until none is left or the budget is spent.
    Measured points carry the interactions the additive model lacks, so the beam starts from
-   them (docs/quantize.md says why this and not a plain additive optimum).
+   them (docs/quant-search.md says why this and not a plain additive optimum).
 
 The evaluator (graft.quantize.evaluator.Evaluator, or any object with the same attributes)
 measures; this module only decides what to measure.

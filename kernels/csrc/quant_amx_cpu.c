@@ -41,8 +41,6 @@ enum { KIND_INT8 = 0, KIND_BF16 = 2 };
 #define K_CHUNKS 8 /* 64-byte chunks of a row per pass over the rows: 16 KB of a pair's W */
 #define MIN_ROWS 8  /* fewer rows: the vector paths (measured, docs/quantization.md) */
 
-int graft_quant_isa(void); /* quant_linear_cpu.c: 4 when AMX runs (not capped below it) */
-
 /* Byte offset of piece row r in the tile blocks of rows with K columns, `chunk` columns per
  * 64 bytes (int8 64, bf16 32): blocks of 32 rows, each chunk by chunk ([32][64] bytes). */
 int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk) {
@@ -55,9 +53,11 @@ void graft_quant_amx_zero_rows(uint8_t *blocks, int64_t from, int64_t to, int64_
         for (int64_t c = 0; c < K / chunk; ++c) memset(blocks + graft_quant_amx_row(r, K, chunk) + c * 2048, 0, 64);
 }
 
-/* Whether a call of M rows and K columns runs on AMX (K a whole number of 64-byte chunks). */
+/* Whether a call of M rows and K columns suits AMX (K a whole number of 64-byte chunks). That
+ * this CPU runs AMX at all (and GRAFT_CPU_ISA does not cap it) is the dispatcher's decision,
+ * quant_linear_cpu.c: it calls the AMX paths, directly or through the VNNI one, only then. */
 int graft_quant_amx_applies(int64_t M, int64_t K, int64_t chunk) {
-    return M >= MIN_ROWS && K % chunk == 0 && graft_quant_isa() >= 4;
+    return M >= MIN_ROWS && K % chunk == 0;
 }
 
 #if GRAFT_QUANT_AMX
@@ -363,9 +363,10 @@ void graft_quant_amx_i4(const int8_t *dig, int64_t K, const float *xs, const flo
 #endif
 }
 
-/* bf16 weights, fp32 x: K a multiple of 32. Returns 0; 1 when this path does not apply (no
- * AMX, K not a multiple of 32, inf or NaN in x: the caller runs the FMA path); -1 when
- * scratch could not be allocated. */
+/* bf16 weights, fp32 x: K a multiple of 32; called by the dispatcher only where AMX runs.
+ * Returns 0; 1 when this path does not apply (no AMX in this build, too few rows, K not a
+ * multiple of 32, inf or NaN in x: the caller runs the FMA path); -1 when scratch could not be
+ * allocated. */
 int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
                          const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
                          int nthreads) {

@@ -14,6 +14,10 @@
  * int8/int4 calls whose x holds inf or NaN), and without AVX2 on the portable loop below:
  * fp32 products in the same layouts.
  *
+ * This file is the one dispatcher: graft_quant_linear picks the level (graft_quant_isa) and
+ * calls the ISA paths in that order; they never call back into it (the VNNI path is told
+ * whether AMX runs and then hands many rows to quant_amx_cpu.c's tiles).
+ *
  * bf16/fp32 layout (graft.kernels.cpu_quant.pack): output channels in blocks of 16 lanes, N
  * padded to a multiple of 32 (two blocks per tile); per block the columns follow each other
  * in 64-byte steps, and the two blocks of a pair alternate per step (one sequential stream
@@ -41,7 +45,7 @@ int graft_quant_vnni(void);
 int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *scale8, const uint16_t *scales4,
                             const uint16_t *mins4, int64_t group, const float *bias, float *y,
-                            int64_t ldy, int64_t N, int64_t NB, int nthreads);
+                            int64_t ldy, int64_t N, int64_t NB, int nthreads, int amx_runs);
 
 int graft_quant_amx(void);
 int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
@@ -283,7 +287,7 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
     const int integer = kind == KIND_INT8 || kind == KIND_INT4;
     if (integer && level >= 3) {
         const int status = graft_quant_linear_vnni(kind, x, ldx, M, K, w, scale8, scales4, mins4,
-                                                   group, bias, y, ldy, N, NB, nthreads);
+                                                   group, bias, y, ldy, N, NB, nthreads, level >= 4);
         if (status <= 0) return status; /* else a row the fixed point cannot hold: below */
     }
 #if GRAFT_QUANT_AVX512

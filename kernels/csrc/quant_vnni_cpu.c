@@ -219,14 +219,15 @@ static const i4_tile_fn I4_TILES[MAX_MR4 + 1] = {0, vnni_i4_1, vnni_i4_2, vnni_i
 #endif
 
 /* int8 (kind 0) or int4 (kind 1) in the layouts above; scale8 [NB*16] fp32 per channel;
- * scales4/mins4 fp16, interleaved per pair and group as above. Returns 0; 1 when this path
+ * scales4/mins4 fp16, interleaved per pair and group as above; amx: the dispatcher's word that
+ * AMX runs here (many rows then go to quant_amx_cpu.c's tiles). Returns 0; 1 when this path
  * does not apply (no VNNI in this build, or a row of x with inf/NaN or a largest |x| below
  * 1e-30: the caller runs the AVX2 or portable path); -1 when scratch could not be allocated
  * (y is not written then). */
 int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *scale8, const uint16_t *scales4,
                             const uint16_t *mins4, int64_t group, const float *bias, float *y,
-                            int64_t ldy, int64_t N, int64_t NB, int nthreads) {
+                            int64_t ldy, int64_t N, int64_t NB, int nthreads, int amx_runs) {
 #if GRAFT_QUANT_VNNI
     if (kind != KIND_INT8 && kind != KIND_INT4) return 1;
     const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K, pairs = NB / 2;
@@ -235,7 +236,7 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
     /* many rows: AMX tiles, from digit rows in its blocks (up to a multiple of 32 rows); int4
      * in groups of 32 ran no faster there (each group's fold into fp32 costs as much as its
      * tile products), so those stay here */
-    const int amx = (kind == KIND_INT8 ? chunks == 1 : group == 64 || group == 128)
+    const int amx = amx_runs && (kind == KIND_INT8 ? chunks == 1 : group == 64 || group == 128)
                     && graft_quant_amx_applies(M, KP, 64);
     const int64_t dig_rows = amx ? (M * PIECES + 31) / 32 * 32 : M * PIECES;
     int8_t *dig = malloc((size_t)(dig_rows * KP) + 64);

@@ -1,45 +1,81 @@
-"""Engine configuration: KV pool sizing, batching limits, dtype and device."""
+"""Engine configuration: the one declaration of every engine option (KV pool sizing, batching
+limits, dtype, device, weights, speculation). Each field carries its help and choices; the
+command-line flags of every command and the serve YAML keys are derived from these fields
+(graft.serving.engine.engine_args), and the Python API is this dataclass itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from graft.errors import GraftConfigError
 
-_DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 # auto: the activations' dtype; int8: one fp32 scale per cached token and KV head
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 SPECULATIVE_MODES = ("off", "ngram", "suffix")
+QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | "
+                     "int4-g32/-g64/-g128, or a quant.json per module (graft quantize); none: "
+                     "the torch linears; default: fp32 on the C kernels on CPU in fp32, else none")
+
+
+def option(default, help: str, choices: tuple | None = None, **cli):
+    """A dataclass field that is also a command-line flag and a serve YAML key. `cli` may set
+    `flag` (the flag's own spelling), `metavar`, and for numbers `min` (default 1 for ints),
+    `max` and `min_open` (min itself excluded)."""
+    return field(default=default, metadata={"help": help, "choices": choices, **cli})
+
+
+DECLARED = "_engine_options"  # Namespace attribute: the engine options a parser declared
+
+
+def engine_values(args) -> dict:
+    """{option: value} for the engine flags the parser declared (add_engine_args) that hold a
+    value (None: not given, the dataclass default stands)."""
+    values = {name: getattr(args, name) for name in getattr(args, DECLARED, ())}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 @dataclass
 class EngineConfig:
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # explicit KV pool size in blocks (wins over memory)
-    kv_cache_memory: int | None = None  # KV pool size in bytes when num_kv_blocks is None
-    max_num_seqs: int = 64  # most sequences running at once
-    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
-    enable_prefix_caching: bool = True  # reuse KV of identical full prompt blocks
-    dtype: str = "float32"  # weights and activations (and the KV cache unless kv_cache_dtype)
-    kv_cache_dtype: str = "auto"  # auto (= dtype) | float32 | bfloat16 | int8
-    device: str = "cpu"
-    max_model_len: int | None = None  # context limit; default max_position_embeddings
-    kv_cache_fraction: float = 0.9  # default pool: at most this share of free memory ...
-    cpu_kv_cache_cap: int = 2 << 30  # ... and on CPU never above this many bytes
-    enforce_eager: bool = False  # CUDA: no graphs; decode steps launch kernel by kernel
-    seed: int = 0  # generator for sampled requests that give no seed of their own
-    # how the LLM's linears are held: fp32 | bf16 | int8 | int4[-g32|-g64|-g128] for all, a
-    # quantization config JSON path/dict per module (graft.serving.models.quantize), "none"
-    # (the torch linears), or None: fp32 on the C kernels on CPU in fp32, else none
-    quantization: str | dict | None = None
-    # speculative decoding: off | ngram (prompt lookup over the sequence's own tokens) |
-    # suffix (ngram, or continuations seen in recent requests' outputs when longer); a
-    # request may override it (SamplingParams.speculative)
-    speculative: str = "off"
-    num_speculative_tokens: int = 4  # most proposed tokens verified per step and sequence
-    ngram_min: int = 2  # shortest suffix n-gram looked up ...
-    ngram_max: int = 4  # ... and the longest (tried first)
-    suffix_cache_tokens: int = 1 << 16  # suffix mode: recent output tokens remembered
+    block_size: int = option(16, "tokens per KV block")
+    num_kv_blocks: int | None = option(
+        None, "KV pool size in blocks (wins over --kv-cache-memory; default: sized from memory)")
+    kv_cache_memory: int | None = option(
+        None, "KV pool size in bytes when --num-kv-blocks is not given", metavar="BYTES")
+    max_num_seqs: int = option(64, "most sequences running at once")
+    max_num_batched_tokens: int = option(
+        2048, "token budget of one step (prefill chunks + decodes)")
+    enable_prefix_caching: bool = option(True, "reuse the KV of identical full prompt "
+                                         "blocks (--no-prefix-caching: never)",
+                                         flag="--no-prefix-caching")
+    dtype: str = option("float32", "weights and activations (and the KV cache unless "
+                        "--kv-cache-dtype)", DTYPES)
+    kv_cache_dtype: str = option("auto", "KV cache dtype: auto (= --dtype) | float32 | bfloat16 | "
+                                 "int8 (a scale per token and head; CPU)", KV_CACHE_DTYPES)
+    device: str = option("cpu", "torch device: cpu, cuda, cuda:1, ...")
+    max_model_len: int | None = option(
+        None, "context limit in tokens (default: the model's max_position_embeddings)")
+    kv_cache_fraction: float = option(
+        0.9, "default KV pool: at most this share of free memory (0 < F <= 1)",
+        min=0.0, min_open=True, max=1.0)
+    cpu_kv_cache_cap: int = option(2 << 30, "... and on CPU never above this many bytes",
+                                   metavar="BYTES")
+    enforce_eager: bool = option(False, "CUDA: no decode CUDA graphs (launch kernel by kernel)")
+    seed: int = option(0, "generator seed for sampled requests that give no seed of their own",
+                       min=0)
+    # a scheme name, a quant.json path, the JSON as a dict, "none" (the torch linears), or None:
+    # fp32 on the C kernels on CPU in fp32, else none (see model_runner.default_quantization)
+    quantization: str | dict | None = option(None, QUANTIZATION_HELP, metavar="SCHEME|quant.json")
+    speculative: str = option(
+        "off", "speculative decoding default (a request may override it): ngram = prompt lookup "
+        "over the request's own tokens; suffix = that, or what recent requests' outputs "
+        "continued with; verified losslessly", SPECULATIVE_MODES)
+    num_speculative_tokens: int = option(4, "most proposed tokens verified per step and request")
+    ngram_min: int = option(2, "shortest n-gram looked up")
+    ngram_max: int = option(4, "longest n-gram looked up (first)")
+    suffix_cache_tokens: int = option(1 << 16, "suffix mode: recent output tokens remembered")
+    # the parsed `quantization` (a QuantConfig, or None for none/unset): parsed here once
+    quant_config: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -52,29 +88,39 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise GraftConfigError(
                     f"EngineConfig.{name} must be a positive int or None, got {value!r}")
-        if self.speculative not in SPECULATIVE_MODES:
-            raise GraftConfigError(f"EngineConfig.speculative must be one of {SPECULATIVE_MODES}, "
-                                   f"got {self.speculative!r}")
+        for name, allowed in (("speculative", SPECULATIVE_MODES), ("dtype", DTYPES),
+                              ("kv_cache_dtype", KV_CACHE_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise GraftConfigError(f"EngineConfig.{name} must be one of {allowed}, "
+                                       f"got {getattr(self, name)!r}")
         if self.ngram_min > self.ngram_max:
             raise GraftConfigError(f"EngineConfig.ngram_min={self.ngram_min} exceeds ngram_max="
                                    f"{self.ngram_max}; lower ngram_min or raise ngram_max")
-        if self.dtype not in _DTYPES:
-            raise GraftConfigError(f"EngineConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise GraftConfigError(f"EngineConfig.kv_cache_dtype must be one of "
-                                   f"{KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.device.startswith("cuda") and self.kv_cache_dtype not in ("auto", self.dtype):
             raise GraftConfigError(
                 f"EngineConfig.kv_cache_dtype={self.kv_cache_dtype!r}: on CUDA the KV cache has "
                 "the activations' dtype (the Triton kernels read one dtype); use auto, or the "
                 "CPU engine for a bf16/int8 cache")
         if self.quantization is not None:
-            from graft.serving.models.quantize import QuantConfig
+            from graft.serving.models.quant_config import QuantConfig
 
-            QuantConfig.parse(self.quantization)  # a bad scheme or file fails here, before loading
+            # a bad scheme or file fails here, before loading; the runner uses this parse
+            self.quant_config = QuantConfig.parse(self.quantization)
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise GraftConfigError(
                 f"EngineConfig.kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction!r}")
+
+    @classmethod
+    def from_args(cls, args, **overrides) -> "EngineConfig":
+        """The options a command's parser declared through `add_engine_args` (those left
+        unset keep this dataclass's defaults), then `overrides` (what the command fixes)."""
+        return cls(**{**engine_values(args), **overrides})
+
+    def to_dict(self) -> dict:
+        """The options as given (what a results file records beside its numbers)."""
+        from dataclasses import fields
+
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     @property
     def torch_dtype(self):

@@ -18,7 +18,7 @@ from graft.kernels import cpu_linear, cpu_ops, cpu_quant, huge_pages, rope_cos_s
 from graft.serving.engine.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
-from graft.serving.models.quantize import QuantConfig, linear_shapes
+from graft.serving.models.quant_config import QuantConfig, linear_shapes
 from graft.serving.engine.scheduler import ScheduledBatch
 from graft.serving.engine.sequence import Sequence
 
@@ -66,8 +66,8 @@ class ModelRunner:
         with torch.device("meta"):  # no random init: every weight comes from the checkpoint
             model = build_model(model_dir, self.hf_config)
         inv_freq, rope_scaling, _ = rope_inv_freq(self.hf_config, model.head_dim)
-        quant = QuantConfig.parse(default_quantization(config, self.device)
-                                  if config.quantization is None else config.quantization)
+        quant = QuantConfig.parse(default_quantization(config, self.device)) \
+            if config.quantization is None else config.quant_config  # parsed once, in config
         # checked on the shape-only model: a bad pattern or group size fails before any weight loads
         self.quant_plan = quant.plan(linear_shapes(model)) if quant is not None else {}
         model = model.to_empty(device=self.device).to(self.dtype)

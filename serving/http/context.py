@@ -1,15 +1,15 @@
-"""Server settings and the per-app context: metrics wiring and turning a validated request
-into prompt ids and SamplingParams (the work that runs in a thread, off the event loop)."""
+"""Server settings and the per-app context the routes share: the served models, the engine
+worker, metrics wiring. (A request's way to the engine is serving/http/chat_request.py.)"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graft.errors import GraftError, RequestError
-from graft.serving.http import protocol as P
+from graft.errors import GraftError
+from graft.serving.http import openai_chat as P
 from graft.serving.http.engine_worker import EngineWorker
 from graft.serving.http.metrics import ServerMetrics, speculation_gauges
-from graft.serving.multimodal.media import MediaConfig, load_image
+from graft.serving.multimodal.media import MediaConfig
 
 
 @dataclass
@@ -89,54 +89,12 @@ class ServerContext:
     def _cache_stat(self, name: str) -> float:
         return float(self.worker.cache.stats()[name])
 
-    # ---- request preparation (runs in a worker thread) -----------------------------------
-    def prepare(self, req: P.ChatCompletionRequest, front):
-        """(prompt ids, PreparedPrompt or None, messages) through `front` (None: text only).
-        The context-length check runs on the text first, before any image is fetched,
-        decoded or sized."""
-        from graft.template import ChatTemplateError, encode_chat
+    def prepare(self, req, front):
+        """The EngineRequest of a parsed chat (chat_request.to_engine_request, in a worker
+        thread): the one seam per app on the request path, where tests inject failures."""
+        from graft.serving.http.chat_request import to_engine_request
 
-        messages, refs = P.to_chat_messages(req.messages)
-        limit = self.settings.limit_images_per_prompt
-        if refs and front is None:
-            raise P.APIError("this model is text-only (served from an LLM dir, not a run dir); "
-                             "remove the image_url parts", param=refs[0][0],
-                             code="images_not_supported")
-        if len(refs) > limit:
-            raise P.APIError(f"{len(refs)} images in the prompt; this server accepts at most "
-                             f"{limit} (--limit-images-per-prompt)", param="messages",
-                             code="too_many_images")
-        parse = self.settings.parse_special_tokens_in_text
-        try:
-            text = encode_chat(self.tokenizer, messages, [0] * len(refs),  # images: empty runs
-                               add_generation_prompt=True, parse_special_tokens=parse)
-            self.check_room(len(text.input_ids), req.output_limit())
-            if front is None:
-                return text.input_ids, None, messages
-            images = [front.prepare_image(load_image(url, self.settings.media, param))
-                      for param, url in refs]
-            front.check_cache_room(images)
-            prepared = front.prompt(messages, images, parse)
-        except RequestError as err:
-            raise P.APIError.from_request(err) from None
-        except ChatTemplateError as err:
-            where = "messages" if err.message_index is None else f"messages[{err.message_index}]"
-            raise P.APIError(str(err), param=where, code="invalid_prompt") from None
-        except GraftError as err:
-            raise P.APIError(str(err), param="messages", code="invalid_prompt") from None
-        return prepared.prompt_token_ids, prepared, messages
-
-    def shrink(self, messages: list[dict], prepared, front):
-        """The prompt with its costliest image downscaled to fewer tokens, or None."""
-        images = list(prepared.images)
-        k = max(range(len(images)), key=lambda i: images[i].n_tokens)
-        smaller = front.shrink_image(images[k])
-        if smaller is None:
-            return None
-        images[k] = smaller
-        prepared = front.prompt(messages, images,
-                                self.settings.parse_special_tokens_in_text)
-        return prepared.prompt_token_ids, prepared
+        return to_engine_request(self, req, front)
 
     def logprobs(self, out, start: int, top: int) -> dict | None:
         """OpenAI logprobs of out's output tokens from index `start` on (None when off)."""
@@ -145,30 +103,3 @@ class ServerContext:
         ids = out.token_ids[start:len(out.logprobs)]
         return P.logprobs_body(ids, out.logprobs[start:start + len(ids)], top,
                                lambda t: self.tokenizer.decode([t]))
-
-    def check_room(self, n_prompt: int, limit: int | None) -> int:
-        """Tokens left for output after an n_prompt-token prompt; 400 when there are none or
-        fewer than max_tokens asks for."""
-        room = self.max_model_len - n_prompt
-        if room <= 0 or (limit is not None and limit > room):
-            asked = f" + {limit} output tokens" if limit else ""
-            raise P.APIError(
-                f"prompt is {n_prompt} tokens{asked}, over the model's context of "
-                f"{self.max_model_len} tokens; shorten the messages or lower max_tokens",
-                param="messages", code="context_length_exceeded")
-        return room
-
-    def sampling_params(self, req: P.ChatCompletionRequest, n_prompt: int):
-        from graft.serving import SamplingParams
-
-        limit = req.output_limit()
-        room = self.check_room(n_prompt, limit)
-        try:
-            return SamplingParams(
-                temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=req.top_k or 0, max_tokens=limit or room, seed=req.seed,
-                stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
-                speculative=req.speculative)
-        except GraftError as err:
-            raise P.APIError(str(err), code="invalid_value") from None

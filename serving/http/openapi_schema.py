@@ -10,13 +10,18 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from graft.serving.http.protocol import ChatCompletionRequest
+from graft.serving.http.openai_chat import ChatCompletionRequest
 
 CHAT_PATH = "/v1/chat/completions"
 # every status the chat route may refuse with (all with ErrorBody): bad request, key, a
 # forbidden image source, unknown model, body timeout, size, rate/queue limit, engine
 # failure, connection limit or engine down
 ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "500", "503")
+
+
+# one server-sent event: `data` is a chat.completion.chunk as JSON, the last one `[DONE]`
+SSE_EVENT = {"type": "object", "required": ["data"],
+             "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 
 
 class Usage(BaseModel):
@@ -101,7 +106,9 @@ def install(app: FastAPI) -> None:
         op["requestBody"] = {"required": True, **json_of(ChatCompletionRequest, "")}
         op["requestBody"].pop("description")
         completion = json_of(ChatCompletion, "the completion (stream: false)")
-        completion["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+        # the schema of one event, as SSE-aware clients and checkers read a stream (schemathesis
+        # validates each event; {"type": "string"} failed every streamed answer it saw)
+        completion["content"]["text/event-stream"] = {"schema": SSE_EVENT}
         completion["description"] = ("the completion; with stream: true, text/event-stream "
                                      "chunks ending in `data: [DONE]`")
         op["responses"] = {"200": completion, **errors}

@@ -7,7 +7,9 @@ import argparse
 from pathlib import Path
 
 from graft.cli_types import number_in
+from graft.serving.engine.engine_args import add_engine_args
 from graft.serving.http import stats_log
+from graft.serving.http.serve_config import parse_args  # noqa: F401  (graft.cli's parse hook)
 
 
 # value types: a bad number is an argparse error naming the flag and the range
@@ -19,10 +21,14 @@ EXAMPLES = """examples:
   graft serve runs/quickstart                       # chat page at http://127.0.0.1:8000/
   graft serve ~/models/smollm2 --port 8001          # a bare LLM, text only
   graft serve ~/models/smollm2 --graft colors=runs/colors --graft digits=runs/digits
+  graft serve --config serve.yaml --port 8002       # options from YAML; flags win over it
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, metavar="serve.yaml",
+                   help="YAML file of options (keys: the flags' names, e.g. max_num_seqs: 32); "
+                        "flags given on the command line win over it")
     p.add_argument("path", nargs="?", default=None,
                    help="run dir (graft.yaml: images + text) or HF LLM dir (text only); with "
                         "--graft: optional, the LLM dir every graft was trained on")
@@ -71,28 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parse-special-tokens-in-text", action="store_true",
                    help="special-token text typed in messages (e.g. <|im_start|>) becomes "
                         "control tokens; default: plain text (trusted clients only)")
-    p.add_argument("--block-size", type=_at_least_1, default=16)
-    p.add_argument("--num-kv-blocks", type=_at_least_1, default=None)
-    p.add_argument("--max-num-seqs", type=_at_least_1, default=64)
-    p.add_argument("--max-num-batched-tokens", type=_at_least_1, default=2048)
-    p.add_argument("--max-model-len", type=_at_least_1, default=None)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--kv-cache-dtype", default="auto",
-                   choices=["auto", "float32", "bfloat16", "int8"],
-                   help="KV cache dtype: auto (= --dtype) | float32 | bfloat16 | int8 (a scale per token and head; CPU)")
-    p.add_argument("--quantization", default=None, metavar="SCHEME|quant.json", help="weights of the LLM's linears: fp32 | bf16 | int8 | int4 | int4-g32/-g64/-g128, or a quant.json per module (graft quantize)")
-    p.add_argument("--speculative", default="off", choices=["off", "ngram", "suffix"],
-                   help="speculative decoding default (a request may override it): ngram = "
-                        "prompt lookup over the request's own tokens; suffix = that, or what "
-                        "recent requests' outputs continued with; verified losslessly")
-    p.add_argument("--num-speculative-tokens", type=_at_least_1, default=4,
-                   help="most proposed tokens verified per step and request")
-    p.add_argument("--ngram-min", type=_at_least_1, default=2, help="shortest n-gram looked up")
-    p.add_argument("--ngram-max", type=_at_least_1, default=4, help="longest n-gram looked up (first)")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="CUDA: no decode CUDA graphs (launch kernel by kernel)")
+    add_engine_args(p)  # --block-size, --dtype, --quantization, ...: every EngineConfig field
     p.add_argument("--log-level", default="warning")
     stats_log.add_arguments(p)  # --log-interval, --log-format
     p.add_argument("--header-timeout-s", type=_positive_float, default=10.0,
@@ -118,16 +103,7 @@ def build(args: argparse.Namespace):
     from graft.serving.multimodal.media import MediaConfig
     from graft.serving.http.server import ServerSettings, build_app
 
-    config = EngineConfig(block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                          max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens,
-                          max_model_len=args.max_model_len,
-                          enable_prefix_caching=not args.no_prefix_caching,
-                          dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager,
-                          quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                          speculative=args.speculative,
-                          num_speculative_tokens=args.num_speculative_tokens,
-                          ngram_min=args.ngram_min, ngram_max=args.ngram_max)
+    config = EngineConfig.from_args(args)
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
     path = Path(args.path) if args.path else None
     if args.graft:
@@ -193,7 +169,7 @@ def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):
 def uvicorn_options(args: argparse.Namespace) -> dict:
     """Connection limits for uvicorn.Config: header deadline, keep-alive, concurrency and
     header size (also used by tests)."""
-    from graft.serving.http.http_protocol import with_header_timeout
+    from graft.serving.http.uvicorn_protocol import with_header_timeout
 
     return {"http": with_header_timeout(args.header_timeout_s),
             "timeout_keep_alive": args.timeout_keep_alive,

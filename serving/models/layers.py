@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from graft.kernels import (apply_rotary, paged_attention_decode, paged_attention_prefill,
                            quant_linear, rms_norm, silu_mul, store_kv)
 from graft.kernels.cpu_linear import pack_weight, packed_linear
-from graft.kernels.quant import QuantizedWeight, QuantScheme, quantize
+from graft.kernels.quant_formats import QuantizedWeight, QuantScheme, quantize
 
 
 @dataclass
@@ -43,7 +43,7 @@ class RMSNorm(nn.Module):
 class Linear(nn.Linear):
     """nn.Linear that, after prepack(), runs on a oneDNN-prepacked copy of its weight (CPU
     inference, graft.kernels.cpu_linear), or after quantize(), on a low-precision copy
-    (graft.kernels.quant); the plain weight then keeps only its shape (meta)."""
+    (graft.kernels.quant_formats); the plain weight then keeps only its shape (meta)."""
 
     prepacked: torch.Tensor | None = None
     quantized: QuantizedWeight | None = None

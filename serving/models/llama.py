@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from graft.kernels import quant_linear
 from graft.kernels.cpu_linear import pack_weight, packed_linear
-from graft.kernels.quant import QuantScheme, quantize
+from graft.kernels.quant_formats import QuantScheme, quantize
 from graft.serving.models.layers import (Attention, AttentionMetadata, GatedMLP, Linear, RMSNorm,
                                          embed_tokens)
 
@@ -81,7 +81,7 @@ class CausalLM(nn.Module):
             self.head_prepacked = pack_weight(self.embed_tokens.weight)
 
     def quantize_linears(self, plan: dict[str, QuantScheme], fp32_in_c_layout: bool = False) -> None:
-        """Hold each linear in its planned scheme (graft.serving.models.quantize). fp32 ones
+        """Hold each linear in its planned scheme (graft.serving.models.quant_config). fp32 ones
         stay as they are, or with fp32_in_c_layout (CPU) move to the C kernels' layout too, so
         a decode step can run in one call (enable_fused_decode)."""
         for name, scheme in plan.items():
@@ -128,7 +128,7 @@ class CausalLM(nn.Module):
         return reason
 
     def quantized_weights(self) -> list:
-        """Every low-precision weight the model holds (graft.kernels.quant.QuantizedWeight)."""
+        """Every low-precision weight the model holds (graft.kernels.quant_formats.QuantizedWeight)."""
         found = [m.quantized for m in self.modules() if isinstance(m, Linear) and m.quantized is not None]
         return found + ([self.head_quantized] if self.head_quantized is not None else [])
 

@@ -1,4 +1,4 @@
-"""Weight formats (graft.kernels.quant) and the C weight-only linears (graft.kernels.cpu_quant):
+"""Weight formats (graft.kernels.quant_formats) and the C weight-only linears (graft.kernels.cpu_quant):
 quantize/dequantize round trips, and the C vector and portable paths against the
 dequantize-then-matmul reference on ragged shapes, every scheme, 1 and 2 threads."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from graft.kernels import cpu_ops, cpu_quant
-from graft.kernels.quant import (QuantScheme, QuantSchemeError, quant_linear, quantize,
+from graft.kernels.quant_formats import (QuantScheme, QuantSchemeError, quant_linear, quantize,
                                  unpack_int4)
 
 needs_c = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))

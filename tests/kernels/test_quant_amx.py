@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from graft.kernels import cpu_ops, cpu_quant
-from graft.kernels.quant import QuantScheme, quant_linear, quantize
+from graft.kernels.quant_formats import QuantScheme, quant_linear, quantize
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available() or cpu_quant.isa() != "avx512-amx",
                                 reason="no AMX path on this machine (cpu_quant.isa() != 'avx512-amx')")

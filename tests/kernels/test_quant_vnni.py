@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from graft.kernels import cpu_ops, cpu_quant
-from graft.kernels.quant import QuantScheme, quant_linear, quantize
+from graft.kernels.quant_formats import QuantScheme, quant_linear, quantize
 
 needs_c = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
 
@@ -122,7 +122,7 @@ def test_a_smaller_cpu_runs_its_fallback(cap, says):
     code = (
         "import torch\n"
         "from graft.kernels import cpu_quant\n"
-        "from graft.kernels.quant import QuantScheme, quant_linear, quantize\n"
+        "from graft.kernels.quant_formats import QuantScheme, quant_linear, quantize\n"
         "print(cpu_quant.isa())\n"
         "print(cpu_quant.isa_description())\n"
         "for s in ('int8', 'int4-g32', 'bf16', 'fp32'):\n"

@@ -1,4 +1,4 @@
-"""The Triton weight-only linears (graft.kernels.triton_quant) vs graft.kernels.quant.quant_linear.
+"""The Triton weight-only linears (graft.kernels.triton_quant) vs graft.kernels.quant_formats.quant_linear.
 
 On CPU under TRITON_INTERPRET=1: in this process while Triton can still be put in interpreter
 mode (or already is), else in a fresh process, as test_triton_interpret.py does for the other
@@ -18,7 +18,7 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from graft.kernels import quant  # noqa: E402
+from graft.kernels import quant_formats as quant  # noqa: E402
 
 # Triton decides interpreter or compiled when kernels are defined, from TRITON_INTERPRET
 IN_PROCESS = (os.environ.get("TRITON_INTERPRET") == "0" or "triton" not in sys.modules

@@ -22,7 +22,7 @@ def test_granularities():
 
 
 def test_quant_config_round_trip():
-    from graft.serving.models.quantize import QuantConfig
+    from graft.serving.models.quant_config import QuantConfig
 
     groups = module_groups(NAMES, 1)
     assignment = {g: "int8" for g in groups} | {"lm_head": "fp32", "layers.2.mlp": "int4-g64"}
@@ -46,7 +46,7 @@ def test_moe_experts_and_shared_experts_are_groups_of_their_own():
 
 
 def test_a_routed_expert_counts_its_share_of_a_decode_step(tiny_llm_factory):
-    from graft.kernels.quant import QuantScheme
+    from graft.kernels.quant_formats import QuantScheme
     from graft.quantize.engine import QuantEngine
 
     qe = QuantEngine(tiny_llm_factory("glm4_moe"))  # top-4 of 16 experts
@@ -62,7 +62,7 @@ def test_prefill_logits_match_hf_on_the_same_weights(tiny_llm_factory, family, s
     from transformers import AutoModelForCausalLM
 
     from graft.quantize.engine import QuantEngine
-    from graft.serving.models.quantize import QuantConfig, dequantize_hf_model
+    from graft.serving.models.quant_config import QuantConfig, dequantize_hf_model
 
     model_dir = tiny_llm_factory(family)
     qe = QuantEngine(model_dir)

@@ -54,7 +54,7 @@ def test_moe_families_on_triton(tiny_llm_factory, family, quantization):
     else:  # against HF on the same dequantized weights
         from transformers import AutoModelForCausalLM
 
-        from graft.serving.models.quantize import dequantize_hf_model
+        from graft.serving.models.quant_config import dequantize_hf_model
         hf = dequantize_hf_model(AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32).eval(), engine.runner.quant_plan).to("cuda")
         prompts = make_prompts((5, 17, 40))

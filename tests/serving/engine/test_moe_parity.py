@@ -7,7 +7,7 @@ import torch
 
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.moe import MoEBlock, MoeDecoderLayer, TopKRouter
-from graft.serving.models.quantize import dequantize_hf_model
+from graft.serving.models.quant_config import dequantize_hf_model
 from tests.serving.conftest import hf_greedy, make_prompts
 from tests.tiny_llm import MOE_FAMILIES
 

@@ -1,5 +1,5 @@
 """A quantized engine's greedy tokens equal HF transformers running the same dequantized
-weights (graft.serving.models.quantize.dequantize_hf_model), alone and in a mixed batch, with
+weights (graft.serving.models.quant_config.dequantize_hf_model), alone and in a mixed batch, with
 prefix caching and chunked prefill; bad quantization configs fail before any weight loads."""
 
 import json
@@ -10,7 +10,7 @@ import torch
 from graft.errors import GraftConfigError
 from graft.kernels import cpu_ops, cpu_quant
 from graft.serving import Engine, EngineConfig, SamplingParams
-from graft.serving.models.quantize import QuantConfig, dequantize_hf_model
+from graft.serving.models.quant_config import QuantConfig, dequantize_hf_model
 from tests.serving.conftest import make_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10)

@@ -127,7 +127,7 @@ def test_openapi_describes_the_chat_route(server):
 def test_queue_limits_on_requests_and_tokens():
     from graft.serving.http.admission import (AdmissionController, QueueItem, QueueLimits,
                                               StepCostModel)
-    from graft.serving.http.protocol import APIError
+    from graft.serving.http.openai_chat import APIError
 
     admission = AdmissionController(StepCostModel(), token_budget=64)
     item = lambda n: QueueItem(float("inf"), n, 0)  # noqa: E731

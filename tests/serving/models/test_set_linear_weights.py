@@ -5,9 +5,9 @@ one-call decode step, and swapping back restores the original tokens."""
 import pytest
 
 from graft.kernels import cpu_ops
-from graft.kernels.quant import QuantScheme, quantize
+from graft.kernels.quant_formats import QuantScheme, quantize
 from graft.serving import Engine, EngineConfig, SamplingParams
-from graft.serving.models.quantize import linear_shapes
+from graft.serving.models.quant_config import linear_shapes
 from tests.serving.conftest import make_prompts
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)

@@ -26,7 +26,7 @@ from pathlib import Path
 from torch import nn
 
 from graft.errors import GraftConfigError
-from graft.kernels.quant import QuantScheme, QuantSchemeError, SCHEME_NAMES
+from graft.kernels.quant_formats import QuantScheme, QuantSchemeError, SCHEME_NAMES
 
 FORMAT = "graft-quant/1"
 FP32 = QuantScheme("fp32")
@@ -154,7 +154,7 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
     match. Quantization is per output row, so q/k/v (gate/up) quantized apart equal the
     engine's stacked matrix. A tied head gets its own dequantized copy (the embedding stays)."""
     import torch
-    from graft.kernels.quant import quantize
+    from graft.kernels.quant_formats import quantize
 
     for name, module in hf_model.named_modules():
         if isinstance(getattr(module, "gate_up_proj", None), nn.Parameter):
@@ -178,7 +178,7 @@ def _dequantize_fused_experts(name: str, module: nn.Module, plan: dict[str, Quan
     and down_proj [E, H, I] ([E, in, out] when is_transposed); the engine holds expert e as
     linears `<layer>.mlp.experts.e.gate_up_proj` / `.down_proj`: dequantize slice e by their plan."""
     import torch
-    from graft.kernels.quant import quantize
+    from graft.kernels.quant_formats import quantize
 
     base = engine_module_name(name)
     transposed = bool(getattr(module, "is_transposed", False))

@@ -1,0 +1,183 @@
+"""One chat request from HTTP to the engine, in one direction: read and parse the body, find
+the model, validate the prompt (text first, then images), build SamplingParams, submit the Job
+(admission control, shrinking images to meet a budget where allowed). The route handler calls
+`read_chat_request`, then `submit_chat`, then streams or completes; nothing here comes back
+to the handler until the job is queued. docs/serving.md walks one parameter (max_tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from graft.errors import GraftError, RequestError
+from graft.serving.http import openai_chat as P
+from graft.serving.http.engine_worker import Job
+from graft.serving.http.responses import sink
+from graft.serving.multimodal.media import load_image
+
+_MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands
+# a refusal before the body was read: the rest of it must not be parsed as the next request
+_CLOSE = {"Connection": "close"}
+
+
+@dataclass
+class EngineRequest:
+    """What the engine gets for one chat: prompt ids, images, SamplingParams."""
+    ids: list[int]
+    prepared: object | None  # the multimodal front's PreparedPrompt (None: text only)
+    messages: list[dict]  # the chat as the template saw it (kept to re-prompt after a shrink)
+    params: object  # SamplingParams
+
+
+async def read_chat_request(ctx, request: Request):
+    """(ChatCompletionRequest, the model's front) from the HTTP request: a full queue refuses
+    before the body is read, a big body is parsed off the event loop."""
+    ctx.metrics.requests.inc()
+    ctx.worker.check_queue_room()  # a full queue refuses before any parsing or image work
+    raw = await _read_body(request, ctx.max_body_bytes, ctx.settings.request_body_timeout_s)
+    req = (P.parse_chat_request(raw) if len(raw) < 65536
+           else await asyncio.to_thread(P.parse_chat_request, raw))
+    if req.model not in ctx.models:
+        raise P.APIError(f"model {req.model!r} does not exist; this server serves "
+                         f"{', '.join(map(repr, ctx.models))} (see /v1/models)", status=404,
+                         type="not_found_error", param="model", code="model_not_found")
+    ctx.metrics.grafts[req.model].requests.inc()
+    return req, ctx.models[req.model]  # the graft this request asked for
+
+
+async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
+    """(Job, its event queue) once the engine worker accepted it; image work runs in a thread."""
+    er = await asyncio.to_thread(ctx.prepare, req, front)  # to_engine_request below
+    budget_ms = req.ttft_budget_ms or ctx.settings.default_ttft_budget_ms
+    shrink = req.shrink_images_to_budget
+    if shrink is None:
+        shrink = ctx.settings.shrink_images_to_budget
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    cid = P.new_completion_id()
+    for attempt in range(_MAX_SHRINK_STEPS + 1):
+        job = Job(cid, er.ids, er.params, sink=sink(loop, queue), prepared=er.prepared,
+                  arrival=arrival, deadline=arrival + budget_ms / 1000 if budget_ms else None,
+                  encode_tokens=front.uncached_tokens(er.prepared.images) if er.prepared else 0,
+                  front=front, graft=req.model)
+        try:
+            ctx.worker.submit(job, budget_ms / 1000 if budget_ms else None)
+            return job, queue
+        except P.APIError as err:
+            # Over budget: a native-resolution encoder can trade detail for tokens.
+            if err.code != "ttft_budget_exceeded" or not shrink or not er.prepared \
+                    or not er.prepared.images or attempt == _MAX_SHRINK_STEPS:
+                raise
+            smaller = await asyncio.to_thread(_shrunk, ctx, req, er, front)
+            if smaller is None:
+                raise
+            er = smaller
+
+
+def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest:
+    """Validate the chat through `front` (None: text only) and build its SamplingParams. The
+    context-length check runs on the text first, before any image is fetched, decoded or
+    sized, and again on the whole prompt."""
+    from graft.template import ChatTemplateError, encode_chat
+
+    messages, refs = P.to_chat_messages(req.messages)
+    limit = ctx.settings.limit_images_per_prompt
+    if refs and front is None:
+        raise P.APIError("this model is text-only (served from an LLM dir, not a run dir); "
+                         "remove the image_url parts", param=refs[0][0],
+                         code="images_not_supported")
+    if len(refs) > limit:
+        raise P.APIError(f"{len(refs)} images in the prompt; this server accepts at most "
+                         f"{limit} (--limit-images-per-prompt)", param="messages",
+                         code="too_many_images")
+    parse = ctx.settings.parse_special_tokens_in_text
+    try:
+        text = encode_chat(ctx.tokenizer, messages, [0] * len(refs),  # images: empty runs
+                           add_generation_prompt=True, parse_special_tokens=parse)
+        _check_room(ctx, len(text.input_ids), req.output_limit())
+        if front is None:
+            return EngineRequest(text.input_ids, None, messages,
+                                 _sampling_params(ctx, req, len(text.input_ids)))
+        images = [front.prepare_image(load_image(url, ctx.settings.media, param))
+                  for param, url in refs]
+        front.check_cache_room(images)
+        prepared = front.prompt(messages, images, parse)
+    except RequestError as err:
+        raise P.APIError.from_request(err) from None
+    except ChatTemplateError as err:
+        where = "messages" if err.message_index is None else f"messages[{err.message_index}]"
+        raise P.APIError(str(err), param=where, code="invalid_prompt") from None
+    except GraftError as err:
+        raise P.APIError(str(err), param="messages", code="invalid_prompt") from None
+    ids = prepared.prompt_token_ids
+    return EngineRequest(ids, prepared, messages, _sampling_params(ctx, req, len(ids)))
+
+
+def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> EngineRequest | None:
+    """The request with its costliest image downscaled to fewer tokens, or None."""
+    images = list(er.prepared.images)
+    k = max(range(len(images)), key=lambda i: images[i].n_tokens)
+    smaller = front.shrink_image(images[k])
+    if smaller is None:
+        return None
+    images[k] = smaller
+    prepared = front.prompt(er.messages, images, ctx.settings.parse_special_tokens_in_text)
+    ids = prepared.prompt_token_ids
+    return EngineRequest(ids, prepared, er.messages, _sampling_params(ctx, req, len(ids)))
+
+
+def _check_room(ctx, n_prompt: int, limit: int | None) -> int:
+    """Tokens left for output after an n_prompt-token prompt; 400 when there are none or
+    fewer than max_tokens asks for."""
+    room = ctx.max_model_len - n_prompt
+    if room <= 0 or (limit is not None and limit > room):
+        asked = f" + {limit} output tokens" if limit else ""
+        raise P.APIError(
+            f"prompt is {n_prompt} tokens{asked}, over the model's context of "
+            f"{ctx.max_model_len} tokens; shorten the messages or lower max_tokens",
+            param="messages", code="context_length_exceeded")
+    return room
+
+
+def _sampling_params(ctx, req: P.ChatCompletionRequest, n_prompt: int):
+    """max_tokens (or max_completion_tokens) if given, else all the room the context leaves."""
+    from graft.serving import SamplingParams
+
+    limit = req.output_limit()
+    room = _check_room(ctx, n_prompt, limit)
+    try:
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0, max_tokens=limit or room, seed=req.seed,
+            stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
+            speculative=req.speculative)
+    except GraftError as err:
+        raise P.APIError(str(err), code="invalid_value") from None
+
+
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The POST body within `timeout_s` (408 after), refusing (413) before buffering more than
+    `limit` bytes."""
+    try:
+        return await asyncio.wait_for(_read_capped(request, limit), timeout_s)
+    except asyncio.TimeoutError:
+        raise P.APIError(f"the request body did not arrive within {timeout_s:g} s",
+                         status=408, code="request_timeout", headers=_CLOSE) from None
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise P.APIError(f"request body is {declared} bytes, over the limit of {limit}",
+                         status=413, code="request_too_large", headers=_CLOSE)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise P.APIError(f"request body is over the limit of {limit} bytes", status=413,
+                             code="request_too_large", headers=_CLOSE)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,23 @@
+"""What operators poll: /health (503 once the engine thread stopped) and Prometheus /metrics.
+Two routers, so server.py can put an API key on either alone (--auth-health, --auth-metrics)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+health_router = APIRouter()
+metrics_router = APIRouter()
+
+
+@health_router.get("/health")
+async def health(request: Request):
+    if not request.app.state.ctx.worker.alive:
+        return JSONResponse({"status": "engine thread stopped"}, status_code=503)
+    return {"status": "ok"}
+
+
+@metrics_router.get("/metrics")
+async def metrics(request: Request):
+    return PlainTextResponse(request.app.state.ctx.metrics.render(),
+                             media_type="text/plain; version=0.0.4; charset=utf-8")
