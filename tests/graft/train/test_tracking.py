@@ -78,11 +78,14 @@ def test_tensorboard_event_files_hold_the_scalars(make_spec, val_json):
     assert [e.step for e in loss] == [1, 2, 3, 4]
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in rows], rel=1e-5)
     assert [e.step for e in acc.Scalars("val/loss")] == [2, 4]
+    # one run: the spec's hparams live in the same event files, not in a timestamp-named run
+    assert [p.name for p in (run / "logs" / "graft").iterdir() if p.is_dir()] == []
+    assert "_hparams_/experiment" in acc.Tags()["tensors"] or acc.summary_metadata
 
 
 def test_new_fields_are_strict(make_spec):
     with pytest.raises(GraftConfigError, match="train.report_to='tensorbord': use one of none, "
-                       "tensorboard, trackio, wandb"):
+                       "tensorboard, trackio, wandb, mlflow"):
         make_spec(report_to="tensorbord")
     with pytest.raises(GraftConfigError, match=r"train.eval_every=5 needs data.val"):
         make_spec(eval_every=5)
