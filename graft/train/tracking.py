@@ -65,6 +65,8 @@ class Reporter:
         if not self.tracking:
             return
         config = flat_config(spec.to_dict())
+        if spec.train.report_to == "mlflow":
+            mlflow_store(self.run.tracker_dir)
         tensorboard = spec.train.report_to == "tensorboard"
         name = self.run.path.name
         accel.init_trackers(PROJECT, config=None if tensorboard else config,
@@ -83,6 +85,18 @@ class Reporter:
     def close(self) -> None:
         if self.tracking:
             self.accel.end_training()
+
+
+def mlflow_store(tracker_dir: Path) -> None:
+    """MLflow's runs in <run dir>/logs/mlflow.db (beside TensorBoard's logs), unless
+    $MLFLOW_TRACKING_URI names a server or store; MLflow's own default is ./mlflow.db."""
+    import os
+
+    import mlflow
+
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        Path(tracker_dir).mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(f"sqlite:///{Path(tracker_dir).resolve() / 'mlflow.db'}")
 
 
 def tensorboard_hparams(writer, config: dict) -> None:

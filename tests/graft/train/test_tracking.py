@@ -102,3 +102,21 @@ def test_a_tracker_that_is_not_installed_is_one_error_before_training(make_spec,
                        "installed; pip install wandb, or set train.report_to=none"):
         train(make_spec(report_to="wandb"))
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_mlflow_run_holds_the_scalars(make_spec, monkeypatch):
+    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install mlflow-skinny)")
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = train(make_spec(max_steps=3, report_to="mlflow"))
+    store = f"sqlite:///{(run / 'logs' / 'mlflow.db').resolve()}"
+    client = MlflowClient(tracking_uri=store)
+    [found] = client.search_runs([client.get_experiment_by_name("graft").experiment_id])
+    assert found.info.run_name == run.name and found.data.params["train.max_steps"] == "3"
+    history = client.get_metric_history(found.info.run_id, "train/loss")
+    rows = read_rows(run / "metrics.jsonl")
+    assert [m.step for m in history] == [1, 2, 3]
+    assert [m.value for m in history] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+    mlflow.set_tracking_uri("")
