@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help (0) or a usage error (2): a return code for callers
         return int(exit_.code or 0)
     _quiet_loading_bars(getattr(args, "verbose", False))
+    from graft.threads import apply_thread_choice
+
+    apply_thread_choice()  # before torch starts its thread pool
     from graft.errors import GraftError
 
     try:
