@@ -19,9 +19,9 @@ def open_backend(path: str, args):
         model = GraftedModel.from_run(path, device=args.device)
         if args.dtype:
             model.llm.to(_dtype(args.dtype))
-        return lambda messages, images: model.chat(
+        return lambda messages, images, on_text=None: model.chat(
             messages, images, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, seed=args.seed, top_p=args.top_p)
+            temperature=args.temperature, seed=args.seed, top_p=args.top_p, on_text=on_text)
     return _llm_backend(path, args)
 
 
@@ -41,17 +41,17 @@ def _llm_backend(path: str, args):
     """A bare LLM on HF generate: text only, the same chat template as training."""
     import torch
 
-    from graft.model import load_llm, sampling_kwargs
+    from graft.model import load_llm, sampling_kwargs, text_streamer
     from graft.template import encode_chat
 
     llm, tokenizer = load_llm(path, args.dtype or "float32")
     llm.to(args.device).eval()
 
-    def answer(messages, images):
+    def answer(messages, images, on_text=None):
         _text_only(path, images)
         ids = encode_chat(tokenizer, messages, [], add_generation_prompt=True).input_ids
         kwargs = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                      **sampling_kwargs(args.temperature, args.top_p, args.seed))
+                      streamer=text_streamer(tokenizer, on_text), **sampling_kwargs(args.temperature, args.top_p, args.seed))
         with torch.no_grad():
             out = llm.generate(torch.tensor([ids], device=llm.device), **kwargs)
         return tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True).strip()
@@ -70,7 +70,7 @@ def _engine_backend(path: str, args):
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_new_tokens, seed=args.seed)
 
-    def answer(messages, images):
+    def answer(messages, images, on_text=None):  # the engine answers whole: on_text once
         if engine.mm is not None:  # a run dir: its graft is the default
             out = generate_chats(engine, {"chat": (messages, images)}, params)["chat"]
         else:
@@ -79,6 +79,8 @@ def _engine_backend(path: str, args):
             out = engine.generate(prompt_token_ids=[ids], sampling_params=params)[0]
         if out.finish_reason in ("error", "internal_error"):
             raise GraftConfigError(f"graft chat: {out.error}")
+        if on_text is not None:
+            on_text(out.text)
         return out.text
 
     return answer
