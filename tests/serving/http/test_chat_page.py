@@ -9,7 +9,8 @@ from PIL import Image
 
 from graft.cli import main
 
-PAGE_FILES = {"static/app.js": "javascript", "static/app.css": "text/css"}
+PAGE_FILES = {"static/app.js": "javascript", "static/markdown.js": "javascript",
+              "static/app.css": "text/css"}
 
 
 def test_page_and_assets_are_served(live_server):
