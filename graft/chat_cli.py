@@ -104,7 +104,10 @@ def repl(answer, chat: Conversation, pending: list, stdin=None, out=None) -> int
     while True:
         try:
             line = read(PROMPT)
-        except (EOFError, KeyboardInterrupt):
+        except KeyboardInterrupt:  # at the prompt: a fresh line, as a shell does
+            say("")
+            continue
+        except EOFError:  # Ctrl-D
             say("")
             return 0
         if line is None or line.strip() in ("/quit", "/exit"):

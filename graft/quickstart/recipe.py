@@ -198,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="training digits (0: all not held out)")
     p.add_argument("--eval-limit", type=int, default=None, help="samples per eval task (default all)")
     args = p.parse_args(argv)
-    from graft.threads import apply_thread_choice
+    if argv is None:  # from the shell (make demo), not an in-process caller
+        from graft.threads import apply_thread_choice
 
-    apply_thread_choice()  # a busy machine: fewer torch threads than cores, said in one line
+        apply_thread_choice()  # a busy machine: fewer torch threads than cores, said in one line
     opts = QuickstartOptions(
         cache_dir=args.cache_dir, find_links=args.find_links, data_dir=args.data_dir,
         config=args.config, overrides=args.overrides, eval_limit=args.eval_limit,

@@ -76,7 +76,7 @@ def run(args) -> int:
         run_dir = train(spec, resume=args.resume)
     except KeyboardInterrupt:  # Ctrl-C: where the run stands, not a traceback
         if main_process:
-            print(interrupted_message(spec, args.config), file=sys.stderr)
+            print(interrupted_message(spec, args.config, args.overrides), file=sys.stderr)
         return 130
     if main_process:
         print(summary_line(run_dir, time.perf_counter() - start))
@@ -85,22 +85,22 @@ def run(args) -> int:
     return 0
 
 
-def interrupted_message(spec, config: str) -> str:
+def interrupted_message(spec, config: str, overrides: list[str] = ()) -> str:
     """What Ctrl-C kept: the newest checkpoint and the command that continues from it."""
+    import shlex
     from pathlib import Path
 
     from graft.spec import GraftSpec
     from graft.train.checkpoint import latest_checkpoint
 
-    run_dir = Path(GraftSpec.expand(spec.output_dir))
-    ckpt = latest_checkpoint(run_dir)
+    command = " ".join(shlex.quote(a) for a in ["graft", "train", config,
+                                                *(x for o in overrides for x in ("--set", o))])
+    ckpt = latest_checkpoint(Path(GraftSpec.expand(spec.output_dir)))
     if ckpt is None:
         return (f"graft train: interrupted before the first checkpoint (train.save_every="
-                f"{spec.train.save_every}); nothing to resume: `graft train {config} --overwrite` "
-                "starts again")
+                f"{spec.train.save_every}); nothing to resume: `{command} --overwrite` starts again")
     step = int(ckpt.name.split("_")[-1])
-    return (f"graft train: interrupted; {ckpt} holds step {step}. Continue with: "
-            f"graft train {config} --resume   (add the same --set options)")
+    return f"graft train: interrupted; {ckpt} holds step {step}. Continue with: {command} --resume"
 
 
 def print_plan(spec, args) -> int:

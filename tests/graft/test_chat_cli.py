@@ -140,3 +140,22 @@ def test_usage_errors_are_one_line(capsys):
     err = capsys.readouterr().err
     assert err == ("graft chat: error: argument --max-new-tokens: 0 is out of range: use >= 1 "
                    "(see graft chat --help)\n")
+
+
+def test_ctrl_c_at_the_prompt_keeps_the_repl_and_ctrl_d_ends_it():
+    class Keys:  # Ctrl-C at the first prompt, then a question, then Ctrl-D (end of input)
+        def __init__(self):
+            self.lines = iter([KeyboardInterrupt, "hi\n", ""])
+
+        def readline(self):
+            line = next(self.lines)
+            if line is KeyboardInterrupt:
+                raise KeyboardInterrupt
+            return line
+
+    asked = []
+    out = io.StringIO()
+    assert repl(lambda m, i, on_text=None: asked.append(m) or "ok", Conversation(), [], Keys(),
+                out) == 0
+    assert asked == [[{"role": "user", "content": "hi"}]]
+    assert out.getvalue().count(">") == 3 and "ok\n" in out.getvalue()

@@ -140,10 +140,11 @@ def test_ctrl_c_keeps_the_periodic_checkpoint_and_says_how_to_resume(make_spec, 
 
     monkeypatch.setattr(loop, "train", interrupted)
     cfg = _config(tmp_path, make_spec(max_steps=5, save_every=2))
-    assert main(["train", cfg]) == 130
+    assert main(["train", cfg, "--set", "train.log_every=1"]) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert f"step_00000002 holds step 2. Continue with: graft train {cfg} --resume" in err
+    assert (f"step_00000002 holds step 2. Continue with: graft train {cfg} --set "
+            "train.log_every=1 --resume") in err
     monkeypatch.setattr(loop, "train", real_train)
     assert main(["train", cfg, "--resume"]) == 0
     assert [r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").open())] \

@@ -8,7 +8,7 @@ const $ = (id) => document.getElementById(id);
 const STORE = "graft-chat";  // localStorage key: messages and settings (never the API key)
 const SETTINGS = { system: "system", maxTokens: "max-tokens", temperature: "temperature", extra: "extra" };
 // messages: the OpenAI messages so far (user content may hold an image_url part)
-const chat = { messages: [], image: null, controller: null, model: "" };
+const chat = { messages: [], image: null, controller: null, model: "", busy: false };
 
 function status(text) { $("status").textContent = text; }
 
@@ -210,9 +210,12 @@ async function generate() {
       }
     });
   } catch (err) {
-    if (err.name !== "AbortError") {
+    if (err.name !== "AbortError") {  // the failed turn is forgotten; its text goes back to the box
       answer.div.className = "msg error";
       answer.body.textContent = "error: " + err.message;
+      const turn = chat.messages.pop();
+      if (!$("prompt").value) $("prompt").value = textOf(turn);
+      save();
       return;
     }
     stopped = true;
@@ -245,10 +248,16 @@ async function generate() {
 }
 
 async function busy(work) {
-  if (chat.controller) return;
+  chat.busy = true;
   $("send").hidden = true;
   $("stop").hidden = false;
-  try { await work(); } finally { $("send").hidden = false; $("stop").hidden = true; }
+  try {
+    await work();
+  } finally {
+    chat.busy = false;
+    $("send").hidden = false;
+    $("stop").hidden = true;
+  }
 }
 
 function send(text) {
@@ -262,7 +271,7 @@ function send(text) {
 }
 
 function regenerate() {
-  if (chat.controller || !chat.messages.length) return;
+  if (chat.busy || !chat.messages.length) return;
   if (chat.messages[chat.messages.length - 1].role === "assistant") chat.messages.pop();
   render();
   return busy(generate);
@@ -306,7 +315,7 @@ $("prompt").addEventListener("keydown", (e) => {
 $("composer").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = $("prompt").value.trim();
-  if (!text || chat.controller) return;
+  if (!text || chat.busy) return;
   $("prompt").value = "";
   send(text);
 });

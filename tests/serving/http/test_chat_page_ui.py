@@ -74,7 +74,7 @@ MARKDOWN = ("# Title\n**bold** and `x<y>`\n\n- one\n- two\n\n```\n<b>raw</b>\n``
             "[bad](javascript:window.pwned=2)")
 
 
-def test_markdown_is_rendered_safely_and_a_non_image_file_is_refused(live_server, tmp_path):
+def test_markdown_safety_a_non_image_file_and_a_failed_turn(live_server, tmp_path):
     browser = _open(1000)
     try:
         _load(browser, live_server.url)
@@ -101,6 +101,15 @@ def test_markdown_is_rendered_safely_and_a_non_image_file_is_refused(live_server
                                   "&& document.getElementById('status').textContent")
         assert status.startswith("notes.txt is not an image (text/plain): pick a PNG")
         assert browser.js("document.getElementById('preview').hidden")
+        # a failed turn is shown, forgotten (not resent with the next one), its text kept to retry
+        _set(browser, "extra", "{not json")
+        browser.js("document.getElementById('prompt').value = 'hello'; "
+                   "document.getElementById('composer').requestSubmit(); true")
+        error = browser.wait_for("document.querySelector('.msg.error')?.textContent")
+        assert error.startswith("error: ") and "JSON" in error
+        assert browser.js("document.getElementById('prompt').value") == "hello"
+        assert json.loads(browser.js("localStorage.getItem('graft-chat')"))["messages"] == []
+        assert not browser.js("document.getElementById('send').hidden")
     finally:
         browser.close()
 
