@@ -46,6 +46,7 @@ def test_layout_at_desktop_and_phone_width(live_server, tmp_path):
         try:
             _load(browser, live_server.url)
             assert browser.js("window.innerWidth") == width
+            assert browser.js("document.getElementById('model-label').hidden")  # one model: no picker
             assert browser.js("document.documentElement.scrollWidth") <= width  # no sideways scroll
             for selector in CONTROLS:
                 box = browser.box(selector)
