@@ -51,7 +51,8 @@ def _llm_backend(path: str, args):
         _text_only(path, images)
         ids = encode_chat(tokenizer, messages, [], add_generation_prompt=True).input_ids
         kwargs = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                      streamer=text_streamer(tokenizer, on_text), **sampling_kwargs(args.temperature, args.top_p, args.seed))
+                      streamer=text_streamer(tokenizer, on_text),
+                      **sampling_kwargs(args.temperature, args.top_p, args.seed))
         with torch.no_grad():
             out = llm.generate(torch.tensor([ids], device=llm.device), **kwargs)
         return tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True).strip()
@@ -61,7 +62,7 @@ def _llm_backend(path: str, args):
 
 def _engine_backend(path: str, args):
     from graft.serving import Engine, EngineConfig, SamplingParams
-    from graft.serving.multimodal.front import generate_chats
+    from graft.serving.multimodal.front import generate_chats, stream_chat
     from graft.template import encode_chat
 
     engine = Engine.from_pretrained(path, EngineConfig(
@@ -70,17 +71,18 @@ def _engine_backend(path: str, args):
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_new_tokens, seed=args.seed)
 
-    def answer(messages, images, on_text=None):  # the engine answers whole: on_text once
-        if engine.mm is not None:  # a run dir: its graft is the default
+    def answer(messages, images, on_text=None):
+        if engine.mm is None:
+            _text_only(path, images)
+        if on_text is not None:  # the REPL: streamed step by step
+            out = stream_chat(engine, messages, images, params, on_text)
+        elif engine.mm is not None:  # a run dir: its graft is the default
             out = generate_chats(engine, {"chat": (messages, images)}, params)["chat"]
         else:
-            _text_only(path, images)
             ids = encode_chat(engine.tokenizer, messages, [], add_generation_prompt=True).input_ids
             out = engine.generate(prompt_token_ids=[ids], sampling_params=params)[0]
         if out.finish_reason in ("error", "internal_error"):
             raise GraftConfigError(f"graft chat: {out.error}")
-        if on_text is not None:
-            on_text(out.text)
         return out.text
 
     return answer

@@ -118,6 +118,11 @@ def test_repl_on_a_run_dir(tiny_run_dir, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
     assert main(["chat", str(tiny_run_dir), "--max-new-tokens", "2"]) == 0
     assert "/image PATH" in capsys.readouterr().out
+    # graft's engine streams in the REPL too
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    assert main(["chat", str(tiny_run_dir), "--max-new-tokens", "3", "--quantization", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("> ") == 2 and "error" not in out
 
 
 def test_loading_bars_quiet_unless_verbose(tiny_llama):
