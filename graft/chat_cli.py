@@ -110,7 +110,10 @@ def repl(answer, chat: Conversation, pending: list, stdin=None, out=None) -> int
         except EOFError:  # Ctrl-D
             say("")
             return 0
-        if line is None or line.strip() in ("/quit", "/exit"):
+        if line is None:  # the end of piped input: leave the shell's prompt on a line of its own
+            say("")
+            return 0
+        if line.strip() in ("/quit", "/exit"):
             return 0
         pending = _turn(line.strip(), answer, chat, pending, say, out)
 
