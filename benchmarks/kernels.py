@@ -224,7 +224,23 @@ def run_benchmarks(cfg: BenchConfig, device, impl) -> dict:
             "decode": decode, "prefill": prefill}
 
 
+def no_gpu_visible(env=None, exists=None) -> bool:
+    """True when no GPU driver is visible: answered from device files, before `import torch`
+    (tens of seconds on a busy machine) is spent only to learn that there is no GPU."""
+    import os
+
+    env = os.environ if env is None else env
+    exists = exists or os.path.exists
+    if env.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return True
+    # NVIDIA's driver nodes, or ROCm's (torch.cuda also runs on ROCm)
+    return not any(exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd"))
+
+
 def run(args: argparse.Namespace) -> int:
+    if no_gpu_visible():
+        print("graft.benchmarks.kernels needs a CUDA GPU (no GPU driver found): nothing measured.")
+        return 0
     import torch
 
     if not torch.cuda.is_available():

@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="folder for results.json and samples_<task>.jsonl (default: a new "
                         "RUN_DIR/eval/<time>-<tasks>/ for a run dir, else runs/eval/<time>-<model>-<tasks>/)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace results.json in an --out folder that already has one")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no progress bars (they are off anyway when stderr is not a terminal)")
     parser.add_argument("--backend", default="hf", choices=["hf", "engine"], help="how --model runs")
@@ -79,6 +81,9 @@ def run(args) -> int:
     from graft.evals.report import results_table
     from graft.evals.runner import run_eval
 
+    if args.out and (Path(args.out) / "results.json").exists() and not args.overwrite:
+        raise GraftConfigError(f"--out {args.out} already holds results.json; --overwrite "
+                               "replaces it, or drop --out for a new dated folder")
     out = args.out or str(default_out_dir(args.endpoint or args.model, args.tasks))
     endpoint_options = {}
     if args.endpoint:

@@ -13,13 +13,16 @@ from graft.serving.engine.engine_args import add_engine_args
 
 EXAMPLES = """examples:
   graft chat runs/quickstart --image cat.png "What is in the picture?"
-  graft chat runs/quickstart                  # REPL: /image PATH, /reset, /quit
+  graft chat runs/quickstart                  # REPL: /image PATH, /system TEXT, /reset, /quit
   graft chat ~/models/smollm2 --system "Answer briefly." "Name a prime."
   graft chat runs/quickstart --quantization int4 --image cat.png "Which colour?"
 """
 
-REPL_HELP = "commands: /image PATH (attach to the next message), /reset (new chat), /quit"
-
+REPL_HELP = ("commands: /image PATH (attach to the next message), /system [TEXT] (set or clear "
+             "the system message), /reset (new chat), /help, /quit; Ctrl-C stops an answer, "
+             "Ctrl-D quits")
+PROMPT = "> "
+HISTORY = "~/.cache/graft/chat_history"  # readline history across sessions
 
 def add_arguments(parser) -> None:
     parser.add_argument("run_dir", metavar="PATH",
@@ -66,6 +69,12 @@ class Conversation:
         self.system = system
         self.reset()
 
+    def set_system(self, text: str | None) -> None:
+        """A new system message for this chat and the next ones; the turns so far stay."""
+        self.system = text or None
+        turns = [m for m in self.messages if m["role"] != "system"]
+        self.messages = ([{"role": "system", "content": self.system}] if self.system else []) + turns
+
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.images = []
@@ -84,35 +93,112 @@ class Conversation:
 
 
 def repl(answer, chat: Conversation, pending: list, stdin=None, out=None) -> int:
-    """Read lines until EOF or /quit; a failed turn prints its error and is forgotten."""
+    """Read lines until EOF or /quit, streaming each answer as it is generated; a failed or
+    interrupted turn prints why and is forgotten. On a terminal: readline editing and history."""
+    stdin, out = stdin or sys.stdin, out or sys.stdout
+    say = lambda text: print(text, file=out, flush=True)  # noqa: E731
+    read = _terminal_reader() if stdin is sys.stdin and stdin.isatty() else _line_reader(stdin, out)
+    say(REPL_HELP)
+    while True:
+        try:
+            line = read(PROMPT)
+        except KeyboardInterrupt:  # at the prompt: a fresh line, as a shell does
+            say("")
+            continue
+        except EOFError:  # Ctrl-D
+            say("")
+            return 0
+        if line is None:  # the end of piped input: leave the shell's prompt on a line of its own
+            say("")
+            return 0
+        if line.strip() in ("/quit", "/exit"):
+            return 0
+        pending = _turn(line.strip(), answer, chat, pending, say, out)
+
+
+def _turn(line: str, answer, chat: Conversation, pending: list, say, out) -> list:
+    """One REPL line; returns the images still waiting for the next message."""
     from graft.errors import GraftError
     from graft.train.data import load_image
 
-    stdin, out = stdin or sys.stdin, out or sys.stdout
-    say = lambda text: print(text, file=out, flush=True)  # noqa: E731
-    say(REPL_HELP)
-    for line in stdin:
-        line = line.strip()
+    command, _, rest = line.partition(" ")
+    try:
+        if not line:
+            return pending
+        if command == "/reset":
+            chat.reset()
+            say("(new chat)")
+            return []
+        if command == "/image":
+            pending = pending + [load_image(rest.strip())]
+            say(f"(images for the next message: {len(pending)})")
+            return pending
+        if command == "/system":
+            chat.set_system(rest.strip())
+            say(f"(system: {chat.system})" if chat.system else "(no system message)")
+            return pending
+        if command == "/help":
+            say(REPL_HELP)
+            return pending
+        if line.startswith("/"):
+            raise GraftError(f"unknown command {command}; {REPL_HELP}")
+        messages, images = chat.ask(line, pending)
+        pieces = []
+
+        def show(piece: str) -> None:
+            out.write(piece.lstrip() if not pieces else piece)
+            out.flush()
+            pieces.append(piece)
+
+        text = answer(messages, images, on_text=show)
+        say("" if pieces else text)
+        chat.answered(messages, images, text)
+        return []
+    except KeyboardInterrupt:  # Ctrl-C stops this answer, not the REPL
+        say("\n(stopped; this turn is forgotten)")
+    except GraftError as err:
+        say(f"error: {err}")
+    return pending
+
+
+def _line_reader(stdin, out):
+    """Lines from a pipe or file: the prompt is shown, None at the end."""
+    def read(prompt: str) -> str | None:
+        out.write(prompt)
+        out.flush()
+        line = stdin.readline()
+        return None if not line else line.rstrip("\n")
+
+    return read
+
+
+def _terminal_reader(history: str = HISTORY):
+    """input() with readline's line editing and a history kept in `history`."""
+    load_history(history)
+    return input
+
+
+def load_history(path: str) -> bool:
+    """Readline history from `path`, written back at exit; False where readline is missing."""
+    import atexit
+    import os
+
+    try:
+        import readline
+    except ImportError:  # e.g. Windows without pyreadline: plain input()
+        return False
+    path = os.path.expanduser(path)
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass  # the first session: no file yet
+    readline.set_history_length(1000)
+
+    def save() -> None:
         try:
-            if not line:
-                continue
-            if line in ("/quit", "/exit"):
-                break
-            if line == "/reset":
-                chat.reset()
-                pending = []
-                say("(new chat)")
-            elif line.startswith("/image"):
-                pending.append(load_image(line[len("/image"):].strip()))
-                say(f"(images for the next message: {len(pending)})")
-            elif line.startswith("/"):
-                raise GraftError(f"unknown command {line.split()[0]}; {REPL_HELP}")
-            else:
-                messages, images = chat.ask(line, pending)
-                text = answer(messages, images)
-                chat.answered(messages, images, text)
-                pending = []
-                say(text)
-        except GraftError as err:
-            say(f"error: {err}")
-    return 0
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            readline.write_history_file(path)
+        except OSError:
+            pass  # a read-only home: history is a convenience, not worth an error
+    atexit.register(save)
+    return True

@@ -111,6 +111,7 @@ def _choose_sub(head: str, subs: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_shell = argv is None  # in-process callers (tests, scripts) keep their own threads
     argv = list(sys.argv[1:] if argv is None else argv)
     groups = _groups()
     if not argv or argv[0] in ("-h", "--help"):
@@ -152,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         # `PATH --image X "question"` works too
         args = parse(parser, argv) if parse else parser.parse_intermixed_args(argv)
         _quiet_loading_bars(getattr(args, "verbose", False))
+        if from_shell:
+            from graft.threads import apply_thread_choice
+
+            apply_thread_choice()  # before torch starts its thread pool
         return int(module.run(args) or 0)
     except SystemExit as exit_:  # --help (0) or a usage error (2): a return code for callers
         return int(exit_.code or 0)

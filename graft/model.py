@@ -127,24 +127,28 @@ class GraftedModel(nn.Module):
     @torch.no_grad()
     def generate_ids(self, input_ids: list[int], images=(), max_new_tokens: int = 64,
                      temperature: float = 0.0, seed: int | None = None,
-                     top_p: float = 1.0) -> list[int]:
+                     top_p: float = 1.0, on_text=None) -> list[int]:
         ids = torch.tensor([input_ids], device=self.device)
         embeds = self.embed(ids, self.image_features(list(images)))
         kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
+                      streamer=text_streamer(self.tokenizer, on_text),
                       **sampling_kwargs(temperature, top_p, seed))
         out = self.llm.generate(inputs_embeds=embeds, attention_mask=torch.ones_like(ids), **kwargs)
         return out[0].tolist()
 
     def chat(self, messages: list[dict], images=(), max_new_tokens: int = 64,
-             temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0) -> str:
+             temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
+             on_text=None) -> str:
         """Answer a chat (user text with `<image>` markers, one per image) with HF generate;
-        temperature 0 is greedy, else sampling with nucleus top_p."""
+        temperature 0 is greedy, else sampling with nucleus top_p. `on_text(piece)` receives
+        the answer as it is generated (whole words)."""
         from graft.template import encode_chat
 
         images = list(images)
         counts = [self.image_token_count(*im.size) for im in images]
         chat = encode_chat(self.tokenizer, messages, counts, add_generation_prompt=True)
-        new = self.generate_ids(chat.input_ids, images, max_new_tokens, temperature, seed, top_p)
+        new = self.generate_ids(chat.input_ids, images, max_new_tokens, temperature, seed, top_p,
+                                on_text)
         return self.tokenizer.decode(new, skip_special_tokens=True).strip()
 
     def describe(self) -> dict:
@@ -161,3 +165,18 @@ class GraftedModel(nn.Module):
                           "d_model": self.projector.d_model, **count(self.projector)},
             "llm": {"path": self.spec.llm.path, "class": type(self.llm).__name__, **count(self.llm)},
         }
+
+
+def text_streamer(tokenizer, on_text):
+    """An HF generate streamer that hands decoded pieces of the answer to `on_text` (None:
+    no streaming); the prompt is not repeated."""
+    if on_text is None:
+        return None
+    from transformers import TextStreamer
+
+    class _Pieces(TextStreamer):
+        def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+            if text:
+                on_text(text)
+
+    return _Pieces(tokenizer, skip_prompt=True, skip_special_tokens=True)

@@ -62,10 +62,12 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast on the frozen parts)
     gradient_checkpointing: bool = False  # trade compute for memory in the LLM
     seed: int = 0  # seeds data order, projector init and dropout
-    save_every: int = 0  # checkpoint every N optimizer steps (0: only at the end)
+    # checkpoint every N optimizer steps, so an interrupted run resumes (0: only at the end)
+    save_every: int = 50
+    keep_checkpoints: int = 2  # the newest N checkpoints stay on disk (0: keep all)
     log_every: int = 1  # a metrics.jsonl row (and tracker point) every N optimizer steps; step 1 always
     eval_every: int = 0  # validation loss on data.val every N optimizer steps (0: only at the end)
-    report_to: str = "none"  # none | tensorboard | trackio | wandb (accelerate's tracker integration)
+    report_to: str = "none"  # none | tensorboard | trackio | wandb | mlflow (accelerate's trackers)
     feature_cache: str | None = None  # folder for cached frozen-encoder outputs (None: off)
     num_workers: int = 0  # DataLoader workers
     # none: every rank holds the whole frozen LLM (data parallel) | fsdp: the frozen LLM sharded
@@ -174,7 +176,7 @@ _CHOICES = {
     "train.precision": ("fp32", "bf16"),
     "data.on_bad_sample": ("error", "skip"),
     "llm.dtype": ("float32", "bfloat16", "float16"),
-    "train.report_to": ("none", "tensorboard", "trackio", "wandb"),
+    "train.report_to": ("none", "tensorboard", "trackio", "wandb", "mlflow"),
     "train.sharding": ("none", "fsdp"),
 }
 _RANGES = {
@@ -187,6 +189,7 @@ _RANGES = {
     "train.warmup_ratio": (lambda v: 0 <= v <= 1, "between 0 and 1"),
     "train.max_grad_norm": (lambda v: v >= 0, ">= 0 (0 disables clipping)"),
     "train.save_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
+    "train.keep_checkpoints": (lambda v: v >= 0, ">= 0 (0: keep all)"),
     "train.log_every": (lambda v: v >= 1, ">= 1"),
     "train.eval_every": (lambda v: v >= 0, ">= 0 (0: only at the end)"),
     "train.num_workers": (lambda v: v >= 0, ">= 0"),

@@ -2,7 +2,8 @@
 
 `from graft.serving import Engine, EngineConfig, SamplingParams` is the public entry point.
 Each name loads on first use (module __getattr__): a command's --help that only needs
-EngineConfig's fields (graft.serving.engine.engine_args) does not pay for torch.
+EngineConfig's fields (graft.serving.engine.engine_args) does not pay for torch, and
+`graft serve` checks its port and flags before torch is imported.
 """
 
 from __future__ import annotations

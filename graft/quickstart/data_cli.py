@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--digits-train", type=int, default=d.digits_train,
                         help="training digits (0: all not held out)")
     parser.add_argument("--image-size", type=int, default=d.image_size, help="PNG side in pixels")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace what --out already holds (refused without it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,6 +27,18 @@ def run(args: argparse.Namespace) -> int:
     params = DataParams(seed=args.seed, train_scenes=args.train_scenes,
                         val_scenes=args.val_scenes, digits_test=args.digits_test,
                         digits_train=args.digits_train or None, image_size=args.image_size)
+    from pathlib import Path
+
+    from graft.errors import GraftConfigError
+    from graft.quickstart.data import data_is_current
+
+    out = Path(args.out)
+    if data_is_current(out, params):  # the same seed and sizes: the same files
+        print(f"{args.out} already holds this data (same parameters): nothing written")
+        return 0
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise GraftConfigError(f"--out {args.out} is not empty; --overwrite replaces the "
+                               "quickstart data there, or pick a new folder with --out")
     meta = write_quickstart_data(args.out, params)
     evals = ", ".join(f"{k} {v}" for k, v in meta["eval"].items())
     print(f"wrote {args.out}: train.json {meta['train_samples']} samples, "

@@ -157,10 +157,26 @@ def held_out_chat(run_dir: Path, data_dir: Path) -> dict:
             "truth": row["answer"]}
 
 
-def next_steps(run_dir: str, image: str, question: str, data_dir: str) -> str:
-    return ("next:\n"
+def activate_hint(executable: str | None = None, which=None) -> str:
+    """The line that puts `graft` on PATH when it is not (make demo runs .venv's python
+    without activating .venv); empty when `graft` already resolves to this environment."""
+    import os
+    import shutil
+
+    bin_dir = Path(executable or sys.executable).parent
+    found = (which or shutil.which)("graft")
+    if found and Path(found).parent == bin_dir:
+        return ""
+    shown = os.path.relpath(bin_dir)
+    shown = bin_dir if shown.startswith("..") else shown  # .venv/bin below here, else in full
+    return f"  source {shown}/activate      # once per shell: puts `graft` on PATH\n"
+
+
+def next_steps(run_dir: str, image: str, question: str, data_dir: str, hint: str = "") -> str:
+    return ("next:\n" + hint +
+            f"  graft chat {run_dir}      # a REPL: type a question, /image PATH, /help\n"
             f"  graft chat {run_dir} --image {image} \"{question}\"\n"
-            f"  graft serve {run_dir}      # OpenAI-compatible chat API on 127.0.0.1:8000\n"
+            f"  graft serve {run_dir}      # chat page at http://127.0.0.1:8000/ + OpenAI API\n"
             f"  graft eval --model {run_dir} --backend engine --data-root {data_dir} "
             "--tasks quickstart_digits   # the same eval on graft's own engine")
 
@@ -182,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="training digits (0: all not held out)")
     p.add_argument("--eval-limit", type=int, default=None, help="samples per eval task (default all)")
     args = p.parse_args(argv)
+    if argv is None:  # from the shell (make demo), not an in-process caller
+        from graft.threads import apply_thread_choice
+
+        apply_thread_choice()  # a busy machine: fewer torch threads than cores, said in one line
     opts = QuickstartOptions(
         cache_dir=args.cache_dir, find_links=args.find_links, data_dir=args.data_dir,
         config=args.config, overrides=args.overrides, eval_limit=args.eval_limit,
@@ -196,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     chat = summary["chat"] or {"image": f"{args.data_dir}/images/FILE.png",
                                "question": "What kind of shape is shown?"}
-    print(next_steps(summary["run_dir"], chat["image"], chat["question"], args.data_dir))
+    print(next_steps(summary["run_dir"], chat["image"], chat["question"], args.data_dir,
+                     activate_hint()))
     return 0
 
 

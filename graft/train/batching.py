@@ -95,15 +95,23 @@ class Batcher:
             raise GraftConfigError("adapter.standardize needs training images to measure the features "
                                    f"on, but {self.spec.data.train} has no sample with an image; "
                                    "turn adapter.standardize off for text-only data")
+        from tqdm.auto import tqdm
+
         total = total_sq = None
         count = 0
         step = self.spec.train.batch_size
+        # before step 1, and long on a cold cache: a bar says what the wait is for
+        what = "reading cached features" if self.cache and self.cache.warm() else "encoding"
+        bar = tqdm(total=len(paths), unit="image", disable=self.rank != 0,
+                   desc=f"{what} {len(paths)} training images (adapter.standardize stats)")
         for i in range(0, len(paths), step):
             for f in self.features([load_image(p) for p in paths[i:i + step]]):
                 f = f.double().reshape(-1, f.shape[-1])
                 total = f.sum(0) if total is None else total + f.sum(0)
                 total_sq = (f * f).sum(0) if total_sq is None else total_sq + (f * f).sum(0)
                 count += f.shape[0]
+            bar.update(len(paths[i:i + step]))
+        bar.close()
         mean = total / count
         var = (total_sq - count * mean * mean) / max(count - 1, 1)
         return mean.float(), var.clamp(min=0).sqrt().float()

@@ -58,6 +58,19 @@ def save_checkpoint(run_dir: Path, step: int, model, tensors: dict, optimizer_st
     return atomic_write_dir(RunDir(run_dir).checkpoints_dir / f"step_{step:08d}", write)
 
 
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Drop all but the newest `keep` complete checkpoints (0: keep all); a periodic save by
+    default must not fill the disk on a long run."""
+    if keep <= 0:
+        return
+    import shutil
+
+    root = RunDir(run_dir).checkpoints_dir
+    done = sorted(p for p in root.glob("step_*") if (p / TRAINER_STATE).is_file())
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     root = RunDir(run_dir).checkpoints_dir
     if not root.is_dir():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 EXAMPLES = """examples:
   graft train my-graft.yaml
@@ -71,12 +72,35 @@ def run(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
-    run_dir = train(spec, resume=args.resume)
+    try:
+        run_dir = train(spec, resume=args.resume)
+    except KeyboardInterrupt:  # Ctrl-C: where the run stands, not a traceback
+        if main_process:
+            print(interrupted_message(spec, args.config, args.overrides), file=sys.stderr)
+        return 130
     if main_process:
         print(summary_line(run_dir, time.perf_counter() - start))
     print(f"run dir: {run_dir}")
     print(f"next: graft chat {run_dir} --image PATH \"question\"   |   graft serve {run_dir}")
     return 0
+
+
+def interrupted_message(spec, config: str, overrides: list[str] = ()) -> str:
+    """What Ctrl-C kept: the newest checkpoint and the command that continues from it."""
+    import shlex
+    from pathlib import Path
+
+    from graft.spec import GraftSpec
+    from graft.train.checkpoint import latest_checkpoint
+
+    command = " ".join(shlex.quote(a) for a in ["graft", "train", config,
+                                                *(x for o in overrides for x in ("--set", o))])
+    ckpt = latest_checkpoint(Path(GraftSpec.expand(spec.output_dir)))
+    if ckpt is None:
+        return (f"graft train: interrupted before the first checkpoint (train.save_every="
+                f"{spec.train.save_every}); nothing to resume: `{command} --overwrite` starts again")
+    step = int(ckpt.name.split("_")[-1])
+    return f"graft train: interrupted; {ckpt} holds step {step}. Continue with: {command} --resume"
 
 
 def print_plan(spec, args) -> int:

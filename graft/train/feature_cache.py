@@ -25,6 +25,10 @@ class FeatureCache:
         self.hits = 0
         self.misses = 0
 
+    def warm(self) -> bool:
+        """Whether any features are stored yet (a cold cache encodes every image first)."""
+        return any(self.dir.glob("*/*.safetensors"))
+
     def _path(self, content_hash: str) -> Path:
         return self.dir / content_hash[:2] / f"{content_hash}.safetensors"
 

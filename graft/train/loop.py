@@ -24,7 +24,8 @@ from graft.run_dir import RunDir
 from graft.spec import GraftSpec
 from graft.train import sharding
 from graft.train.batching import Batcher
-from graft.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_trainable
+from graft.train.checkpoint import (latest_checkpoint, load_checkpoint, prune_checkpoints,
+                                    save_checkpoint, save_trainable)
 from graft.train.distributed import check_launch, global_token_loss
 from graft.train.plan import check_fits
 from graft.train.progress import Progress
@@ -232,6 +233,7 @@ class Trainer:
         if self.accel.is_main_process:
             save_checkpoint(self.run_dir, self.step, self.core, tensors, optimizer_state,
                             self.scheduler, {**position, "global_batch": self.global_batch})
+            prune_checkpoints(self.run_dir, self.spec.train.keep_checkpoints)
         self.accel.wait_for_everyone()
 
     # ---- the end -------------------------------------------------------------------------

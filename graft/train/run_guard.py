@@ -15,7 +15,7 @@ from graft.spec import GraftSpec
 # batch_size may follow a change of ranks as long as the global batch stays, which the loop
 # checks); the LLM itself is pinned by llm.sha256 instead of its path.
 RESUME_MAY_CHANGE = {"output_dir", "llm.path", "llm.sha256", "train.save_every",
-                     "train.log_every", "train.eval_every", "train.report_to",
+                     "train.keep_checkpoints", "train.log_every", "train.eval_every", "train.report_to",
                      "train.num_workers", "train.feature_cache", "train.sharding",
                      "train.cpu_offload", "train.device_memory", "train.batch_size"}
 
@@ -47,9 +47,14 @@ def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = Fal
 def check_resume(spec: GraftSpec, run_dir: Path) -> None:
     from graft.train.checkpoint import latest_checkpoint
 
-    if not is_run_dir(run_dir) or latest_checkpoint(run_dir) is None:
-        raise GraftConfigError(f"--resume: {run_dir} has no {SPEC_FILE} and complete checkpoint "
-                               "to resume; drop --resume to start a new run")
+    if not is_run_dir(run_dir):
+        raise GraftConfigError(f"--resume: {run_dir} has no {SPEC_FILE} (no run was started "
+                               "there); drop --resume to start a new run")
+    if latest_checkpoint(run_dir) is None:
+        raise GraftConfigError(
+            f"--resume: {run_dir} holds a run but no complete checkpoint under "
+            f"{RunDir(run_dir).checkpoints_dir} (it stopped before train.save_every steps); "
+            "start it again with --overwrite")
     saved = RunDir(run_dir).load_spec()
     diffs = [f"{k} ({saved_v!r} in the run, {new_v!r} now)"
              for k, saved_v, new_v in spec_diff(saved.to_dict(), spec.to_dict())

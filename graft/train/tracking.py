@@ -9,7 +9,7 @@ from pathlib import Path
 from graft.errors import GraftConfigError
 from graft.run_dir import RunDir
 
-REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
+REPORT_TO = ("none", "tensorboard", "trackio", "wandb", "mlflow")
 PROJECT = "graft"  # the tracker project; TensorBoard writes under <run dir>/logs/graft
 SMOOTHING = 0.9  # EMA weight of the plot's smoothed loss (debiased, as TensorBoard does)
 
@@ -23,10 +23,11 @@ def check_report_to(name: str) -> None:
     drop it with a debug message and train without it."""
     if name == "none":
         return
-    from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
+    from accelerate.utils import (is_mlflow_available, is_tensorboard_available,
+                                  is_trackio_available, is_wandb_available)
 
     available = {"tensorboard": is_tensorboard_available, "trackio": is_trackio_available,
-                 "wandb": is_wandb_available}[name]
+                 "wandb": is_wandb_available, "mlflow": is_mlflow_available}[name]
     if not available():
         raise GraftConfigError(f"train.report_to={name}: the {name} package is not installed; "
                                f"pip install {name}, or set train.report_to=none")
@@ -61,10 +62,18 @@ class Reporter:
     def __init__(self, accel, spec, run_dir: Path):
         self.accel, self.run = accel, RunDir(run_dir)
         self.tracking = spec.train.report_to != "none"
-        if self.tracking:
-            accel.init_trackers(PROJECT, config=flat_config(spec.to_dict()),
-                                init_kwargs={"wandb": {"name": self.run.path.name},
-                                             "trackio": {"name": self.run.path.name}})
+        if not self.tracking:
+            return
+        config = flat_config(spec.to_dict())
+        if spec.train.report_to == "mlflow":
+            mlflow_store(self.run.tracker_dir)
+        tensorboard = spec.train.report_to == "tensorboard"
+        name = self.run.path.name
+        accel.init_trackers(PROJECT, config=None if tensorboard else config,
+                            init_kwargs={"wandb": {"name": name}, "trackio": {"name": name},
+                                         "mlflow": {"run_name": name}})
+        if tensorboard and accel.is_main_process:
+            tensorboard_hparams(accel.get_tracker("tensorboard", unwrap=True), config)
 
     def log(self, row: dict) -> None:
         with open(self.run.metrics_file, "a") as fh:
@@ -76,6 +85,29 @@ class Reporter:
     def close(self) -> None:
         if self.tracking:
             self.accel.end_training()
+
+
+def mlflow_store(tracker_dir: Path) -> None:
+    """MLflow's runs in <run dir>/logs/mlflow.db (beside TensorBoard's logs), unless
+    $MLFLOW_TRACKING_URI names a server or store; MLflow's own default is ./mlflow.db."""
+    import os
+
+    import mlflow
+
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        Path(tracker_dir).mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(f"sqlite:///{Path(tracker_dir).resolve() / 'mlflow.db'}")
+
+
+def tensorboard_hparams(writer, config: dict) -> None:
+    """The spec as hparams in the run's own event file: accelerate's `store_init_configuration`
+    (torch's add_hparams) writes them to a second run named by a timestamp instead."""
+    from torch.utils.tensorboard.summary import hparams
+
+    file_writer = writer._get_file_writer()
+    for summary in hparams(config, {}):
+        file_writer.add_summary(summary)
+    writer.flush()
 
 
 def read_rows(path: Path) -> list[dict]:

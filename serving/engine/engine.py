@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -81,7 +82,10 @@ class Engine:
     @classmethod
     def _load(cls, source, config, llm, cache_bytes, **kwargs) -> "Engine":
         device = (config or EngineConfig()).device
-        graft_set = load_grafts(source, llm, cache_bytes, device=device)
+        # "~/models/x" as in a YAML spec: the shell did not expand it for a Python caller
+        home = lambda p: None if p is None else os.path.expanduser(str(p))  # noqa: E731
+        source = {k: home(v) for k, v in source.items()} if isinstance(source, dict) else home(source)
+        graft_set = load_grafts(source, home(llm), cache_bytes, device=device)
         return cls(graft_set.llm_path, config, grafts=graft_set, **kwargs)
 
     @property

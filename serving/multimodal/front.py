@@ -7,6 +7,7 @@ budgets and cache room are known at admission.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,3 +212,40 @@ def generate_chats(engine, chats: dict[str, tuple], sampling_params) -> dict:
         for rid, front in fronts.items():
             front.cache.release(rid)
     return dict(zip(fronts, outs))
+
+
+_stream_ids = itertools.count()
+
+
+def stream_chat(engine, messages: list[dict], images, sampling_params, on_text, graft=None):
+    """One chat answered step by step (graft chat's REPL): `on_text(piece)` after each engine
+    step that added text; returns the final RequestOutput. With no graft (a bare LLM engine),
+    text only. Ctrl-C (or any error) aborts the request at the engine before it propagates."""
+    from graft.template import encode_chat
+
+    rid = f"stream-{next(_stream_ids)}"
+    front = engine.grafts.front(graft)
+    if front is None:
+        if images:
+            raise GraftConfigError("this engine serves a bare LLM dir (no graft): no images")
+        ids, mm = encode_chat(engine.tokenizer, messages, [], add_generation_prompt=True).input_ids, None
+    else:
+        ids, mm = front.prepare_chat(messages, list(images), owner=rid)
+    final = None
+    try:
+        engine.add_request(rid, prompt_token_ids=ids, sampling_params=sampling_params,
+                           mm_inputs=mm, graft=graft)
+        while final is None and engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.request_id != rid:
+                    continue
+                if out.new_text:
+                    on_text(out.new_text)
+                if out.finished:
+                    final = out
+    finally:
+        if final is None:
+            engine.abort(rid)
+        if front is not None:  # the embeddings stay cached for later turns, unpinned
+            front.cache.release(rid)
+    return final

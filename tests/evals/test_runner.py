@@ -74,6 +74,15 @@ def test_cli_eval_list_and_errors(tiny_llama, text_data, tmp_path, capsys):
     assert json.loads((out / "results.json").read_text())["tasks"]["text_only"]["n"] == 2
     assert main(["eval", "compare", str(out), str(out), "--bootstrap", "20"]) == 0
     assert "text_only" in capsys.readouterr().out
+    # the same --out again: refused before anything runs, unless --overwrite
+    before = (out / "results.json").read_text()
+    again = ["eval", "--model", str(tiny_llama), "--tasks", str(short), "--data-root",
+             str(text_data), "--limit", "1", "--out", str(out), "--no-cache", "--bootstrap", "20"]
+    assert main(again) == 2
+    assert f"--out {out} already holds results.json; --overwrite replaces it" in capsys.readouterr().err
+    assert (out / "results.json").read_text() == before
+    assert main(again + ["--overwrite"]) == 0
+    assert json.loads((out / "results.json").read_text())["tasks"]["text_only"]["n"] == 1
 
 
 def test_unwritable_cache_is_a_clear_error(tmp_path):

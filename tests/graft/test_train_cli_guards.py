@@ -1,11 +1,13 @@
 """`graft train` keeps what a user made (no silent overwrite, resume checked against the run),
 parses values strictly and checks paths before weights load: one-line errors, no traceback."""
 
+import json
 import re
 
 import yaml
 
 from graft.cli import main
+from graft.spec import GraftSpec
 from tests.graft.cli_asserts import fails as _fails
 
 
@@ -55,7 +57,7 @@ def test_non_run_dir_and_missing_checkpoint(make_spec, tmp_path, capsys):
     cfg = _config(tmp_path, spec)
     _fails(capsys, ["train", cfg, "--overwrite"], "is not empty and is not a run dir")
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
-    _fails(capsys, ["train", cfg, "--resume"], "no graft.yaml and complete checkpoint")
+    _fails(capsys, ["train", cfg, "--resume"], "has no graft.yaml (no run was started there)")
     _fails(capsys, ["train", cfg, "--set", f"output_dir={tmp_path / 'run' / 'notes.txt'}"],
            "notes.txt is a file")
 
@@ -121,3 +123,48 @@ def test_a_real_process_prints_one_line(make_spec, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "graft train: error: train.gradient_checkpointing='ture': expected a boolean (true or false)"]
+
+
+def test_ctrl_c_keeps_the_periodic_checkpoint_and_says_how_to_resume(make_spec, tmp_path, capsys,
+                                                                   monkeypatch):
+    import graft.train.loop as loop
+
+    assert GraftSpec().train.save_every > 0  # an interrupted run keeps something by default
+    real_train = loop.train
+
+    def interrupted(spec, resume=False):
+        def ctrl_c(step, loss):
+            if step == 3:
+                raise KeyboardInterrupt
+        return real_train(spec, resume, on_step=ctrl_c)
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    cfg = _config(tmp_path, make_spec(max_steps=5, save_every=2))
+    assert main(["train", cfg, "--set", "train.log_every=1"]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (f"step_00000002 holds step 2. Continue with: graft train {cfg} --set "
+            "train.log_every=1 --resume") in err
+    monkeypatch.setattr(loop, "train", real_train)
+    assert main(["train", cfg, "--resume"]) == 0
+    assert [r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").open())] \
+        == [1, 2, 3, 4, 5]
+
+
+def test_resume_without_a_checkpoint_names_what_is_missing(make_spec, tmp_path, capsys,
+                                                         monkeypatch):
+    import graft.train.loop as loop
+
+    real_train = loop.train
+
+    def interrupted(spec, resume=False):
+        def ctrl_c(step, loss):
+            raise KeyboardInterrupt
+        return real_train(spec, resume, on_step=ctrl_c)
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    cfg = _config(tmp_path, make_spec(max_steps=5, save_every=4))
+    assert main(["train", cfg]) == 130
+    assert "interrupted before the first checkpoint (train.save_every=4)" in capsys.readouterr().err
+    _fails(capsys, ["train", cfg, "--resume"], "holds a run but no complete checkpoint",
+           "--overwrite")

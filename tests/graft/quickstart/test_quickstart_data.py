@@ -138,3 +138,15 @@ def test_cli(tmp_path, capsys):
                      "--image-size", "48"]) == 0
     assert "train.json 8 samples" in capsys.readouterr().out
     assert json.loads((out / "meta.json").read_text())["params"]["seed"] == 2
+    small = ["--train-scenes", "3", "--val-scenes", "2", "--digits-test", "4", "--digits-train",
+             "5", "--image-size", "48"]
+    # the same parameters again: nothing to do; other ones: refused unless --overwrite
+    assert cli_main(["data", "quickstart", "--out", str(out), "--seed", "2", *small]) == 0
+    assert "already holds this data" in capsys.readouterr().out
+    before = (out / "train.json").read_text()
+    assert cli_main(["data", "quickstart", "--out", str(out), "--seed", "3", *small]) == 2
+    assert f"--out {out} is not empty; --overwrite replaces" in capsys.readouterr().err
+    assert (out / "train.json").read_text() == before
+    assert cli_main(["data", "quickstart", "--out", str(out), "--seed", "3", "--overwrite",
+                     *small]) == 0
+    assert json.loads((out / "meta.json").read_text())["params"]["seed"] == 3

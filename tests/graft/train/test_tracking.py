@@ -78,11 +78,15 @@ def test_tensorboard_event_files_hold_the_scalars(make_spec, val_json):
     assert [e.step for e in loss] == [1, 2, 3, 4]
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in rows], rel=1e-5)
     assert [e.step for e in acc.Scalars("val/loss")] == [2, 4]
+    # one run: the spec's hparams live in the same event files, not in a timestamp-named run
+    assert [p.name for p in (run / "logs" / "graft").iterdir() if p.is_dir()] == []
+    assert [p.name for p in (run / "logs").iterdir()] == ["graft"]
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(acc.summary_metadata)
 
 
 def test_new_fields_are_strict(make_spec):
     with pytest.raises(GraftConfigError, match="train.report_to='tensorbord': use one of none, "
-                       "tensorboard, trackio, wandb"):
+                       "tensorboard, trackio, wandb, mlflow"):
         make_spec(report_to="tensorbord")
     with pytest.raises(GraftConfigError, match=r"train.eval_every=5 needs data.val"):
         make_spec(eval_every=5)
@@ -99,3 +103,21 @@ def test_a_tracker_that_is_not_installed_is_one_error_before_training(make_spec,
                        "installed; pip install wandb, or set train.report_to=none"):
         train(make_spec(report_to="wandb"))
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_mlflow_run_holds_the_scalars(make_spec, monkeypatch):
+    pytest.importorskip("mlflow", reason="mlflow is not installed (pip install mlflow-skinny)")
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = train(make_spec(max_steps=3, report_to="mlflow"))
+    store = f"sqlite:///{(run / 'logs' / 'mlflow.db').resolve()}"
+    client = MlflowClient(tracking_uri=store)
+    [found] = client.search_runs([client.get_experiment_by_name("graft").experiment_id])
+    assert found.info.run_name == run.name and found.data.params["train.max_steps"] == "3"
+    history = client.get_metric_history(found.info.run_id, "train/loss")
+    rows = read_rows(run / "metrics.jsonl")
+    assert [m.step for m in history] == [1, 2, 3]
+    assert [m.value for m in history] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+    mlflow.set_tracking_uri("")

@@ -49,6 +49,9 @@ def test_resume_reproduces_uninterrupted_losses(make_spec, tmp_path):
         train(broken, on_step=crash)
     resumed = losses(train(broken, resume=True))
     assert resumed == pytest.approx(ref, abs=0, rel=1e-6)
+    # train.keep_checkpoints (2): the older periodic checkpoints are gone
+    kept = sorted(p.name for p in (tmp_path / "broken" / "checkpoints").iterdir())
+    assert kept == ["step_00000004", "step_00000006"]
 
 
 def test_feature_cache_hit_equals_miss(make_spec, tmp_path):
@@ -67,7 +70,7 @@ def test_feature_cache_hit_equals_miss(make_spec, tmp_path):
     assert losses(train(c)) == pytest.approx(la, rel=1e-6)
 
 
-def test_standardize_measures_training_features_before_step_one(make_spec, tmp_path):
+def test_standardize_measures_training_features_before_step_one(make_spec, tmp_path, capsys):
     import torch
 
     from graft.adapters import load_adapter
@@ -77,6 +80,8 @@ def test_standardize_measures_training_features_before_step_one(make_spec, tmp_p
     spec = make_spec(max_steps=2, feature_cache=str(tmp_path / "features"))
     spec.adapter["standardize"] = True
     run = train(spec)
+    # the pass before step 1 says what it waits for (a cold cache: every image is encoded)
+    assert "encoding 12 training images (adapter.standardize stats)" in capsys.readouterr().err
     # the saved stats are the mean/std over every token of every training image
     images = sorted((Path(spec.data.image_root) / "images").glob("*.png"))
     feats = torch.cat(GraftedModel.from_spec(spec).encode_images([load_image(p) for p in images]))

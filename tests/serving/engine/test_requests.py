@@ -108,3 +108,12 @@ def test_generate_type_error_leaves_nothing_queued(tiny_llama):
     with pytest.raises(ValueError, match="prompt_token_ids"):
         engine.generate(prompt_token_ids=[[1, 2, 3], [4, "x"]], sampling_params=GREEDY)
     assert not engine.has_unfinished_requests()
+
+
+def test_from_pretrained_expands_the_home_dir(tiny_llama, monkeypatch):
+    # docs/engine.md's Engine.from_pretrained("~/models/...") works as written
+    monkeypatch.setenv("HOME", str(tiny_llama.parent))
+    engine = Engine.from_pretrained(f"~/{tiny_llama.name}")
+    prompt = make_prompts((6,), seed=3)
+    assert engine.generate(prompt_token_ids=prompt, sampling_params=GREEDY)[0].token_ids \
+        == hf_greedy(tiny_llama, prompt[0], 8)

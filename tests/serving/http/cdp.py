@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 
 
@@ -34,9 +35,12 @@ class Browser:
             os.dup2(to_chrome_r, 3)
             os.dup2(from_chrome_w, 4)
 
+        # a fresh profile per browser: the page's localStorage history never leaks between tests
+        self.profile = tempfile.mkdtemp(prefix="graft-chromium-")
         # --no-sandbox: test machines run as root, where Chromium's sandbox refuses to start
         self.proc = subprocess.Popen(
             [find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             f"--user-data-dir={self.profile}",
              "--disable-dev-shm-usage", "--remote-debugging-pipe", f"--window-size={width},{height}",
              "about:blank"],
             preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -96,6 +100,16 @@ class Browser:
         node = self.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
         self.call("DOM.setFileInputFiles", nodeId=node, files=[str(p) for p in paths])
 
+    def box(self, selector: str) -> dict | None:
+        """The element's box in CSS pixels and whether it shows (None: no such element)."""
+        return self.js(f"""(() => {{ const e = document.querySelector({selector!r});
+          if (!e) return null; const r = e.getBoundingClientRect();
+          return {{x: r.x, y: r.y, width: r.width, height: r.height, right: r.right,
+                   bottom: r.bottom, shown: !!e.offsetParent || r.width > 0}}; }})()""")
+
+    def click(self, selector: str) -> None:
+        self.js(f"document.querySelector({selector!r}).click(); true")
+
     def screenshot(self, path) -> None:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         with open(path, "wb") as fh:
@@ -112,3 +126,4 @@ class Browser:
             self.proc.kill()
         os.close(self._to_chrome)
         os.close(self._from_chrome)
+        shutil.rmtree(self.profile, ignore_errors=True)

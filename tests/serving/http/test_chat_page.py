@@ -9,7 +9,8 @@ from PIL import Image
 
 from graft.cli import main
 
-PAGE_FILES = {"static/app.js": "javascript", "static/app.css": "text/css"}
+PAGE_FILES = {"static/app.js": "javascript", "static/markdown.js": "javascript",
+              "static/app.css": "text/css"}
 
 
 def test_page_and_assets_are_served(live_server):
@@ -118,6 +119,7 @@ def test_page_picks_the_graft_in_chromium(graft_runs):
             listed = [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]]
             assert browser.js("[...document.querySelectorAll('#model option')].map(o => o.value)") == listed
             assert set(listed) == {"base", "sig", "clip"}
+            assert not browser.js("document.getElementById('model-label').hidden")  # a choice
             browser.js("document.getElementById('model').value = 'clip'; "
                        "document.getElementById('max-tokens').value = 4; true")
             assert browser.js(_RED_IMAGE)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from graft.errors import GraftDataError
+from graft.errors import GraftConfigError, GraftDataError
 from graft.inject import IMAGE_PLACEHOLDER
 from graft.serving import Engine, EngineConfig, ImageRange, MultiModalInputs, SamplingParams
 from graft.serving.multimodal.front import generate_chats
@@ -121,3 +121,32 @@ def test_marker_count_mismatch(tiny_run_dir):
     engine = _engine(tiny_run_dir)
     with pytest.raises(GraftDataError, match="marker"):
         engine.mm.prepare_chat(ASK, [RED, BLUE])
+
+
+def test_stream_chat_pieces_add_up_to_the_batch_answer(tiny_run_dir, tiny_llama):
+    """graft chat's REPL on the engine: text per step, the same tokens as generate_chats,
+    and a request interrupted midway is aborted at the engine (nothing left running)."""
+    from graft.serving.multimodal.front import stream_chat
+
+    engine = _engine(tiny_run_dir)
+    whole = _run(engine, {"a": (ASK, [RED])})["a"]
+    pieces = []
+    out = stream_chat(engine, ASK, [RED], GREEDY, pieces.append)
+    assert out.token_ids == whole.token_ids and "".join(pieces) == out.text == whole.text
+    assert len(pieces) > 1  # more than one step's text: streamed, not handed over at the end
+
+    def ctrl_c(piece):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stream_chat(engine, ASK, [RED], GREEDY, ctrl_c)
+    engine.step()  # the abort is reported at the next step
+    assert not engine.has_unfinished_requests()
+    assert engine.mm.cache.pinned_bytes == 0
+    # a bare LLM engine: text only
+    llm = Engine.from_pretrained(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=96))
+    text = [{"role": "user", "content": "hello"}]
+    got = []
+    assert stream_chat(llm, text, [], GREEDY, got.append).text == "".join(got)
+    with pytest.raises(GraftConfigError, match="bare LLM dir"):
+        stream_chat(llm, ASK, [RED], GREEDY, got.append)
