@@ -86,26 +86,48 @@ class MoEBlock(nn.Module):
         T, H = x.shape
         weights, ids = self.gate(x)  # [T, k]
         k = ids.shape[1]
-        flat = ids.reshape(-1)  # slot s = token s // k, its (s % k)-th choice
-        order = torch.argsort(flat, stable=True)  # slots grouped by expert, tokens in order
-        counts = torch.bincount(flat, minlength=len(self.experts))  # [E]
-        rows = order // k
-        slot_weights = weights.reshape(-1)[order].unsqueeze(-1)  # [T k, 1] fp32
-        out = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
-        if self._use_grouped_gemm(x):
-            out[order] = self._grouped(x[rows], counts) * slot_weights
+        grouped = self._use_grouped_gemm(x)
+        if T == 1 and not grouped:
+            out = self._one_token(x, weights, ids)
         else:
-            start = 0
-            for expert, n in enumerate(counts.tolist()):
-                if n == 0:
-                    continue  # never touched: an inactive expert's weights are not read
-                picked = slice(start, start + n)
-                out[order[picked]] = self.experts[expert](x[rows[picked]]) * slot_weights[picked]
-                start += n
+            out = self._by_expert(x, weights, ids, grouped)
         routed = out.view(T, k, H).sum(dim=1).to(x.dtype)  # [T, H]
         if self.shared_experts is not None:
             routed = routed + self.shared_experts(x)
         return routed
+
+    def _one_token(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Batch-1 decode: the token's k experts in slot order, no sort or scatter (the same
+        products as _by_expert, so a token's output does not depend on its batch)."""
+        k, H = ids.shape[1], x.shape[1]
+        out = torch.empty(k, H, dtype=torch.float32, device=x.device)
+        for slot, expert in enumerate(ids[0].tolist()):
+            # a [1] weight, not a 0-dim one: bf16 * 0-dim fp32 would stay bf16
+            out[slot] = self.experts[expert](x)[0] * weights[0, slot:slot + 1]
+        return out
+
+    def _by_expert(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                   grouped: bool) -> torch.Tensor:
+        """[T k, H] fp32 slot outputs (slot s = token s // k, its (s % k)-th choice), each
+        active expert run once on its rows: one gather, contiguous row ranges per expert, one
+        scatter back to slot order."""
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # slots grouped by expert, tokens in order
+        counts = torch.bincount(flat, minlength=len(self.experts))  # [E]
+        xs = x[order // k]  # [T k, H]: each expert's rows one contiguous range
+        slot_weights = weights.reshape(-1)[order].unsqueeze(-1)  # [T k, 1] fp32
+        if grouped:
+            ys = self._grouped(xs, counts) * slot_weights
+        else:
+            ys = torch.empty(xs.shape, dtype=torch.float32, device=x.device)
+            start = 0
+            for expert, n in enumerate(counts.tolist()):
+                if n:  # an inactive expert is never touched: its weights are not read
+                    rows = slice(start, start + n)
+                    ys[rows] = self.experts[expert](xs[rows]) * slot_weights[rows]
+                    start += n
+        return torch.empty_like(ys).index_copy_(0, order, ys)
 
     def _use_grouped_gemm(self, x: torch.Tensor) -> bool:
         """The Triton grouped GEMM (GPU, or GRAFT_KERNELS=triton under the interpreter) takes

@@ -110,6 +110,20 @@ def test_each_active_expert_runs_once_on_its_rows():
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_token_path_equals_its_row_in_a_batch(dtype):
+    """Batch 1 runs its k experts directly (no sort / scatter): the same sums as the grouped
+    path gives that token in a batch, fp32 and bf16 (torch's own matmul is not row-invariant
+    at the last bit; the engine's is test_alone_equals_batched_with_chunks_and_prefix_cache)."""
+    block = _block(num_experts=8, top_k=3).to(dtype)
+    x = torch.randn(5, 16, dtype=dtype)
+    with torch.inference_mode():
+        batched = block(x)
+        alone = torch.cat([block(x[t:t + 1]) for t in range(5)])
+    assert alone.dtype == dtype
+    torch.testing.assert_close(alone, batched)
+
+
 def test_grouped_router_only_picks_from_the_best_groups():
     block = _block("sigmoid", num_experts=16, top_k=4, n_group=4, topk_group=2,
                    routed_scaling_factor=2.5)
