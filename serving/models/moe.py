@@ -145,11 +145,15 @@ class MoEBlock(nn.Module):
     def _experts_in_c(self, x: torch.Tensor):
         """C descriptors of the experts when one C call can run them all (quantized experts,
         which the engine's C linears hold for every format, fp32 CPU rows, silu), else None."""
+        from graft.kernels.dispatch import kernels_mode
+
         first = self.experts[0].gate_up_proj.quantized
         if first is None or not self.experts[0].is_silu or not cpu_quant.supports(x, first):
             return None
-        if x.dtype != torch.float32:
-            return None  # bf16 rows: the per-expert path rounds each expert's output to bf16
+        if x.dtype != torch.float32 or kernels_mode() not in ("auto", "cpu"):
+            # bf16 rows: the per-expert path rounds each expert's output to bf16; the
+            # reference kernels (GRAFT_KERNELS=reference) are asked not to run the C ones
+            return None
         packed = first.packed.get("cpu")
         key = None if packed is None else packed.weight.data_ptr()
         if self._c_descs is None or self._c_descs[1] != key:  # packs move to huge pages on load

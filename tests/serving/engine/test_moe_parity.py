@@ -146,9 +146,14 @@ def test_experts_in_one_c_call_equal_the_per_expert_linears(scheme, tokens, monk
     with torch.inference_mode():
         got = block(x)
         assert len(calls) == 1 and len(calls[0]) == len(set(block.gate(x)[1].flatten().tolist()))
+        monkeypatch.setenv("GRAFT_KERNELS", "reference")  # the C path stands aside for it
+        reference = block(x)
+        assert len(calls) == 1
+        monkeypatch.delenv("GRAFT_KERNELS")
         monkeypatch.setattr(block, "_experts_in_c", lambda x: None)
         want = block(x)
     assert torch.equal(got, want)
+    torch.testing.assert_close(reference, want, rtol=2e-5, atol=1e-5)
 
 
 def test_grouped_router_only_picks_from_the_best_groups():
