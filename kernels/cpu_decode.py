@@ -86,3 +86,28 @@ def _raise_for(bad: int, dims: Dims, max_slot) -> None:
             raise slot_out_of_range(int(max_slot()), num_slots)
         raise ValueError(f"paged attention (layer {layer}): a block_tables row holds block ids outside "
                          f"[0, {dims.num_blocks}) within its context; fix the block table")
+
+
+def moe_expert_descs(experts) -> tuple:
+    """ctypes arrays of the gate_up and down descriptors of every expert (GatedMLPs whose
+    linears are quantized), for moe_experts; the packed tensors must outlive them."""
+    gate_up = [linear_desc(e.gate_up_proj.quantized, e.gate_up_proj.bias) for e in experts]
+    down = [linear_desc(e.down_proj.quantized, e.down_proj.bias) for e in experts]
+    return (LinearDesc * len(gate_up))(*gate_up), (LinearDesc * len(down))(*down)
+
+
+def moe_experts(descs: tuple, ids: list[int], offsets: list[int], xs: torch.Tensor,
+                slot_weights: torch.Tensor) -> torch.Tensor:
+    """ys [S, hidden] fp32: rows offsets[a] .. offsets[a + 1] of xs [S, hidden] (fp32,
+    contiguous) through expert ids[a]'s MLP, each row times its slot_weights entry [S]."""
+    ids_a, offs_a = array("q", ids), array("q", offsets)
+    down0 = descs[1][0]
+    ys = torch.empty((xs.shape[0], down0.n), dtype=torch.float32)
+    most = max(b - a for a, b in zip(offsets, offsets[1:]))
+    scratch = torch.empty(3 * down0.k * most, dtype=torch.float32)
+    if cpu_ops._lib().graft_moe_experts(
+            descs[0], descs[1], ids_a.buffer_info()[0], offs_a.buffer_info()[0], len(ids),
+            xs.data_ptr(), slot_weights.data_ptr(), ys.data_ptr(), scratch.data_ptr(),
+            torch.get_num_threads()):
+        raise MemoryError("MoE experts (C): no memory for the linears' scratch (activation digits, int4 group sums)")
+    return ys

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from graft.kernels import moe_grouped_gemm
+from graft.kernels import cpu_decode, cpu_quant, moe_grouped_gemm
 from graft.serving.models.layers import GatedMLP, Linear
 from graft.serving.models.llama import CausalLM, DecoderLayer
 
@@ -81,31 +81,89 @@ class MoEBlock(nn.Module):
         self.shared_experts = (GatedMLP(hidden, moe_intermediate * num_shared, act)
                                if num_shared else None)
         self._stacked = None  # the grouped GEMM's stacked expert weights, built on first use
+        self._c_descs = None  # (C descriptors of every expert, the packed weight they point at)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T, H = x.shape
         weights, ids = self.gate(x)  # [T, k]
         k = ids.shape[1]
-        flat = ids.reshape(-1)  # slot s = token s // k, its (s % k)-th choice
-        order = torch.argsort(flat, stable=True)  # slots grouped by expert, tokens in order
-        counts = torch.bincount(flat, minlength=len(self.experts))  # [E]
-        rows = order // k
-        slot_weights = weights.reshape(-1)[order].unsqueeze(-1)  # [T k, 1] fp32
-        out = torch.empty(T * k, H, dtype=torch.float32, device=x.device)
-        if self._use_grouped_gemm(x):
-            out[order] = self._grouped(x[rows], counts) * slot_weights
+        grouped = self._use_grouped_gemm(x)
+        if T == 1 and not grouped:
+            out = self._one_token(x, weights, ids)
         else:
-            start = 0
-            for expert, n in enumerate(counts.tolist()):
-                if n == 0:
-                    continue  # never touched: an inactive expert's weights are not read
-                picked = slice(start, start + n)
-                out[order[picked]] = self.experts[expert](x[rows[picked]]) * slot_weights[picked]
-                start += n
+            out = self._by_expert(x, weights, ids, grouped)
         routed = out.view(T, k, H).sum(dim=1).to(x.dtype)  # [T, H]
         if self.shared_experts is not None:
             routed = routed + self.shared_experts(x)
         return routed
+
+    def _one_token(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Batch-1 decode: the token's k experts in slot order, no sort or scatter (the same
+        products as _by_expert, so a token's output does not depend on its batch)."""
+        k, H = ids.shape[1], x.shape[1]
+        descs = self._experts_in_c(x)
+        if descs is not None:
+            return cpu_decode.moe_experts(descs, ids[0].tolist(), list(range(k + 1)),
+                                          x.expand(k, H).contiguous(), weights[0].contiguous())
+        out = torch.empty(k, H, dtype=torch.float32, device=x.device)
+        for slot, expert in enumerate(ids[0].tolist()):
+            # a [1] weight, not a 0-dim one: bf16 * 0-dim fp32 would stay bf16
+            out[slot] = self.experts[expert](x)[0] * weights[0, slot:slot + 1]
+        return out
+
+    def _by_expert(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                   grouped: bool) -> torch.Tensor:
+        """[T k, H] fp32 slot outputs (slot s = token s // k, its (s % k)-th choice), each
+        active expert run once on its rows: one gather, contiguous row ranges per expert, one
+        scatter back to slot order."""
+        k = ids.shape[1]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # slots grouped by expert, tokens in order
+        counts = torch.bincount(flat, minlength=len(self.experts))  # [E]
+        xs = x[order // k]  # [T k, H]: each expert's rows one contiguous range
+        slot_weights = weights.reshape(-1)[order].unsqueeze(-1)  # [T k, 1] fp32
+        descs = None if grouped else self._experts_in_c(x)
+        if grouped:
+            ys = self._grouped(xs, counts) * slot_weights
+        elif descs is not None:
+            counts = counts.tolist()
+            active = [e for e, n in enumerate(counts) if n]
+            offsets = [0]
+            for e in active:
+                offsets.append(offsets[-1] + counts[e])
+            ys = cpu_decode.moe_experts(descs, active, offsets, xs, slot_weights.reshape(-1))
+        else:
+            ys = torch.empty(xs.shape, dtype=torch.float32, device=x.device)
+            start = 0
+            for expert, n in enumerate(counts.tolist()):
+                if n:  # an inactive expert is never touched: its weights are not read
+                    rows = slice(start, start + n)
+                    ys[rows] = self.experts[expert](xs[rows]) * slot_weights[rows]
+                    start += n
+        return torch.empty_like(ys).index_copy_(0, order, ys)
+
+    def _experts_in_c(self, x: torch.Tensor):
+        """C descriptors of the experts when one C call can run them all (quantized experts,
+        which the engine's C linears hold for every format, fp32 CPU rows, silu), else None."""
+        from graft.kernels.dispatch import kernels_mode
+
+        first = self.experts[0].gate_up_proj.quantized
+        if first is None or not self.experts[0].is_silu or not cpu_quant.supports(x, first):
+            return None
+        if x.dtype != torch.float32 or kernels_mode() not in ("auto", "cpu"):
+            # bf16 rows: the per-expert path rounds each expert's output to bf16; the
+            # reference kernels (GRAFT_KERNELS=reference) are asked not to run the C ones
+            return None
+        packed = first.packed.get("cpu")
+        key = None if packed is None else packed.weight.data_ptr()
+        if self._c_descs is None or self._c_descs[1] != key:  # packs move to huge pages on load
+            linears = [lin for e in self.experts for lin in (e.gate_up_proj, e.down_proj)]
+            if not all(lin.quantized is not None and cpu_quant.supports(x, lin.quantized)
+                       for lin in linears):
+                return None
+            descs = cpu_decode.moe_expert_descs(self.experts)
+            self._c_descs = (descs, first.packed["cpu"].weight.data_ptr())
+        return self._c_descs[0]
 
     def _use_grouped_gemm(self, x: torch.Tensor) -> bool:
         """The Triton grouped GEMM (GPU, or GRAFT_KERNELS=triton under the interpreter) takes

@@ -5,6 +5,7 @@ same dequantized weights; the MoE block runs each active expert once and reads n
 import pytest
 import torch
 
+from graft.kernels import cpu_decode
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.moe import MoEBlock, MoeDecoderLayer, TopKRouter
 from graft.serving.models.quant_config import dequantize_hf_model
@@ -108,6 +109,51 @@ def test_each_active_expert_runs_once_on_its_rows():
     want = torch.stack([sum(block.experts[int(e)](x[t:t + 1])[0] * w for e, w in zip(ids[t], weights[t]))
                         for t in range(11)])
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_token_path_equals_its_row_in_a_batch(dtype):
+    """Batch 1 runs its k experts directly (no sort / scatter): the same sums as the grouped
+    path gives that token in a batch, fp32 and bf16 (torch's own matmul is not row-invariant
+    at the last bit; the engine's is test_alone_equals_batched_with_chunks_and_prefix_cache)."""
+    block = _block(num_experts=8, top_k=3).to(dtype)
+    x = torch.randn(5, 16, dtype=dtype)
+    with torch.inference_mode():
+        batched = block(x)
+        alone = torch.cat([block(x[t:t + 1]) for t in range(5)])
+    assert alone.dtype == dtype
+    torch.testing.assert_close(alone, batched)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_experts_in_one_c_call_equal_the_per_expert_linears(scheme, tokens, monkeypatch):
+    """Quantized experts run in one C call (graft_moe_experts): the same bits as each
+    expert's own C linears and silu from Python."""
+    from graft.kernels import cpu_ops
+    from graft.kernels.quant_formats import QuantScheme
+
+    if not cpu_ops.available():
+        pytest.skip("the C kernels did not build here")
+    block = _block(num_experts=8, top_k=3)
+    for expert in block.experts:
+        for lin in (expert.gate_up_proj, expert.down_proj):
+            lin.quantize(QuantScheme.parse(scheme))
+    x = torch.randn(tokens, 16)
+    calls = []
+    real = cpu_decode.moe_experts
+    monkeypatch.setattr(cpu_decode, "moe_experts", lambda *a: calls.append(a[1]) or real(*a))
+    with torch.inference_mode():
+        got = block(x)
+        assert len(calls) == 1 and len(calls[0]) == len(set(block.gate(x)[1].flatten().tolist()))
+        monkeypatch.setenv("GRAFT_KERNELS", "reference")  # the C path stands aside for it
+        reference = block(x)
+        assert len(calls) == 1
+        monkeypatch.delenv("GRAFT_KERNELS")
+        monkeypatch.setattr(block, "_experts_in_c", lambda x: None)
+        want = block(x)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(reference, want, rtol=2e-5, atol=1e-5)
 
 
 def test_grouped_router_only_picks_from_the_best_groups():
