@@ -69,6 +69,7 @@ def _one_run(config: str, variant: str, ranks: int, args, out_dir: Path) -> dict
             "llm_param_bytes": summary["llm_param_bytes"],
             "llm_bytes_per_rank_max": max(summary["llm_param_bytes_per_rank"]),
             "peak_rss_bytes_per_rank_max": max(summary["peak_rss_bytes_per_rank"]),
+            "peak_rss_bytes_per_rank": summary["peak_rss_bytes_per_rank"],
             "peak_device_bytes_per_rank_max": max(device) if device else None,
             "losses": [r["loss"] for r in rows]}
 
@@ -87,6 +88,7 @@ def run(args) -> int:
     for v, rs in runs.items():
         results[v] = {**{k: rs[0][k] for k in ("ranks", "llm_param_bytes", "llm_bytes_per_rank_max",
                                                "peak_device_bytes_per_rank_max", "losses")},
+                      "peak_rss_bytes_per_rank_runs": [r["peak_rss_bytes_per_rank"] for r in rs],
                       "samples_per_s": _spread([r["samples_per_s"] for r in rs]),
                       "peak_rss_bytes_per_rank_max": _spread([r["peak_rss_bytes_per_rank_max"] for r in rs])}
     ref = results["one"]["losses"]
