@@ -37,18 +37,26 @@ def sampling_kwargs(temperature: float, top_p: float = 1.0, seed: int | None = N
 def load_llm(path: str, dtype: str = "float32", weights: bool = True):
     """(LLM, tokenizer) from a local HF dir; weights=False builds the LLM on the meta device
     from config.json alone (sharded training fills it from another rank)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = llm_dir(path)
     if dtype not in DTYPES:
         raise GraftConfigError(f"llm.dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if not weights:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
-                                                    dtype=DTYPES[dtype]), tokenizer
+        return meta_llm(path, dtype)[0], tokenizer
     llm = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     return llm, tokenizer
+
+
+def meta_llm(path: str, dtype: str = "float32"):
+    """(LLM, its config): the module tree on the meta device from config.json alone, no
+    weights read (the plan counts it; sharded ranks receive its weights from rank 0)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(llm_dir(path))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype]), config
 
 
 class GraftedModel(nn.Module):

@@ -65,17 +65,18 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
         return
     import shutil
 
-    root = RunDir(run_dir).checkpoints_dir
-    done = sorted(p for p in root.glob("step_*") if (p / TRAINER_STATE).is_file())
-    for old in done[:-keep]:
+    for old in _complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
+def _complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoints whose trainer state was written, oldest first."""
     root = RunDir(run_dir).checkpoints_dir
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step_*") if (p / TRAINER_STATE).is_file())
+    return sorted(p for p in root.glob("step_*") if (p / TRAINER_STATE).is_file()) if root.is_dir() else []
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    done = _complete_checkpoints(run_dir)
     return done[-1] if done else None
 
 

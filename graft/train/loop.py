@@ -89,7 +89,7 @@ class Trainer:
 
         spec, accel = self.spec, self.accel
         self.read_llm_weights = sharding.reads_llm_weights(accel)
-        broadcast = sharding.is_sharded(accel) and accel.num_processes > 1
+        broadcast = sharding.broadcasts_llm(accel)
         model = _build_model(spec, llm_weights=self.read_llm_weights)
         # rank 0 holds the whole LLM until its shards reach every rank
         llm_state = model.llm.state_dict() if broadcast and accel.is_main_process else None

@@ -36,18 +36,6 @@ def parse_bytes(text: str | int, field: str = "--device-memory") -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def _meta_llm(llm_path: str):
-    """The LLM's module tree on the meta device, built from config.json alone."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    path = GraftSpec.expand(llm_path)
-    if not Path(path, "config.json").is_file():
-        raise GraftConfigError(f"llm.path {path}: no config.json; point it at a local HF model dir")
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config), config
-
-
 def _numel(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())  # shared (tied) tensors count once
 
@@ -124,7 +112,9 @@ def make_plan(spec: GraftSpec, world_size: int = 1, device_memory: int | None = 
     """Bytes per rank for sharding none (DDP) and fsdp at `world_size` ranks, and which fit."""
     if world_size < 1:
         raise GraftConfigError(f"--world-size={world_size}: must be >= 1")
-    llm, config = _meta_llm(spec.llm.path)
+    from graft.model import meta_llm
+
+    llm, config = meta_llm(spec.llm.path, spec.llm.dtype)
     decoder_layers = list(llm.get_decoder().layers)
     llm_params = _numel(llm)
     llm_bytes = llm_params * _BYTES[spec.llm.dtype]

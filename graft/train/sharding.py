@@ -94,12 +94,16 @@ def decoder_layer_classes(llm) -> list[str]:
     return names
 
 
+def broadcasts_llm(accel) -> bool:
+    """Several sharded ranks: only rank 0 reads the LLM's weights; the others build the LLM on
+    the meta device and receive their shards from it once sharded (`fill_meta_shards`), so
+    host memory holds one whole LLM while loading, not one per rank."""
+    return is_sharded(accel) and accel.num_processes > 1
+
+
 def reads_llm_weights(accel) -> bool:
-    """Whether this rank reads the LLM's weights from disk. With several sharded ranks only
-    rank 0 does; the others build the LLM on the meta device and receive their shards from it
-    once sharded (`fill_meta_shards`), so host memory holds one whole LLM while loading, not
-    one per rank."""
-    return accel.is_main_process or not (is_sharded(accel) and accel.num_processes > 1)
+    """Whether this rank reads the LLM's weights from disk (see broadcasts_llm)."""
+    return accel.is_main_process or not broadcasts_llm(accel)
 
 
 def fill_meta_shards(model, llm_state: dict | None, device, optimizer) -> None:
