@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         if from_shell:
             from graft.threads import apply_thread_choice
 
-            apply_thread_choice()  # before torch starts its thread pool
+            # before torch starts its thread pool
+            apply_thread_choice(log_format=getattr(args, "log_format", "text"))
         return int(module.run(args) or 0)
     except SystemExit as exit_:  # --help (0) or a usage error (2): a return code for callers
         return int(exit_.code or 0)

@@ -4,6 +4,7 @@ step can run ten times slower than with fewer threads. An explicit OMP_NUM_THREA
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -21,9 +22,10 @@ def choose_threads(cpus: int, load: float, env) -> tuple[int | None, str]:
                      f"torch thread{'s' if threads > 1 else ''} (set OMP_NUM_THREADS to choose)")
 
 
-def apply_thread_choice(env=None, out=None) -> int | None:
+def apply_thread_choice(env=None, out=None, log_format: str = "text") -> int | None:
     """Choose once per process (the environment carries the choice to child processes) and
-    say so on stderr; returns the thread count set, or None."""
+    say so on stderr (as one JSON log object when the command logs JSON, like `graft serve
+    --log-format json`); returns the thread count set, or None."""
     env = os.environ if env is None else env
     try:
         cpus, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
@@ -35,5 +37,10 @@ def apply_thread_choice(env=None, out=None) -> int | None:
     env["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:  # already loaded: its pool size is set directly
         sys.modules["torch"].set_num_threads(threads)
+    if log_format == "json":
+        from datetime import datetime, timezone
+
+        why = json.dumps({"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                          "level": "INFO", "logger": "graft.threads", "message": why})
     print(why, file=out or sys.stderr)
     return threads

@@ -48,3 +48,18 @@ def test_the_graft_command_chooses_in_a_fresh_process(tmp_path):
     if said:
         assert said[0].endswith(f"using {threads} torch thread{'s' if int(threads) > 1 else ''} "
                                 "(set OMP_NUM_THREADS to choose)")
+
+
+def test_a_json_logging_command_says_it_as_one_json_object(monkeypatch):
+    """`graft serve --log-format json` promises one JSON object per stderr line."""
+    import json
+
+    import graft.threads as threads
+
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (40.0, 0.0, 0.0))  # a busy machine
+    out, env = io.StringIO(), {}
+    assert apply_thread_choice(env, out, log_format="json") == 1
+    row = json.loads(out.getvalue())
+    assert row["logger"] == "graft.threads" and row["level"] == "INFO"
+    assert row["message"].endswith("using 1 torch thread (set OMP_NUM_THREADS to choose)")
+    assert env == {"OMP_NUM_THREADS": "1"}

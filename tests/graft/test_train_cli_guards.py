@@ -116,10 +116,15 @@ def test_a_real_process_prints_one_line(make_spec, tmp_path):
     import subprocess
     import sys
 
+    import os
+
     cfg = _config(tmp_path, make_spec())
+    # threads chosen by the caller: on a busy machine graft would otherwise say in one more
+    # line how many it chose (tests/graft/test_threads.py covers that line)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "graft.cli", "train", cfg, "--set",
                            "train.gradient_checkpointing=ture"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "graft train: error: train.gradient_checkpointing='ture': expected a boolean (true or false)"]
