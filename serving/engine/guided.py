@@ -25,7 +25,7 @@ def json_grammar(guided_json: dict | bool) -> str:
     schema = ANY_OBJECT if guided_json is True else guided_json
     try:
         grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
-    except (ValueError, TypeError) as err:
+    except Exception as err:  # noqa: BLE001 - whatever llguidance cannot read is a bad schema
         raise GraftConfigError(f"SamplingParams.guided_json is not a usable JSON schema: "
                                f"{_one_line(str(err))}") from None
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)

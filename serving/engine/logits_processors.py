@@ -76,7 +76,8 @@ def _penalize(row: torch.Tensor, seq: Sequence, extra: list[int], vocab: int) ->
         seen = counts > 0
         seen[prompt[prompt < vocab].to(row.device)] = True
         pen = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
-        row.copy_(torch.where(seen, pen, row))
+        # a penalty near 0 divides a logit past the float range: keep it the largest finite
+        row.copy_(torch.where(seen, pen, row).clamp_(max=torch.finfo(row.dtype).max))
     if p.frequency_penalty:
         row.sub_(p.frequency_penalty * counts)
     if p.presence_penalty:

@@ -36,7 +36,8 @@ class OpenAIPenalties:
 
     def __call__(self, input_ids, scores):
         out = input_ids[:, self.prompt_len:]
-        counts = torch.zeros_like(scores).scatter_add_(1, out, torch.ones_like(out, dtype=scores.dtype))
+        ones = torch.ones_like(out, dtype=scores.dtype)
+        counts = torch.zeros_like(scores).scatter_add_(1, out, ones)  # [1, V]
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
 
@@ -80,7 +81,8 @@ def test_batched_processors_match_hf_generate(engine, hf_model):
     plain = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
     # one batch: every processor plus a plain row, each row with its own settings
     params = [SamplingParams(temperature=0.0, max_tokens=MAX_NEW, **ours) for ours, _ in cases]
-    outs = engine.generate(prompt_token_ids=prompts + [prompts[0]], sampling_params=params + [plain])
+    outs = engine.generate(prompt_token_ids=prompts + [prompts[0]],
+                           sampling_params=params + [plain])
     for prompt, (_, theirs), out, kind in zip(prompts, cases, outs, KINDS):
         assert out.token_ids == hf_generate(hf_model, prompt, **theirs), kind
     assert outs[-1].token_ids == hf_generate(hf_model, prompts[0])
@@ -95,7 +97,7 @@ def test_min_tokens_holds_back_eos_as_hf(tiny_llama, tmp_path, hf_model):
     prompt = make_prompts((9,), seed=12)[0]
     base = hf_generate(hf_model, prompt)
     eos = base[4]
-    model_dir = tmp_path / "eos_model"  # the same weights, with a token greedy decoding emits as eos
+    model_dir = tmp_path / "eos_model"  # the same weights; a token greedy decoding emits is eos
     shutil.copytree(tiny_llama, model_dir)
     gen_cfg = json.loads((model_dir / "generation_config.json").read_text())
     gen_cfg["eos_token_id"] = eos
@@ -157,3 +159,19 @@ def test_logit_bias_outside_the_vocabulary_is_refused(engine):
     with pytest.raises(ValueError, match=r"logit_bias names token id 384, outside .*\[0, 384\)"):
         engine.add_request("r", [1, 2, 3], SamplingParams(logit_bias={384: 1.0}))
     assert not engine.has_unfinished_requests()
+
+
+def test_a_tiny_repetition_penalty_stays_finite():
+    """r near 0 divides positive logits past the float range: they stay the largest finite,
+    so the distribution sampled from has no NaN."""
+    from graft.serving.engine.logits_processors import process_logits
+    from graft.serving.engine.sampler import Sampler
+    from graft.serving.engine.sequence import Sequence
+
+    params = SamplingParams(temperature=1.0, repetition_penalty=1e-300)
+    seq = Sequence("r", [3, 5, 7], params, 0)
+    logits = torch.randn(1, 16)
+    logits[0, [3, 5]] = torch.tensor([2.0, 1.0])
+    out = process_logits(logits, [(seq, [])], set())
+    assert out[0, 3] == out[0, 5] == torch.finfo(torch.float32).max
+    assert torch.isfinite(Sampler.probs(out, [seq])).all()
