@@ -74,16 +74,17 @@ class GrammarTokenizer:
         return self._lltok
 
 
-def allowed_tokens(matchers: list, vocab: int) -> torch.Tensor:
-    """[len(matchers), vocab] bool: the tokens each matcher's grammar allows next."""
+def allowed_tokens(matchers: list, vocab: int, device: torch.device) -> torch.Tensor:
+    """[len(matchers), vocab] bool on `device`: the tokens each matcher's grammar allows next."""
     import llguidance.torch
 
     bitmask = llguidance.torch.allocate_token_bitmask(len(matchers), vocab)  # [n, ceil(V/32)]
     for i, matcher in enumerate(matchers):
         llguidance.torch.fill_next_token_bitmask(matcher, bitmask, i)
-    bits = torch.arange(32, dtype=torch.int32)
+    # the packed mask crosses to the device (32x smaller), then unpacks there:
     # bit b of word w is token 32 w + b
-    allowed = (bitmask[:, :, None] >> bits) & 1  # [n, W, 32]
+    bits = torch.arange(32, dtype=torch.int32, device=device)
+    allowed = (bitmask.to(device, non_blocking=True)[:, :, None] >> bits) & 1  # [n, W, 32]
     return allowed.flatten(1)[:, :vocab].bool()
 
 

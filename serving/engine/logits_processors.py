@@ -50,7 +50,7 @@ def process_logits(logits: torch.Tensor, rows: list[Row], eos_token_ids: set[int
     if guided:
         if any(rows[i][1] for i in guided):
             raise RuntimeError("guided sequences do not speculate; a row has proposals")
-        allowed = allowed_tokens([rows[i][0].matcher for i in guided], vocab).to(logits.device)
+        allowed = allowed_tokens([rows[i][0].matcher for i in guided], vocab, logits.device)
         idx = torch.tensor(guided, device=logits.device)
         masked = logits[idx].masked_fill(~allowed, -float("inf"))
         # the grammar wins over min_tokens: a row whose allowed tokens were all masked as

@@ -5,6 +5,7 @@ preemption; max_tokens cuts with "length"; a bad schema is one line naming the f
 import json
 
 import pytest
+import torch
 
 from graft.errors import GraftConfigError
 from graft.serving import Engine, EngineConfig, SamplingParams
@@ -122,3 +123,17 @@ def test_false_is_free_text(engine):
     outs = [engine.generate(prompt_token_ids=prompts, sampling_params=SamplingParams(
         temperature=0.0, max_tokens=6, guided_json=g))[0] for g in (False, None)]
     assert outs[0].token_ids == outs[1].token_ids and outs[0].text == outs[1].text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_guided_on_cuda_graphs(tiny_llama, engine):
+    """On a GPU the mask unpacks on the device and decode logits come from a CUDA graph's
+    static buffer (processed on a copy): the same tokens as on CPU (tiny fp32 model)."""
+    prompts = make_prompts((10, 25, 7, 18, 12), seed=37)
+    want = engine.generate(prompt_token_ids=prompts, sampling_params=MIXED)
+    gpu = Engine.from_pretrained(tiny_llama, EngineConfig(device="cuda", num_kv_blocks=64))
+    outs = gpu.generate(prompt_token_ids=prompts, sampling_params=MIXED)
+    for out, params in zip(outs, MIXED):
+        _valid(out, params.guided_json)
+    assert [o.token_ids for o in outs[::2]] == [o.token_ids for o in want[::2]]  # greedy rows
+    assert gpu.runner.decode_graphs.replays > 0
