@@ -15,7 +15,7 @@ from graft.errors import GraftError, RequestError
 from graft.serving.http import openai_chat as P
 from graft.serving.http.engine_worker import Job
 from graft.serving.http.responses import sink
-from graft.serving.http.sampling_fields import request_param
+from graft.serving.http.sampling_knobs import request_param
 from graft.serving.multimodal.media import load_image
 
 _MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands

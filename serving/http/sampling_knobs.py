@@ -54,7 +54,7 @@ ResponseFormat = Annotated[Union[Annotated[TextFormat, Tag("TextFormat")],
                            Discriminator(_format_kind)]
 
 
-class SamplingFields(_Fields):
+class SamplingKnobs(_Fields):
     # OpenAI: token id (as a JSON key, a string) -> bias added to its logit, -100..100
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
