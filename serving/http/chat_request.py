@@ -156,10 +156,10 @@ def _sampling_params(ctx, req: P.ChatCompletionRequest, n_prompt: int):
             stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
             speculative=req.speculative, **req.sampling_kwargs())
         params.check_vocab(ctx.engine.runner.vocab_size)
-        return params
     except GraftError as err:
         param, message = request_param(str(err))
         raise P.APIError(message, param=param, code="invalid_value") from None
+    return params
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
