@@ -15,6 +15,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 from typing_extensions import Annotated
 
 from graft.serving.engine.sampling_params import SEED_MAX, SEED_MIN
+from graft.serving.http.sampling_knobs import SamplingKnobs
 
 
 class APIError(Exception):
@@ -111,7 +112,7 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Strict):
+class ChatCompletionRequest(_Strict, SamplingKnobs):  # + logit_bias, penalties, response_format
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Int | None = Field(default=None, ge=1)
