@@ -1,0 +1,314 @@
+"""`graft bench peers MODEL_DIR`: graft against llama.cpp and vLLM-CPU on the same HF checkpoint.
+
+Every run measures each tool in turn (the order rotates run by run, so no tool always goes
+first on a drifting machine): batch-1 decode, decode of --batch sequences and prefill of
+--prompt-len tokens in each matched weight format, then the serve-under-load row (`graft
+bench serve`'s client against `graft serve` and against vLLM's OpenAI server, one seeded
+workload). It prints and writes min / median / max of each figure and of the ratio graft /
+peer over the runs (the ratio of run i pairs graft's and the peer's run i), with the CPU
+model, the flags that matter, the thread count and the memory read bandwidth measured at the
+start of every run. A peer that cannot be found, built or started is skipped with one line
+saying why; the table still prints for the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from graft.benchmarks import peers_llamacpp, peers_serve, peers_vllm
+from graft.benchmarks.peers_llamacpp import PeerUnavailable
+from graft.cli_types import number_in
+
+# peer format -> graft's scheme holding the same bits per weight
+FORMATS = {"f32": "fp32", "bf16": "bf16", "q8_0": "int8", "q4_0": "int4-g32", "q4_1": "int4-g32"}
+MATCH = {"f32": "same weights", "bf16": "same weights",
+         "q8_0": "graft int8: one fp32 scale per output row; Q8_0: one fp16 scale per 32 weights",
+         "q4_0": "graft int4-g32: scale + min per 32 weights; Q4_0: scale only (symmetric)",
+         "q4_1": "graft int4-g32 and Q4_1: scale + min per 32 weights (the same layout)"}
+PEERS = ("llama.cpp", "vllm")
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+# metric -> (label, unit); tok/s: a ratio above 1 favours graft; ms: below 1 does
+METRICS = {"batch1_decode": ("batch-1 decode", "tok/s"), "batch_decode": ("batch-{batch} decode", "tok/s"),
+           "prefill": ("prefill-{prompt_len}", "tok/s"),
+           "serve_output_tok_s": ("serve output", "tok/s"),
+           "serve_ttft_p50_ms": ("serve TTFT p50", "ms"), "serve_ttft_p99_ms": ("serve TTFT p99", "ms")}
+_count = number_in(int, low=1)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model_dir", type=Path, help="HF LLM directory (config.json + safetensors)")
+    p.add_argument("--peers", default="llama.cpp,vllm", help="of: " + ", ".join(PEERS))
+    p.add_argument("--formats", default="f32,bf16,q8_0,q4_0,q4_1", help="of: " + ", ".join(FORMATS))
+    p.add_argument("--runs", type=_count, default=3)
+    p.add_argument("--threads", type=_count, default=_cpus(),
+                   help="threads of every tool (default: the CPUs this process may use)")
+    p.add_argument("--llama-cpp", type=Path, default=None, metavar="DIR",
+                   help="a built llama.cpp tree (bin/ or build/bin/ with llama-bench, "
+                        "llama-batched-bench, llama-quantize; convert_hf_to_gguf.py + gguf-py)")
+    p.add_argument("--llama-cpp-cache", type=Path,
+                   default=Path("~/.cache/graft/llama.cpp").expanduser(),
+                   help="where llama.cpp is built from the llama-cpp-python sdist without --llama-cpp")
+    p.add_argument("--no-build", action="store_true",
+                   help="never build llama.cpp: skip it when none is found")
+    p.add_argument("--vllm-venv", type=Path, default=None,
+                   help="vLLM's venv (default: $GRAFT_VLLM_VENV, else the checkout's .venv-vllm)")
+    p.add_argument("--prompt-len", type=_count, default=512, help="prompt tokens of the prefill row")
+    p.add_argument("--context", type=_count, default=32, help="prompt tokens before batch-1 decode")
+    p.add_argument("--decode-tokens", type=_count, default=64,
+                   help="batch-1: tokens decoded; batch decode: half as many; serve: max_tokens")
+    p.add_argument("--batch", type=_count, default=32,
+                   help="sequences (64-token prompts) of the batch decode row")
+    p.add_argument("--serve-format", default="bf16", help="weight format of the serve row")
+    p.add_argument("--serve-requests", type=number_in(int, low=0), default=64,
+                   help="requests of the serve row (0: no serve row)")
+    p.add_argument("--serve-concurrency", type=_count, default=16)
+    p.add_argument("--bandwidth-mb", type=_count, default=1024,
+                   help="buffer read to measure memory bandwidth at the start of each run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("peers.json"), help="write the JSON here")
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _choices(text: str, allowed, flag: str) -> list[str]:
+    from graft.errors import GraftConfigError
+
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in items if s not in allowed]
+    if bad or not items:
+        raise GraftConfigError(f"{flag} {text!r}: use a comma list of {', '.join(allowed)}")
+    return list(dict.fromkeys(items))
+
+
+def machine_info(threads: int) -> dict:
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:  # not Linux: the model and flags stay unknown
+        pass
+    return {"cpu_model": model, "cpu_flags": {f: f in flags for f in CPU_FLAGS},
+            "threads": threads, "cpus": os.cpu_count()}
+
+
+def sizes(args, model_dir: Path) -> dict:
+    """The sizes every tool runs, clamped to the model's context (as graft's engine does)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    max_len = config.get("max_position_embeddings") or 4096
+    prompt_len = min(args.prompt_len, max_len - 1)
+    need = max(args.context + args.decode_tokens, 64 + args.decode_tokens // 2, prompt_len + 1)
+    if need > max_len:
+        from graft.errors import GraftConfigError
+
+        raise GraftConfigError(f"--context {args.context} + --decode-tokens {args.decode_tokens} "
+                               f"exceed the model's {max_len} positions: use smaller values")
+    return {"context": args.context, "decode_tokens": args.decode_tokens, "batch": args.batch,
+            "batch_prompt": 64, "prompt_len": prompt_len, "seed": args.seed,
+            "vocab": config["vocab_size"], "max_model_len": min(need + 8, max_len),
+            # a served chat prompt: template + --prompt-words words, well under 512 tokens
+            "serve_max_model_len": min(512 + args.decode_tokens, max_len)}
+
+
+def graft_offline(args, schemes: list[str], size: dict) -> dict[str, dict[str, float]]:
+    """scheme -> tok/s, from `graft bench engine --quantization` in a fresh process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        cmd = [sys.executable, "-m", "graft.cli", "bench", "engine", str(args.model_dir),
+               "--quantization", ",".join(schemes), "--decode-tokens", str(size["decode_tokens"]),
+               "--context", str(size["context"]), "--batch", str(size["batch"]),
+               "--prefill-len", str(size["prompt_len"]), "--bandwidth-mb", str(args.bandwidth_mb),
+               "--threads", str(args.threads), "--out", str(out)]
+        res = subprocess.run(cmd, capture_output=True, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+        if res.returncode:
+            raise RuntimeError(f"graft bench engine exited {res.returncode}:\n{res.stderr[-2000:]}")
+        formats = json.loads(out.read_text())["formats"]
+    return {name: {"batch1_decode": f["batch1_decode_tokens_per_s"],
+                   "batch_decode": f["batch32_decode_tokens_per_s"],
+                   "prefill": f["prefill512_tokens_per_s"]} for name, f in formats.items()}
+
+
+def setup_peers(args, formats: list[str], out_dir: Path) -> tuple[dict, dict[str, str]]:
+    """name -> the peer object, and name -> why it is skipped."""
+    ready, skipped = {}, {}
+    for name in _choices(args.peers, PEERS, "--peers"):
+        try:
+            if name == "llama.cpp":
+                tool = peers_llamacpp.find(args.llama_cpp, args.llama_cpp_cache,
+                                           build=not args.no_build, jobs=args.threads)
+                cache = peers_llamacpp.gguf_cache(out_dir, args.model_dir)
+                ready[name] = (tool, {f: tool.gguf(args.model_dir, f, cache) for f in formats})
+            else:
+                ready[name] = (peers_vllm.find(args.vllm_venv), None)
+        except PeerUnavailable as err:
+            skipped[name] = str(err)
+            print(f"skipping {name}: {err}", flush=True)
+    return ready, skipped
+
+
+def run(args) -> int:
+    import torch
+
+    from graft.benchmarks.formats import read_bandwidth
+
+    formats = _choices(args.formats, FORMATS, "--formats")
+    serve_fmt = _choices(args.serve_format, FORMATS, "--serve-format")[0]
+    if not args.model_dir.joinpath("config.json").is_file():
+        from graft.errors import GraftConfigError
+
+        raise GraftConfigError(f"model_dir {args.model_dir}: no config.json (pass an HF LLM dir)")
+    size = sizes(args, args.model_dir)
+    torch.set_num_threads(args.threads)  # the bandwidth read, as the tools' threads
+    machine = machine_info(args.threads)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    peers, skipped = setup_peers(args, formats, args.out)
+    if "vllm" in peers:
+        unmatched = [f for f in formats if f not in peers_vllm.DTYPES]
+        if unmatched:
+            print(f"vllm: no row for {', '.join(unmatched)} (vLLM-CPU runs those only from "
+                  "checkpoints quantized beforehand, not the same weights)", flush=True)
+    schemes = list(dict.fromkeys(FORMATS[f] for f in formats))
+    values: dict[str, list[float]] = {}
+    bandwidth = []
+    logs = args.out.parent / f"{args.out.stem}-logs"
+    logs.mkdir(exist_ok=True)
+    for i in range(args.runs):
+        bandwidth.append(read_bandwidth(args.bandwidth_mb << 20))
+        tools = ["graft", *peers]
+        for tool in tools[i % len(tools):] + tools[:i % len(tools)]:
+            print(f"run {i + 1}/{args.runs}: {tool}", flush=True)
+            try:
+                _measure(tool, peers, args, formats, schemes, size, values)
+            except PeerUnavailable as err:  # a peer that stops working leaves the table
+                skipped[tool] = str(err)
+                peers.pop(tool)
+                print(f"skipping {tool}: {err}", flush=True)
+        if args.serve_requests:
+            _serve_row(i, peers, args, serve_fmt, size, values, skipped, logs)
+    result = {"model_dir": str(args.model_dir), "machine": machine,
+              "read_bandwidth_bytes_per_s": bandwidth, "sizes": size, "runs": args.runs,
+              "peers": {name: tool.describe() for name, (tool, _) in peers.items()},
+              "skipped": skipped, "serve_format": serve_fmt,
+              "formats": {f: {"graft": FORMATS[f], "match": MATCH[f]} for f in formats},
+              "values": values, "summary": {k: _spread(values[k]) for k in sorted(values, key=_order)},
+              "rows": _rows(values, peers, formats, serve_fmt, args.runs)}
+    _print(result, size)
+    args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _measure(tool, peers, args, formats, schemes, size, values) -> None:
+    if tool == "graft":
+        for scheme, row in graft_offline(args, schemes, size).items():
+            _add(values, "graft", scheme, row)
+        return
+    peer, ggufs = peers[tool]
+    for fmt in formats:
+        if tool == "llama.cpp":
+            row = peer.bench(ggufs[fmt], args.threads, size["prompt_len"], size["decode_tokens"],
+                             size["batch"], size["batch_prompt"])
+        elif fmt in peers_vllm.DTYPES:
+            row = peer.offline(args.model_dir, fmt, args.threads, size)
+        else:
+            continue
+        _add(values, tool, fmt, row)
+
+
+def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
+    max_len = size["serve_max_model_len"]
+    servers = [("graft", lambda port: peers_serve.graft_serve_command(
+        args.model_dir, FORMATS[fmt], port, max_len), dict(os.environ, OMP_NUM_THREADS=str(args.threads)))]
+    if "vllm" in peers and fmt in peers_vllm.DTYPES:
+        vllm = peers["vllm"][0]
+        servers.append(("vllm", lambda port: vllm.serve_command(args.model_dir, fmt, port, max_len),
+                        vllm.env(args.threads)))
+    if "llama.cpp" in peers:
+        skipped.setdefault("llama.cpp serve", "llama-server is not built (the build makes "
+                                               "llama-bench, llama-batched-bench, llama-quantize)")
+    for name, command, env in servers[i % len(servers):] + servers[:i % len(servers)]:
+        print(f"run {i + 1}/{args.runs}: {name} serve", flush=True)
+        port = peers_serve.free_port()
+        try:
+            with peers_serve.server(command(port), env, port, logs / f"{name}-serve-{i}.log",
+                                    name) as url:
+                row = peers_serve.load(url, args.serve_requests, args.serve_concurrency,
+                                       size["decode_tokens"], args.seed)
+        except PeerUnavailable as err:
+            if name == "graft":
+                raise RuntimeError(f"graft serve failed: {err}") from None
+            skipped[f"{name} serve"] = str(err)
+            print(f"skipping {name} serve: {err}", flush=True)
+            continue
+        _add(values, name, FORMATS[fmt] if name == "graft" else fmt, row)
+
+
+def _add(values: dict, tool: str, fmt: str, row: dict) -> None:
+    for metric, value in row.items():
+        values.setdefault(f"{tool} {fmt} {metric}", []).append(value)
+
+
+def _order(key: str) -> tuple:
+    """Offline rows before serve rows, by format, graft before its peers."""
+    tool, fmt, metric = key.split(" ")
+    names = list(FORMATS)
+    pos = names.index(fmt) if fmt in FORMATS else [FORMATS[f] for f in names].index(fmt)
+    return metric.startswith("serve"), pos, tool != "graft", tool, list(METRICS).index(metric)
+
+
+def _spread(v: list[float]) -> list[float]:
+    return [min(v), statistics.median(v), max(v)]
+
+
+def _rows(values, peers, formats, serve_fmt, runs: int) -> list[dict]:
+    """One row per (peer, format, metric) both tools measured in every run."""
+    rows = []
+    for peer in peers:
+        for fmt in formats:
+            for metric in METRICS:
+                if metric.startswith("serve") and fmt != serve_fmt:
+                    continue
+                g = values.get(f"graft {FORMATS[fmt]} {metric}", [])
+                p = values.get(f"{peer} {fmt} {metric}", [])
+                if len(g) == len(p) == runs:
+                    rows.append({"peer": peer, "format": fmt, "graft_scheme": FORMATS[fmt],
+                                 "metric": metric, "unit": METRICS[metric][1], "graft": _spread(g),
+                                 "peer_values": _spread(p),
+                                 "ratio": _spread([a / b for a, b in zip(g, p)])})
+    return rows
+
+
+def _print(r: dict, size: dict) -> None:
+    m = r["machine"]
+    bw = [b / 1e9 for b in r["read_bandwidth_bytes_per_s"]]
+    print(f"\n{m['cpu_model']}; {m['threads']} threads; flags: "
+          + " ".join(f"{f}={'yes' if on else 'no'}" for f, on in m["cpu_flags"].items()))
+    print("read bandwidth GB/s min/median/max: " + " / ".join(f"{b:.1f}" for b in _spread(bw)))
+    for name, why in r["skipped"].items():
+        print(f"skipped {name}: {why}")
+    label = {k: v[0].format(**size) for k, v in METRICS.items()}
+    print(f"\n{'tool format':24} {'metric':18} {'min / median / max':>28}")
+    for key, (lo, mid, hi) in r["summary"].items():
+        tool, fmt, metric = key.split(" ")
+        print(f"{tool + ' ' + fmt:24} {label[metric]:18} {lo:8.1f} / {mid:8.1f} / {hi:8.1f} "
+              f"{METRICS[metric][1]}")
+    if r["rows"]:
+        print(f"\n{'graft / peer':32} {'metric':18} {'ratio min / median / max':>26}")
+    for row in r["rows"]:
+        lo, mid, hi = row["ratio"]
+        name = f"{row['graft_scheme']} / {row['peer']} {row['format']}"
+        print(f"{name:32} {label[row['metric']]:18} {lo:7.2f}x / {mid:6.2f}x / {hi:6.2f}x")
