@@ -15,29 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from graft.benchmarks import peers_llamacpp, peers_serve, peers_vllm
+from graft.benchmarks import peers_llamacpp, peers_report, peers_serve, peers_vllm
 from graft.benchmarks.peers_llamacpp import PeerUnavailable
+from graft.benchmarks.peers_report import FORMATS, MATCH
 from graft.cli_types import number_in
 
-# peer format -> graft's scheme holding the same bits per weight
-FORMATS = {"f32": "fp32", "bf16": "bf16", "q8_0": "int8", "q4_0": "int4-g32", "q4_1": "int4-g32"}
-MATCH = {"f32": "same weights", "bf16": "same weights",
-         "q8_0": "graft int8: one fp32 scale per output row; Q8_0: one fp16 scale per 32 weights",
-         "q4_0": "graft int4-g32: scale + min per 32 weights; Q4_0: scale only (symmetric)",
-         "q4_1": "graft int4-g32 and Q4_1: scale + min per 32 weights (the same layout)"}
 PEERS = ("llama.cpp", "vllm")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
-# metric -> (label, unit); tok/s: a ratio above 1 favours graft; ms: below 1 does
-METRICS = {"batch1_decode": ("batch-1 decode", "tok/s"), "batch_decode": ("batch-{batch} decode", "tok/s"),
-           "prefill": ("prefill-{prompt_len}", "tok/s"),
-           "serve_output_tok_s": ("serve output", "tok/s"),
-           "serve_ttft_p50_ms": ("serve TTFT p50", "ms"), "serve_ttft_p99_ms": ("serve TTFT p99", "ms")}
 _count = number_in(int, low=1)
 
 
@@ -47,7 +36,7 @@ def add_arguments(p) -> None:
     p.add_argument("--formats", default="f32,bf16,q8_0,q4_0,q4_1", help="of: " + ", ".join(FORMATS))
     p.add_argument("--runs", type=_count, default=3)
     p.add_argument("--threads", type=_count, default=_cpus(),
-                   help="threads of every tool (default: the CPUs this process may use)")
+                   help="threads of every tool (default: %(default)s, the CPUs this process may use)")
     p.add_argument("--llama-cpp", type=Path, default=None, metavar="DIR",
                    help="a built llama.cpp tree (bin/ or build/bin/ with llama-bench, "
                         "llama-batched-bench, llama-quantize; convert_hf_to_gguf.py + gguf-py)")
@@ -72,6 +61,9 @@ def add_arguments(p) -> None:
                    help="buffer read to measure memory bandwidth at the start of each run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("peers.json"), help="write the JSON here")
+    p.add_argument("--markdown", type=Path, default=None,
+                   help="also write a Markdown block for docs/benchmarks.md here: command, "
+                        "date, commit, CPU and flags, bandwidths, the table")
 
 
 def _cpus() -> int:
@@ -205,10 +197,13 @@ def run(args) -> int:
               "peers": {name: tool.describe() for name, (tool, _) in peers.items()},
               "skipped": skipped, "serve_format": serve_fmt,
               "formats": {f: {"graft": FORMATS[f], "match": MATCH[f]} for f in formats},
-              "values": values, "summary": {k: _spread(values[k]) for k in sorted(values, key=_order)},
-              "rows": _rows(values, peers, formats, serve_fmt, args.runs)}
-    _print(result, size)
+              "values": values, "summary": peers_report.summary(values),
+              "rows": peers_report.rows(values, peers, formats, serve_fmt, args.runs),
+              **peers_report.provenance(args)}
+    peers_report.print_table(result)
     args.out.write_text(json.dumps(result, indent=1))
+    if args.markdown:
+        args.markdown.write_text(peers_report.markdown(result))
     return 0
 
 
@@ -260,55 +255,3 @@ def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
 def _add(values: dict, tool: str, fmt: str, row: dict) -> None:
     for metric, value in row.items():
         values.setdefault(f"{tool} {fmt} {metric}", []).append(value)
-
-
-def _order(key: str) -> tuple:
-    """Offline rows before serve rows, by format, graft before its peers."""
-    tool, fmt, metric = key.split(" ")
-    names = list(FORMATS)
-    pos = names.index(fmt) if fmt in FORMATS else [FORMATS[f] for f in names].index(fmt)
-    return metric.startswith("serve"), pos, tool != "graft", tool, list(METRICS).index(metric)
-
-
-def _spread(v: list[float]) -> list[float]:
-    return [min(v), statistics.median(v), max(v)]
-
-
-def _rows(values, peers, formats, serve_fmt, runs: int) -> list[dict]:
-    """One row per (peer, format, metric) both tools measured in every run."""
-    rows = []
-    for peer in peers:
-        for fmt in formats:
-            for metric in METRICS:
-                if metric.startswith("serve") and fmt != serve_fmt:
-                    continue
-                g = values.get(f"graft {FORMATS[fmt]} {metric}", [])
-                p = values.get(f"{peer} {fmt} {metric}", [])
-                if len(g) == len(p) == runs:
-                    rows.append({"peer": peer, "format": fmt, "graft_scheme": FORMATS[fmt],
-                                 "metric": metric, "unit": METRICS[metric][1], "graft": _spread(g),
-                                 "peer_values": _spread(p),
-                                 "ratio": _spread([a / b for a, b in zip(g, p)])})
-    return rows
-
-
-def _print(r: dict, size: dict) -> None:
-    m = r["machine"]
-    bw = [b / 1e9 for b in r["read_bandwidth_bytes_per_s"]]
-    print(f"\n{m['cpu_model']}; {m['threads']} threads; flags: "
-          + " ".join(f"{f}={'yes' if on else 'no'}" for f, on in m["cpu_flags"].items()))
-    print("read bandwidth GB/s min/median/max: " + " / ".join(f"{b:.1f}" for b in _spread(bw)))
-    for name, why in r["skipped"].items():
-        print(f"skipped {name}: {why}")
-    label = {k: v[0].format(**size) for k, v in METRICS.items()}
-    print(f"\n{'tool format':24} {'metric':18} {'min / median / max':>28}")
-    for key, (lo, mid, hi) in r["summary"].items():
-        tool, fmt, metric = key.split(" ")
-        print(f"{tool + ' ' + fmt:24} {label[metric]:18} {lo:8.1f} / {mid:8.1f} / {hi:8.1f} "
-              f"{METRICS[metric][1]}")
-    if r["rows"]:
-        print(f"\n{'graft / peer':32} {'metric':18} {'ratio min / median / max':>26}")
-    for row in r["rows"]:
-        lo, mid, hi = row["ratio"]
-        name = f"{row['graft_scheme']} / {row['peer']} {row['format']}"
-        print(f"{name:32} {label[row['metric']]:18} {lo:7.2f}x / {mid:6.2f}x / {hi:6.2f}x")

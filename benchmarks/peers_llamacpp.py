@@ -149,12 +149,17 @@ def _built(tree: Path) -> LlamaCpp | None:
 
 
 def _cmake_flags(cache: Path) -> list[str]:
-    """The build options that decide speed, as CMake recorded them."""
+    """The build options that decide speed, as CMake recorded them. A native build (-march=native)
+    ignores the per-instruction-set options (GGML_AVX2=OFF there says nothing): those are left
+    out then."""
     if not cache.is_file():
         return []
     pattern = re.compile(r"^(CMAKE_BUILD_TYPE|GGML_(NATIVE|AMX\w*|AVX\w*|FMA|F16C|BMI2|OPENMP))"
                          r":\w+=(.*)$")
-    return [f"{m[1]}={m[3]}" for m in map(pattern.match, cache.read_text().splitlines()) if m]
+    flags = {m[1]: m[3] for m in map(pattern.match, cache.read_text().splitlines()) if m}
+    native = flags.get("GGML_NATIVE") == "ON"
+    return [f"{k}={v}" for k, v in flags.items()
+            if not (native and k.startswith(("GGML_AVX", "GGML_FMA", "GGML_F16C", "GGML_BMI2")))]
 
 
 def _build(cache_dir: Path, jobs: int) -> LlamaCpp:

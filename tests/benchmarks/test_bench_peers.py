@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from graft.benchmarks import peers, peers_llamacpp
+from graft.benchmarks import peers_llamacpp, peers_report
 from graft.benchmarks.peers_vllm import REPO
 from graft.cli import main
 
@@ -25,10 +25,10 @@ SERVE = ("serve_output_tok_s", "serve_ttft_p50_ms", "serve_ttft_p99_ms")
 def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
-    out = tmp_path / "peers.json"
+    out, md = tmp_path / "peers.json", tmp_path / "peers.md"
     rc = main(["bench", "peers", str(tiny_llama), "--llama-cpp", str(empty), "--no-build",
                "--vllm-venv", str(empty), "--formats", "f32,q8_0", "--serve-format", "f32",
-               "--out", str(out), *TINY])
+               "--out", str(out), "--markdown", str(md), *TINY])
     assert rc == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
@@ -48,6 +48,13 @@ def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path
     assert len(result["read_bandwidth_bytes_per_s"]) == 1 and result["read_bandwidth_bytes_per_s"][0] > 0
     assert result["sizes"]["prompt_len"] == 48 and result["formats"]["q8_0"]["graft"] == "int8"
     assert "graft int8" in printed and "prefill-48" in printed and "batch-3 decode" in printed
+    # the command that reproduces it, as the docs record figures
+    assert result["command"].startswith(f"graft bench peers {tiny_llama} --peers llama.cpp,vllm "
+                                        "--formats f32,q8_0 --runs 1 --threads 1")
+    assert result["command"].endswith("--no-build") and result["date"].endswith("UTC")
+    text = md.read_text()
+    assert result["command"] in text and machine["cpu_model"] in text
+    assert "| graft int8 | prefill-48 (tok/s) |" in text and "- skipped vllm:" in text
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -66,7 +73,7 @@ def test_ratios_pair_runs_and_need_every_run():
     values = {"graft fp32 batch1_decode": [10.0, 30.0, 20.0],
               "llama.cpp f32 batch1_decode": [5.0, 10.0, 40.0],
               "graft fp32 prefill": [1.0, 2.0, 3.0], "llama.cpp f32 prefill": [1.0, 1.0]}
-    rows = peers._rows(values, {"llama.cpp": None}, ["f32"], "bf16", runs=3)
+    rows = peers_report.rows(values, {"llama.cpp": None}, ["f32"], "bf16", runs=3)
     assert [r["metric"] for r in rows] == ["batch1_decode"]  # prefill lost a peer run
     assert rows[0]["ratio"] == [0.5, 2.0, 3.0]  # 10/5, 30/10, 20/40 paired by run
     assert rows[0]["graft"] == [10.0, 20.0, 30.0] and rows[0]["peer_values"] == [5.0, 10.0, 40.0]
@@ -88,9 +95,9 @@ def test_llama_cpp_row(tiny_llama, tmp_path, capsys):
     if not tree:
         pytest.skip("set GRAFT_LLAMA_CPP to a built llama.cpp tree (bin/ or build/bin/ with "
                     "llama-bench, llama-batched-bench, llama-quantize) to run llama.cpp")
-    out = tmp_path / "peers.json"
+    out, md = tmp_path / "peers.json", tmp_path / "peers.md"
     rc = main(["bench", "peers", str(tiny_llama), "--peers", "llama.cpp", "--llama-cpp", tree,
-               "--formats", "f32,q4_1", "--out", str(out), *TINY])
+               "--formats", "f32,q4_1", "--out", str(out), "--markdown", str(md), *TINY])
     assert rc == 0
     result = json.loads(out.read_text())
     rows = {(r["format"], r["metric"]): r for r in result["rows"]}
@@ -101,7 +108,13 @@ def test_llama_cpp_row(tiny_llama, tmp_path, capsys):
     ggufs = sorted(p.name for p in tmp_path.glob("*-gguf-*/*.gguf"))
     assert ggufs == ["f32.gguf", "q4_1.gguf"]
     assert "llama-server is not built" in result["skipped"]["llama.cpp serve"]
-    assert "int4-g32 / llama.cpp q4_1" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "int4-g32 / llama.cpp q4_1" in printed
+    assert "| llama.cpp q4_1 (graft int4-g32) | prefill-48 (tok/s) |" in md.read_text()
+    flags = result["peers"]["llama.cpp"]["build_flags"]
+    if flags:  # a CMake build tree: its options are said, and -march=native's ignored ones are not
+        assert f"built with {' '.join(flags)}" in printed
+        assert "GGML_NATIVE=OFF" in flags or not any(f.startswith("GGML_AVX") for f in flags)
 
 
 def test_vllm_rows(tmp_path_factory, tmp_path):
