@@ -144,13 +144,22 @@ def setup_peers(args, formats: list[str], out_dir: Path) -> tuple[dict, dict[str
                 tool = peers_llamacpp.find(args.llama_cpp, args.llama_cpp_cache,
                                            build=not args.no_build, jobs=args.threads)
                 cache = peers_llamacpp.gguf_cache(out_dir, args.model_dir)
-                ready[name] = (tool, {f: tool.gguf(args.model_dir, f, cache) for f in formats})
+                ready[name] = (tool, {})
+                for fmt in formats:  # a format that fails to convert leaves the others
+                    try:
+                        ready[name][1][fmt] = tool.gguf(args.model_dir, fmt, cache)
+                    except PeerUnavailable as err:
+                        _skip(skipped, f"{name} {fmt}", err)
             else:
                 ready[name] = (peers_vllm.find(args.vllm_venv), None)
         except PeerUnavailable as err:
-            skipped[name] = str(err)
-            print(f"skipping {name}: {err}", flush=True)
+            _skip(skipped, name, err)
     return ready, skipped
+
+
+def _skip(skipped: dict, what: str, err: Exception) -> None:
+    skipped[what] = str(err)
+    print(f"skipping {what}: {err}", flush=True)
 
 
 def run(args) -> int:
@@ -184,12 +193,7 @@ def run(args) -> int:
         tools = ["graft", *peers]
         for tool in tools[i % len(tools):] + tools[:i % len(tools)]:
             print(f"run {i + 1}/{args.runs}: {tool}", flush=True)
-            try:
-                _measure(tool, peers, args, formats, schemes, size, values)
-            except PeerUnavailable as err:  # a peer that stops working leaves the table
-                skipped[tool] = str(err)
-                peers.pop(tool)
-                print(f"skipping {tool}: {err}", flush=True)
+            _measure(tool, peers, args, formats, schemes, size, values, skipped)
         if args.serve_requests:
             _serve_row(i, peers, args, serve_fmt, size, values, skipped, logs)
     result = {"model_dir": str(args.model_dir), "machine": machine,
@@ -207,19 +211,23 @@ def run(args) -> int:
     return 0
 
 
-def _measure(tool, peers, args, formats, schemes, size, values) -> None:
+def _measure(tool, peers, args, formats, schemes, size, values, skipped) -> None:
     if tool == "graft":
         for scheme, row in graft_offline(args, schemes, size).items():
             _add(values, "graft", scheme, row)
         return
     peer, ggufs = peers[tool]
     for fmt in formats:
-        if tool == "llama.cpp":
-            row = peer.bench(ggufs[fmt], args.threads, size["prompt_len"], size["decode_tokens"],
-                             size["batch"], size["batch_prompt"])
-        elif fmt in peers_vllm.DTYPES:
-            row = peer.offline(args.model_dir, fmt, args.threads, size)
-        else:
+        if f"{tool} {fmt}" in skipped or (tool == "vllm" and fmt not in peers_vllm.DTYPES):
+            continue
+        try:
+            if tool == "llama.cpp":
+                row = peer.bench(ggufs[fmt], args.threads, size["prompt_len"],
+                                 size["decode_tokens"], size["batch"], size["batch_prompt"])
+            else:
+                row = peer.offline(args.model_dir, fmt, args.threads, size)
+        except PeerUnavailable as err:  # that format leaves the table, the others stay
+            _skip(skipped, f"{tool} {fmt}", err)
             continue
         _add(values, tool, fmt, row)
 
@@ -228,7 +236,7 @@ def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
     max_len = size["serve_max_model_len"]
     servers = [("graft", lambda port: peers_serve.graft_serve_command(
         args.model_dir, FORMATS[fmt], port, max_len), dict(os.environ, OMP_NUM_THREADS=str(args.threads)))]
-    if "vllm" in peers and fmt in peers_vllm.DTYPES:
+    if "vllm" in peers and fmt in peers_vllm.DTYPES and "vllm serve" not in skipped:
         vllm = peers["vllm"][0]
         servers.append(("vllm", lambda port: vllm.serve_command(args.model_dir, fmt, port, max_len),
                         vllm.env(args.threads)))
@@ -246,8 +254,7 @@ def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
         except PeerUnavailable as err:
             if name == "graft":
                 raise RuntimeError(f"graft serve failed: {err}") from None
-            skipped[f"{name} serve"] = str(err)
-            print(f"skipping {name} serve: {err}", flush=True)
+            _skip(skipped, f"{name} serve", err)
             continue
         _add(values, name, FORMATS[fmt] if name == "graft" else fmt, row)
 

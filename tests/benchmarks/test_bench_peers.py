@@ -57,6 +57,26 @@ def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path
     assert "| graft int8 | prefill-48 (tok/s) |" in text and "- skipped vllm:" in text
 
 
+def test_a_format_that_fails_is_skipped_alone(tiny_llama, tmp_path, capsys):
+    """A llama.cpp tree whose converter fails: each format says why, graft's figures remain."""
+    tree = tmp_path / "llama.cpp"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "gguf-py").mkdir()
+    for tool in peers_llamacpp.TOOLS:
+        (tree / "bin" / tool).write_text("#!/bin/sh\nexit 1\n")
+        (tree / "bin" / tool).chmod(0o755)
+    (tree / "convert_hf_to_gguf.py").write_text('raise SystemExit("this converter fails on purpose")\n')
+    out = tmp_path / "peers.json"
+    rc = main(["bench", "peers", str(tiny_llama), "--peers", "llama.cpp", "--llama-cpp", str(tree),
+               "--formats", "f32,q8_0", "--out", str(out), *TINY, "--serve-requests", "0"])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    why = "convert_hf_to_gguf.py --outtype f32 exited 1: this converter fails on purpose"
+    assert result["skipped"] == {"llama.cpp f32": why, "llama.cpp q8_0": why}
+    assert result["rows"] == [] and result["summary"]["graft int8 prefill"][1] > 0
+    assert f"skipping llama.cpp q8_0: {why}" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--formats", "f32,q5_k"], "--formats 'f32,q5_k': use a comma list of f32, bf16, q8_0"),
     (["--peers", "ollama"], "--peers 'ollama': use a comma list of llama.cpp, vllm"),
