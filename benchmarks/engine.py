@@ -41,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "chat or an image prompt: decode attention reads that many cached tokens)")
     parser.add_argument("--decode-tokens", type=int, default=64,
                         help="with --quantization/--speculative: tokens decoded per request")
+    parser.add_argument("--batch", type=int, default=32,
+                        help="with --quantization: sequences of the batched decode run")
+    parser.add_argument("--prefill-len", type=int, default=512,
+                        help="with --quantization: prompt tokens of the prefill run")
     parser.add_argument("--bandwidth-mb", type=int, default=1024,
                         help="with --quantization: buffer read to measure memory bandwidth")
     parser.add_argument("--out", default=None, help="write the JSON result here")
@@ -66,8 +70,8 @@ def run(args) -> int:
 
     if args.num_requests <= 0 or args.concurrency <= 0:
         raise GraftConfigError("--num-requests and --concurrency must be positive")
-    if args.context <= 0 or args.decode_tokens <= 0:
-        raise GraftConfigError("--context and --decode-tokens must be positive")
+    if min(args.context, args.decode_tokens, args.batch, args.prefill_len) <= 0:
+        raise GraftConfigError("--context, --decode-tokens, --batch and --prefill-len must be positive")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.speculative:

@@ -79,9 +79,10 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     from graft.serving import Engine, EngineConfig
     from graft.serving.models.quant_config import scheme_counts
 
-    config = EngineConfig.from_args(args, max_num_seqs=max(32, args.concurrency),
+    config = EngineConfig.from_args(args, max_num_seqs=max(args.batch, args.concurrency),
                                     quantization=scheme,
-                                    max_num_batched_tokens=max(args.max_num_batched_tokens, 512))
+                                    max_num_batched_tokens=max(args.max_num_batched_tokens,
+                                                               args.prefill_len))
     t0 = time.perf_counter()
     engine = Engine.from_pretrained(model_dir, config)
     load_s = time.perf_counter() - t0
@@ -98,8 +99,8 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     bw_before = read_bandwidth(args.bandwidth_mb << 20)
     one = _timed_steps(engine, _prompts(1, args.context, vocab, seed + 1), args.decode_tokens)
     bw = (bw_before + read_bandwidth(args.bandwidth_mb << 20)) / 2
-    many = _timed_steps(engine, _prompts(32, 64, vocab, seed + 2), args.decode_tokens // 2)
-    prefill_len = min(512, engine.max_model_len - 1)
+    many = _timed_steps(engine, _prompts(args.batch, 64, vocab, seed + 2), args.decode_tokens // 2)
+    prefill_len = min(args.prefill_len, engine.max_model_len - 1)
     prefill = _timed_steps(engine, _prompts(1, prefill_len, vocab, seed + 3), 1)
     model = engine.runner.model
     return {"scheme": scheme, "load_seconds": load_s,
@@ -107,12 +108,13 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
             "linears": scheme_counts(engine.runner.quant_plan),
             "weight_bytes_per_decode_step": model.weight_bytes_per_token(),
             # MoE: a batch of 32 activates more experts than one token (the active-parameter roofline)
-            "weight_bytes_per_batch32_step": (model.weight_bytes_per_token(32)
+            "weight_bytes_per_batch32_step": (model.weight_bytes_per_token(args.batch)
                                               if hasattr(model, "moe_blocks") else None),
             "read_bandwidth_bytes_per_s": bw,
             "resident_bytes": sum(t.numel() * t.element_size() for t in model.resident_tensors()),
             "batch1_decode_tokens_per_s": _decode_tokens_per_s(one, 1),
-            "batch32_decode_tokens_per_s": _decode_tokens_per_s(many, 32),
+            # the key names the default sizes; "batch" and "prefill_tokens" say what ran
+            "batch": args.batch, "batch32_decode_tokens_per_s": _decode_tokens_per_s(many, args.batch),
             "prefill_tokens": prefill_len, "prefill512_tokens_per_s": prefill_len / prefill[0][0]}
 
 
@@ -136,7 +138,7 @@ def run_formats(args, schemes: list[str]) -> dict:
         f["batch1_roofline_tokens_per_s"] = roof
         f["batch1_roofline_fraction"] = f["batch1_decode_tokens_per_s"] / roof
         if f["weight_bytes_per_batch32_step"]:
-            f["batch32_roofline_tokens_per_s"] = (32 * f["read_bandwidth_bytes_per_s"]
+            f["batch32_roofline_tokens_per_s"] = (f["batch"] * f["read_bandwidth_bytes_per_s"]
                                                   / f["weight_bytes_per_batch32_step"])
         if base:
             for key in ("batch1_decode_tokens_per_s", "batch32_decode_tokens_per_s", "prefill512_tokens_per_s"):

@@ -3,7 +3,6 @@ tests drive it through subprocesses and compare with graft's engine in this proc
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +29,9 @@ def vllm_python() -> str:
 
 
 def vllm_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_LOGGING_LEVEL="WARNING", VLLM_NO_USAGE_STATS="1", TOKENIZERS_PARALLELISM="false")
-    env.update(extra)
-    return env
+    from graft.benchmarks.peers_vllm import vllm_env as base
+
+    return base(**{"VLLM_CPU_KVCACHE_SPACE": "1", **extra})
 
 
 @pytest.fixture(scope="session")

