@@ -1,0 +1,110 @@
+"""A chat's tools and tool history, put where the model's chat template expects them.
+
+A template that handles tools (it reads `tools`, as Qwen2.5/Qwen3 and Hermes templates do)
+gets them as `apply_chat_template(tools=...)`, and the history as OpenAI sends it: assistant
+`tool_calls` (arguments as objects, as templates index them) and `tool` messages. A template
+that knows nothing of tools (SmolLM2's, the test tokenizers' plain ChatML) would drop them
+silently; there graft writes what Qwen2.5's template writes: the Hermes tool prompt at the end
+of the system message, past calls as `<tool_call>` blocks in the assistant's text and tool
+results as `<tool_response>` blocks in a user turn.
+"""
+
+from __future__ import annotations
+
+import json
+
+from graft.serving.http.tool_protocol import ToolPlan, arguments_object
+
+HERMES_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    "{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+
+
+def template_handles_tools(tokenizer) -> bool:
+    """Whether the chat template used with tools reads them (else they would be dropped)."""
+    try:
+        template = tokenizer.get_chat_template(tools=[{}])
+    except Exception:  # noqa: BLE001 - no template at all: encode_chat says so later
+        return False
+    return "tools" in template
+
+
+def tool_prompt(tokenizer, messages: list[dict], sent: list, plan: ToolPlan,
+                parse_special_tokens: bool) -> tuple[list[dict], list[dict] | None]:
+    """(messages for the template, `tools` for apply_chat_template). `messages` are
+    to_chat_messages' output for the request's messages `sent` (one per message)."""
+    from graft.serving.http.openai_chat import APIError
+
+    if not parse_special_tokens:
+        _refuse_special_text(tokenizer, plan, sent)
+    for k, tool in enumerate(plan.tools):
+        if "<image>" in json.dumps(tool):
+            raise APIError(f"tools[{k}] must not contain the literal <image>",
+                           param=f"tools[{k}]", code="invalid_value")
+    calls = [_history_calls(i, msg) for i, msg in enumerate(sent)]
+    if template_handles_tools(tokenizer):
+        out = []
+        for msg, src, called in zip(messages, sent, calls):
+            extra = {"tool_calls": called} if called else {}
+            if src.role == "tool" and src.tool_call_id is not None:
+                extra["tool_call_id"] = src.tool_call_id
+            out.append({**msg, **extra})
+        return out, plan.tools or None
+    return _hermes_messages(messages, calls, plan), None
+
+
+def _history_calls(i: int, msg) -> list[dict]:
+    """An assistant message's tool_calls with arguments as dicts (vLLM does the same)."""
+    return [{"id": call.id, "type": "function", "function": {
+        "name": call.function.name, "arguments": arguments_object(
+            call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments")}}
+            for j, call in enumerate(msg.tool_calls or [])]
+
+
+def _hermes_messages(messages: list[dict], calls: list[list[dict]],
+                     plan: ToolPlan) -> list[dict]:
+    out: list[dict] = []
+    for msg, called in zip(messages, calls):
+        if msg["role"] == "tool":
+            block = f"<tool_response>\n{msg['content']}\n</tool_response>"
+            if out and out[-1].get("tool_results"):  # consecutive results: one user turn
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "tool_results": True})
+            continue
+        if called:
+            blocks = [f"<tool_call>\n{json.dumps(c['function'], ensure_ascii=False)}\n"
+                      "</tool_call>" for c in called]
+            msg = {**msg, "content": "\n".join(filter(None, [msg["content"], *blocks]))}
+        out.append(dict(msg))
+    out = [{"role": m["role"], "content": m["content"]} for m in out]
+    if plan.tools:
+        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in plan.tools)
+        system = HERMES_TOOLS.format(tools=listing)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system}
+        else:
+            out.insert(0, {"role": "system", "content": system})
+    return out
+
+
+def _refuse_special_text(tokenizer, plan: ToolPlan, sent: list) -> None:
+    """Tools and past calls are rendered by the template outside the message text, where
+    special-token text would become control tokens: refuse it, as the server keeps typed
+    special-token text plain (--parse-special-tokens-in-text allows it)."""
+    from graft.serving.http.openai_chat import APIError
+    from graft.template import special_texts
+
+    texts = special_texts(tokenizer)
+    pieces = [(f"tools[{k}]", json.dumps(t)) for k, t in enumerate(plan.tools)]
+    pieces += [(f"messages[{i}].tool_calls", json.dumps([c.model_dump() for c in m.tool_calls]))
+               for i, m in enumerate(sent) if m.tool_calls]
+    for where, text in pieces:
+        found = next((t for t in texts if t in text), None)
+        if found is not None:
+            raise APIError(f"{where} contains special-token text {found!r}; remove it",
+                           param=where, code="invalid_value")
