@@ -4,20 +4,16 @@ ToolPlan's reader (tool_calls.py) into `tool_calls`, streamed as OpenAI streams 
 
 from __future__ import annotations
 
-import time
-
 from graft.serving.http import openai_chat as P
+from graft.serving.http.responses import AnswerShape
 from graft.serving.http.tool_calls import assemble, reader_for
 from graft.serving.http.tool_protocol import plan_tools
 
 
-class ChatAnswer:
+class ChatAnswer(AnswerShape):
     def __init__(self, ctx, job, req):
-        self.ctx = ctx
-        self.job = job
-        self.model = req.model
+        super().__init__(ctx, job, req)
         self.top = req.top_logprobs or 0
-        self.created = int(time.time())
         self.plan = plan_tools(req)
         self.reader = reader_for(self.plan)  # None: plain text, no tools
 
@@ -53,11 +49,10 @@ class ChatAnswer:
 
     def whole(self, last, reason: str | None) -> dict:
         text = last.text if last is not None else ""
-        n_out = len(last.token_ids) if last is not None else 0
         logprobs = self.ctx.logprobs(last, 0, self.top) if last is not None else None
         deltas = self.reader.feed(text) + self.reader.finish() if self.reader else None
         body = P.completion_body(self.job.request_id, self.model, text, self._reason(reason),
-                                 len(self.job.prompt_token_ids), n_out, logprobs, last)
+                                 *self.counts(last), logprobs, last)
         if deltas is not None:
             content, calls = assemble(deltas)
             message = body["choices"][0]["message"]
@@ -68,5 +63,4 @@ class ChatAnswer:
 
     def usage(self, last) -> dict:
         return P.usage_chunk_body(self.job.request_id, self.model, self.created,
-                                  len(self.job.prompt_token_ids),
-                                  len(last.token_ids) if last is not None else 0, last)
+                                  *self.counts(last), last)

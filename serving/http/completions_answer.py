@@ -4,10 +4,10 @@ top_logprobs, text_offset)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from graft.serving.http import openai_chat as P
+from graft.serving.http.responses import AnswerShape
 
 
 def completion_logprobs(ids: list[int], entries: list[dict[int, float]], top: int, tokenizer,
@@ -31,13 +31,10 @@ def completion_logprobs(ids: list[int], entries: list[dict[int, float]], top: in
     return body, offset
 
 
-class CompletionAnswer:
+class CompletionAnswer(AnswerShape):
     def __init__(self, ctx, job, req):
-        self.ctx = ctx
-        self.job = job
-        self.model = req.model
+        super().__init__(ctx, job, req)
         self.top = req.logprobs or 0
-        self.created = int(time.time())
         self.id = "cmpl-" + job.request_id.removeprefix("chatcmpl-")
         self.echo = ""
         if req.echo:
@@ -78,8 +75,7 @@ class CompletionAnswer:
         return body
 
     def _usage(self, last) -> dict:
-        return P.usage(len(self.job.prompt_token_ids),
-                       len(last.token_ids) if last is not None else 0, last)
+        return P.usage(*self.counts(last), last)
 
     def usage(self, last) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created,

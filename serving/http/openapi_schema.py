@@ -1,6 +1,7 @@
-"""/openapi.json: the chat and completions handlers read their bodies themselves (size limit, parsing off the event
-loop) and the other routes answer plain dicts or text, so every route's request and response
-models are added to the schema here (schemathesis checks answers against them)."""
+"""/openapi.json: the chat and completions handlers read their bodies themselves (size limit,
+parsing off the event loop) and the other routes answer plain dicts or text, so every route's
+request and response models are added to the schema here (schemathesis checks answers against
+them)."""
 
 from __future__ import annotations
 

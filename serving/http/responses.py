@@ -55,6 +55,22 @@ async def next_event(ctx, job: Job, queue: asyncio.Queue) -> tuple[str, object]:
             status=408, code="request_timeout")
 
 
+class AnswerShape:
+    """What a shape (chat_answer.ChatAnswer, completions_answer.CompletionAnswer) writes
+    for one job: head() and piece()/tail() chunks of a stream with logprobs() beside them,
+    usage() for the last chunk, or whole() for a JSON answer. Here: what both keep."""
+
+    def __init__(self, ctx, job: Job, req):
+        self.ctx = ctx
+        self.job = job
+        self.model = req.model
+        self.created = int(time.time())
+
+    def counts(self, last) -> tuple[int, int]:
+        """(prompt tokens, output tokens) for usage; `last` None: nothing came out."""
+        return len(self.job.prompt_token_ids), len(last.token_ids) if last is not None else 0
+
+
 async def answer(ctx, request: Request, job: Job, queue: asyncio.Queue, shape,
                  stream_it: bool, include_usage: bool) -> Response:
     """The HTTP answer to a submitted job: SSE chunks or one JSON body, as `shape` (a

@@ -11,6 +11,8 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from graft.errors import GraftError
+
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function that takes no arguments
 
@@ -142,7 +144,10 @@ def guide(params, req):
         raise APIError("tool_choice 'required' or a named function needs constrained decoding "
                        "(SamplingParams.guided_json), which this engine does not have; use "
                        "tool_choice 'auto'", param="tool_choice", code="unsupported")
-    return dataclasses.replace(params, guided_json=schema)
+    try:
+        return dataclasses.replace(params, guided_json=schema)
+    except GraftError as err:  # a parameters schema the grammar engine cannot compile
+        raise APIError(f"tools: {err}", param="tools", code="invalid_value") from None
 
 
 def arguments_object(text: str, where: str) -> dict:

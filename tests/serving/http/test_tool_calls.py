@@ -16,12 +16,13 @@ from graft.serving.http.tool_protocol import plan_tools
 WEATHER = {"type": "function", "function": {
     "name": "get_current_temperature", "description": "Get current temperature at a location.",
     "parameters": {"type": "object", "properties": {
-        "location": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["location"]}}}
+        "location": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}
 DATE = {"type": "function", "function": {
     "name": "get_temperature_date", "description": "Get temperature at a location and date.",
     "parameters": {"type": "object", "properties": {
-        "location": {"type": "string"}, "date": {"type": "string"}}, "required": ["location", "date"]}}}
+        "location": {"type": "string"}, "date": {"type": "string"}},
+        "required": ["location", "date"]}}}
 NAMES = ["get_current_temperature", "get_temperature_date"]
 
 # Qwen2.5-7B-Instruct's answer to "What's the temperature in San Francisco now and tomorrow?"
