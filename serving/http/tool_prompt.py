@@ -45,6 +45,7 @@ def tool_prompt(tokenizer, messages: list[dict], sent: list, plan: ToolPlan,
         if "<image>" in json.dumps(tool):
             raise APIError(f"tools[{k}] must not contain the literal <image>",
                            param=f"tools[{k}]", code="invalid_value")
+    _check_tool_turns(sent)
     calls = [_history_calls(i, msg) for i, msg in enumerate(sent)]
     if template_handles_tools(tokenizer):
         out = []
@@ -55,6 +56,27 @@ def tool_prompt(tokenizer, messages: list[dict], sent: list, plan: ToolPlan,
             out.append({**msg, **extra})
         return out, plan.tools or None
     return _hermes_messages(messages, calls, plan), None
+
+
+def _check_tool_turns(sent: list) -> None:
+    """A tool message answers a call of the assistant message before it (OpenAI's rule)."""
+    from graft.serving.http.openai_chat import APIError
+
+    open_ids: set[str] | None = None  # the last assistant's call ids, while results may follow
+    for i, msg in enumerate(sent):
+        if msg.role == "tool":
+            if open_ids is None:
+                raise APIError(f"messages[{i}]: a tool message must follow an assistant message "
+                               "with tool_calls (it answers one of them)",
+                               param=f"messages[{i}]", code="invalid_value")
+            if open_ids and msg.tool_call_id not in open_ids:
+                raise APIError(f"messages[{i}].tool_call_id must be the id of one of the "
+                               f"preceding assistant's tool_calls ({', '.join(sorted(open_ids))})",
+                               param=f"messages[{i}].tool_call_id", code="invalid_value")
+        elif msg.role == "assistant" and msg.tool_calls:
+            open_ids = {call.id for call in msg.tool_calls if call.id is not None}
+        else:
+            open_ids = None
 
 
 def _history_calls(i: int, msg) -> list[dict]:

@@ -177,8 +177,11 @@ def test_tools_that_cannot_be_honoured_are_refused(fields, param):
 
 HISTORY = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-     "function": {"name": "get_current_temperature", "arguments": '{"location": "Paris"}'}}]},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {
+            "name": "get_current_temperature", "arguments": '{"location": "Paris"}'}},
+        {"id": "call_2", "type": "function", "function": {
+            "name": "get_current_temperature", "arguments": '{"location": "Lyon"}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
     {"role": "tool", "tool_call_id": "call_2", "content": '{"temperature": 22}'},
 ]
@@ -204,7 +207,7 @@ def test_a_template_without_tools_gets_the_hermes_system_prompt(tiny_llama):
     head = HERMES_TOOLS.split("{tools}")[0]
     assert text.startswith("<|im_start|>system\n" + head + json.dumps(WEATHER))
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_current_temperature", '
-            '"arguments": {"location": "Paris"}}\n</tool_call><|im_end|>') in text
+            '"arguments": {"location": "Paris"}}\n</tool_call>\n<tool_call>\n') in text
     assert ("<|im_start|>user\n<tool_response>\n{\"temperature\": 21}\n</tool_response>\n"
             "<tool_response>\n{\"temperature\": 22}\n</tool_response><|im_end|>") in text
     assert "# Tools" not in rendered(tok, messages=HISTORY, tools=[WEATHER], tool_choice="none")
@@ -232,7 +235,8 @@ def test_a_template_with_tools_gets_them_itself(tiny_llama):
     assert template_handles_tools(tok)
     text = rendered(tok, messages=HISTORY, tools=[WEATHER])
     assert text.startswith("<|im_start|>system\nTOOLS:{\"type\": \"function\"")
-    assert "CALL get_current_temperature Paris<|im_end|>" in text  # arguments as an object
+    # arguments as an object
+    assert "CALL get_current_temperature ParisCALL get_current_temperature Lyon<|im_end|>" in text
     assert "RESULT call_2: {\"temperature\": 22}" in text
     assert "# Tools" not in text
 
@@ -244,6 +248,10 @@ def test_a_template_with_tools_gets_them_itself(tiny_llama):
      "tools[0]"),
     ({"messages": [HISTORY[0], {**HISTORY[1], "tool_calls": [{"type": "function", "function": {
         "name": "f", "arguments": "[1]"}}]}]}, "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": [{"role": "tool", "tool_call_id": "call_1", "content": "21"}]}, "messages[0]"),
+    ({"messages": [*HISTORY[:2], {**HISTORY[2], "tool_call_id": "call_9"}]},
+     "messages[2].tool_call_id"),
+    ({"messages": [*HISTORY[:3], HISTORY[0], HISTORY[3]]}, "messages[4]"),
 ])
 def test_tool_text_the_prompt_cannot_hold_is_refused(tiny_llama, fields, param):
     from transformers import AutoTokenizer
