@@ -15,6 +15,9 @@ from graft.errors import GraftError
 
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function that takes no arguments
+# llguidance's option (other validators ignore x- keys): calls are compact JSON, so a model
+# cannot spend its max_tokens on the whitespace JSON allows between tokens
+COMPACT = {"x-guidance": {"whitespace_flexible": False}}
 
 
 class _Strict(BaseModel):
@@ -86,7 +89,7 @@ class ToolPlan:
         required: an array of {name, arguments} calls, one of the tools each; named: that
         function's arguments object alone (its name is known), as vLLM does."""
         if self.mode == "named":
-            return self.parameters(self.named)
+            return {**self.parameters(self.named), **COMPACT}
         if self.mode != "required":
             return None
         calls = [{"type": "object", "additionalProperties": False,
@@ -94,7 +97,8 @@ class ToolPlan:
                   "properties": {"name": {"const": name}, "arguments": self.parameters(name)}}
                  for name in self.names]
         array: dict[str, Any] = {"type": "array", "minItems": 1,
-                                 "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+                                 "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
+                                 **COMPACT}
         if not self.parallel:
             array["maxItems"] = 1
         return array

@@ -140,7 +140,8 @@ def test_schemas_for_required_and_named():
     assert single["maxItems"] == 1 and single["items"]["required"] == ["name", "arguments"]
     named = plan_tools(request(tools=[WEATHER, DATE], tool_choice={
         "type": "function", "function": {"name": "get_temperature_date"}}))
-    assert named.schema() == DATE["function"]["parameters"]
+    assert named.schema() == {**DATE["function"]["parameters"],
+                              "x-guidance": {"whitespace_flexible": False}}
     assert isinstance(reader_for(named), NamedReader)
     assert plan_tools(request(tools=[WEATHER], tool_choice="auto")).schema() is None
     none = plan_tools(request(tools=[WEATHER], tool_choice="none"))
@@ -260,3 +261,34 @@ def test_tool_text_the_prompt_cannot_hold_is_refused(tiny_llama, fields, param):
     with pytest.raises(P.APIError) as err:
         rendered(tok, **fields)
     assert err.value.param == param
+
+
+def accepts(schema, tokenizer, text) -> bool:
+    import llguidance
+    import llguidance.hf
+
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammar,
+                                   log_level=0)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return all(matcher.consume_token(t) for t in ids) and matcher.is_accepting()
+
+
+def test_llguidance_holds_the_output_to_the_schemas(tiny_llama):
+    """The schemas as the grammar engine (llguidance) reads them: calls of offered tools
+    pass, anything else does not."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    required = plan_tools(request(tools=[WEATHER, DATE], tool_choice="required")).schema()
+    good = [{"name": "get_temperature_date", "arguments": {"location": "Oslo", "date": "x"}},
+            {"name": "get_current_temperature", "arguments": {"location": "Rome"}}]
+    assert accepts(required, tok, json.dumps(good, separators=(",", ":")))
+    assert not accepts(required, tok, "[]")
+    assert not accepts(required, tok, '[{"name":"rm","arguments":{}}]')
+    assert not accepts(required, tok, '[{"name":"get_temperature_date","arguments":{}}]')
+    assert not accepts(required, tok, json.dumps(good))  # compact JSON only
+    named = plan_tools(request(tools=[WEATHER, DATE], tool_choice={
+        "type": "function", "function": {"name": "get_current_temperature"}})).schema()
+    assert accepts(named, tok, '{"location":"Rome","unit":"celsius"}')
+    assert not accepts(named, tok, '{"unit":"celsius"}')
