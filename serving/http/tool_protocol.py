@@ -15,9 +15,6 @@ from graft.errors import GraftError
 
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function that takes no arguments
-# llguidance's option (other validators ignore x- keys): calls are compact JSON, so a model
-# cannot spend its max_tokens on the whitespace JSON allows between tokens
-COMPACT = {"x-guidance": {"whitespace_flexible": False}}
 
 
 class _Strict(BaseModel):
@@ -89,7 +86,7 @@ class ToolPlan:
         required: an array of {name, arguments} calls, one of the tools each; named: that
         function's arguments object alone (its name is known), as vLLM does."""
         if self.mode == "named":
-            return {**self.parameters(self.named), **COMPACT}
+            return self.parameters(self.named)
         if self.mode != "required":
             return None
         calls = [{"type": "object", "additionalProperties": False,
@@ -97,8 +94,7 @@ class ToolPlan:
                   "properties": {"name": {"const": name}, "arguments": self.parameters(name)}}
                  for name in self.names]
         array: dict[str, Any] = {"type": "array", "minItems": 1,
-                                 "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
-                                 **COMPACT}
+                                 "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
         if not self.parallel:
             array["maxItems"] = 1
         return array
@@ -144,6 +140,11 @@ def guide(params, req):
     schema = plan_tools(req).schema() if getattr(req, "tools", None) else None
     if schema is None:
         return params
+    fmt = getattr(req, "response_format", None)  # (a field of the sampling knobs)
+    if fmt is not None and fmt.type != "text":
+        raise APIError("tool_choice 'required' or a named function constrains the output to "
+                       "tool calls; it cannot also follow response_format: send one of them",
+                       param="response_format", code="invalid_value")
     if "guided_json" not in {f.name for f in dataclasses.fields(params)}:
         raise APIError("tool_choice 'required' or a named function needs constrained decoding "
                        "(SamplingParams.guided_json), which this engine does not have; use "

@@ -148,3 +148,12 @@ def test_required_and_named_give_tool_calls(client, choice):
     for chunk in chat(client, stream=True, **fields):
         state.handle_chunk(chunk)
     assert check_forecast_calls(state.get_final_completion().choices[0]) == calls
+
+
+@pytest.mark.skipif(not GUIDED or "response_format" not in P.ChatCompletionRequest.model_fields,
+                    reason="needs constrained decoding and response_format")
+def test_required_tools_and_a_response_format_do_not_mix(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        chat(client, tools=[FORECAST], tool_choice="required", max_tokens=8,
+             response_format={"type": "json_object"})
+    assert err.value.body["param"] == "response_format"
