@@ -12,6 +12,7 @@ from pathlib import Path
 
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
+from graft.serving.engine.guided import GrammarTokenizer, advance
 from graft.serving.engine.mm_inputs import MultiModalInputs
 from graft.serving.engine.outputs import Detokenizer, RequestOutput, find_stop_string, make_output
 from graft.serving.engine.sampler import restore_rng_states, seeded_rng_states
@@ -47,13 +48,16 @@ class Engine:
         self.scheduler = Scheduler(self.config, self.block_manager)
         # always present: a request may turn speculation on while the engine default is off
         self.spec = self.scheduler.spec = SpecDecoder(self.config, self.max_model_len)
-        self.sampler = Sampler(self.runner.device, self.config.seed)
         if tokenizer is None and grafts is not None:
             tokenizer = grafts.tokenizer
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.model_dir)
         self.grafts = grafts if grafts is not None else GraftSet.empty(self.model_dir, self.tokenizer)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.eos_token_ids = eos_token_ids(self.model_dir, self.runner.hf_config, self.tokenizer)
+        self.sampler = Sampler(self.runner.device, self.config.seed, self.eos_token_ids)
+        # guided_json requests: llguidance's view of the tokenizer, built on the first one
+        self.grammar_tokenizer = GrammarTokenizer(self.tokenizer, self.runner.vocab_size,
+                                                  self.eos_token_ids)
         self.seqs: dict[str, Sequence] = {}  # unfinished requests by id
         self._pending: list[RequestOutput] = []  # finished at admission (bad input)
         self._order = itertools.count()
@@ -110,6 +114,7 @@ class Engine:
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        params.check_vocab(self.runner.vocab_size)
         if prompt is not None:
             if self.tokenizer is None:
                 raise ValueError(f"{self.model_dir} has no tokenizer: pass prompt_token_ids")
@@ -124,6 +129,8 @@ class Engine:
             seq.finish_time = time.monotonic()
             self._pending.append(make_output(seq, final=True))
             return
+        if params.guided_grammar is not None:  # one matcher per sequence, fresh from its grammar
+            seq.matcher = self.grammar_tokenizer.matcher(params.guided_grammar)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -283,16 +290,20 @@ class Engine:
             seq.first_token_time = now
         params = seq.params
         reason = None
+        # the grammar is complete: nothing more may follow (its last token is part of the text)
+        grammar_done = seq.matcher is not None and advance(seq.matcher, token)
         if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
             reason = "stop"  # the stop token's text is not added
         else:
             old_len = len(seq.text)
             self.detokenizer.append(seq)
-            if params.stop:
+            if params.stop and seq.num_output_tokens >= params.min_tokens:  # as vLLM
                 cut = find_stop_string(seq, old_len)
                 if cut is not None:
                     seq.text = seq.text[:cut]
                     reason = "stop"
+        if reason is None and grammar_done:
+            reason = "stop"
         if reason is None and (seq.num_output_tokens >= params.max_tokens
                                or len(seq) >= self.max_model_len):
             reason = "length"
@@ -315,23 +326,7 @@ class Engine:
             seq.deadline = None
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
-        c0, c1, c2 = self.cost.coefficients
-        fitted = self.cost.fitted
-        return EngineStats(
-            num_waiting=len(self.scheduler.waiting),
-            num_running=len(self.scheduler.running),
-            queued_prefill_tokens=self.scheduler.queued_prefill_tokens(),
-            prefill_seconds_per_token=c1 if fitted else None,
-            decode_step_seconds=c0 + c2 * max(len(self.scheduler.running), 1) if fitted else None,
-            free_kv_blocks=bm.num_free_blocks,
-            total_kv_blocks=bm.num_blocks,
-            prefix_cache_hit_rate=bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
-            num_preemptions=self.scheduler.num_preemptions,
-            spec_proposed_tokens=self.spec.proposed,
-            spec_accepted_tokens=self.spec.accepted,
-            spec_verify_steps=self.spec.steps,
-        )
+        return EngineStats.of(self)
 
     # --- offline --------------------------------------------------------------------
     def generate(self, prompts: list[str] | str | None = None,

@@ -1,4 +1,5 @@
-"""Turn last-position logits into next tokens: greedy, temperature, top-k, top-p, seeds.
+"""Turn last-position logits into next tokens: the request's logits processors (bias,
+penalties, min_tokens, grammar), then greedy or temperature, top-k, top-p, seeds.
 
 Sampling uses the exponential-race trick (argmax of p / Exp(1) noise), so each row's
 draw depends only on its own generator: a seeded request gives the same tokens in any
@@ -10,16 +11,27 @@ from __future__ import annotations
 import torch
 
 from graft.kernels import argmax
+from graft.serving.engine.logits_processors import Row, process_logits
 from graft.serving.engine.sequence import Sequence
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0):
+    def __init__(self, device: torch.device, seed: int = 0, eos_token_ids: set[int] = frozenset()):
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.eos_token_ids = set(eos_token_ids)  # what min_tokens holds back
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
         """logits [B, V] fp32 -> (token ids [B] list, per-row logprob dicts or None)."""
+        return self.pick(self.process(logits, [(s, []) for s in seqs]), seqs, logits)
+
+    def process(self, logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
+        """The logits each row samples from (logits_processors.process_logits)."""
+        return process_logits(logits, rows, self.eos_token_ids)
+
+    def pick(self, logits: torch.Tensor, seqs: list[Sequence], raw: torch.Tensor):
+        """Tokens from processed logits [B, V]; logprobs from the model's own (`raw`), as
+        vLLM reports them by default."""
         greedy_ids = argmax(logits)  # [B]
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         tokens = greedy_ids
@@ -31,7 +43,7 @@ class Sampler:
         logprobs = [None] * len(seqs)
         want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if want:
-            lp = torch.log_softmax(logits[want], dim=-1)  # raw model distribution
+            lp = torch.log_softmax(raw[want], dim=-1)  # raw model distribution
             for j, i in enumerate(want):
                 logprobs[i] = logprob_entry(lp[j], seqs[i].params.logprobs, token_list[i])
         return token_list, logprobs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from graft.errors import GraftConfigError
@@ -26,6 +27,16 @@ class SamplingParams:
     logprobs: int | None = None  # return this many top logprobs per token (plus the sampled)
     skip_special_tokens: bool = True  # for the decoded text
     speculative: str | None = None  # off | ngram | suffix for this request; None = the engine's
+    # logits processors (serving/engine/logits_processors.py), OpenAI / vLLM semantics
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    presence_penalty: float = 0.0  # minus this for every token already in the output, [-2, 2]
+    frequency_penalty: float = 0.0  # minus this times its count in the output, [-2, 2]
+    repetition_penalty: float = 1.0  # > 1 discourages prompt + output tokens (HF, vLLM)
+    min_tokens: int = 0  # eos, stop_token_ids and stop strings wait for this many tokens
+    # constrained decoding (serving/engine/guided.py): True = any JSON object, a dict = a JSON
+    # schema the output validates against, None (or False) = free text; never speculates
+    guided_json: dict | bool | None = None
+    guided_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -60,7 +71,54 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise GraftConfigError(
                 f"SamplingParams.stop_token_ids must hold token ids >= 0, got {self.stop_token_ids!r}")
+        self._check_processors()
+        if self.guided_json is False:
+            self.guided_json = None
+        if self.guided_json is not None:
+            if not isinstance(self.guided_json, (dict, bool)):
+                raise GraftConfigError(f"SamplingParams.guided_json must be None, True (any JSON "
+                                       f"object) or a JSON schema dict, got "
+                                       f"{type(self.guided_json).__name__}")
+            from graft.serving.engine.guided import json_grammar
+
+            self.guided_grammar = json_grammar(self.guided_json)
+
+    def _check_processors(self) -> None:
+        bias = self.logit_bias
+        if bias is not None and not isinstance(bias, dict):
+            raise GraftConfigError(f"SamplingParams.logit_bias must be a dict token id -> bias, "
+                                   f"got {type(bias).__name__}")
+        for tid, value in (bias or {}).items():
+            if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+                raise GraftConfigError(
+                    f"SamplingParams.logit_bias keys must be token ids >= 0, got {tid!r}")
+            if not _number(value) or not -100 <= value <= 100:
+                raise GraftConfigError(f"SamplingParams.logit_bias[{tid}] must be a number in "
+                                       f"[-100, 100], got {value!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not -2.0 <= value <= 2.0:
+                raise GraftConfigError(f"SamplingParams.{name} must be in [-2, 2], got {value!r}")
+        if not _number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise GraftConfigError(f"SamplingParams.repetition_penalty must be > 0 (1 = off), "
+                                   f"got {self.repetition_penalty!r}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) \
+                or not 0 <= self.min_tokens <= self.max_tokens:
+            raise GraftConfigError(f"SamplingParams.min_tokens must be an int in [0, max_tokens="
+                                   f"{self.max_tokens}], got {self.min_tokens!r}")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """GraftConfigError when a token id named here is outside the model's vocabulary."""
+        bad = [t for t in self.logit_bias or () if t >= vocab_size]
+        if bad:
+            raise GraftConfigError(f"SamplingParams.logit_bias names token id {bad[0]}, outside "
+                                   f"the model's vocabulary [0, {vocab_size})")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+
+def _number(value) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -50,6 +50,7 @@ class Sequence:
         self.generator = None  # torch.Generator when params.seed is set
         self.spec_tokens: list[int] = []  # proposals verified in this step (after the last token)
         self.spec = None  # spec_decode.controller.SpecState once the sequence has speculated
+        self.matcher = None  # llguidance.LLMatcher when params.guided_json is set (guided.py)
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.finish_time: float | None = None

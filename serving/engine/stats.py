@@ -22,3 +22,24 @@ class EngineStats:
     spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed ...
     spec_accepted_tokens: int = 0  # ... and accepted
     spec_verify_steps: int = 0  # (sequence, step) pairs that verified proposals
+
+    @classmethod
+    def of(cls, engine) -> "EngineStats":
+        """The state of `engine` (graft.serving.engine.engine.Engine) now."""
+        bm, scheduler, spec = engine.block_manager, engine.scheduler, engine.spec
+        c0, c1, c2 = engine.cost.coefficients
+        fitted = engine.cost.fitted
+        return cls(
+            num_waiting=len(scheduler.waiting),
+            num_running=len(scheduler.running),
+            queued_prefill_tokens=scheduler.queued_prefill_tokens(),
+            prefill_seconds_per_token=c1 if fitted else None,
+            decode_step_seconds=c0 + c2 * max(len(scheduler.running), 1) if fitted else None,
+            free_kv_blocks=bm.num_free_blocks,
+            total_kv_blocks=bm.num_blocks,
+            prefix_cache_hit_rate=bm.hit_tokens / bm.query_tokens if bm.query_tokens else 0.0,
+            num_preemptions=scheduler.num_preemptions,
+            spec_proposed_tokens=spec.proposed,
+            spec_accepted_tokens=spec.accepted,
+            spec_verify_steps=spec.steps,
+        )

@@ -15,6 +15,7 @@ from graft.errors import GraftError, RequestError
 from graft.serving.http import openai_chat as P
 from graft.serving.http.engine_worker import Job
 from graft.serving.http.responses import sink
+from graft.serving.http.sampling_knobs import request_param
 from graft.serving.http.tool_prompt import tool_prompt
 from graft.serving.http.tool_protocol import guide, plan_tools
 from graft.serving.multimodal.media import load_image
@@ -159,9 +160,11 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
             top_p=1.0 if req.top_p is None else req.top_p,
             top_k=req.top_k or 0, max_tokens=limit or room, seed=req.seed,
             stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
-            speculative=req.speculative)
+            speculative=req.speculative, **req.sampling_kwargs())
+        params.check_vocab(ctx.engine.runner.vocab_size)
     except GraftError as err:
-        raise P.APIError(str(err), code="invalid_value") from None
+        param, message = request_param(str(err))
+        raise P.APIError(message, param=param, code="invalid_value") from None
     return guide(params, req)  # tool_choice required / named: the output's JSON schema
 
 

@@ -15,6 +15,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 from typing_extensions import Annotated
 
 from graft.serving.engine.sampling_params import SEED_MAX, SEED_MIN
+from graft.serving.http.sampling_knobs import SamplingKnobs
 from graft.serving.http.tool_protocol import Tool, ToolCallIn, ToolChoice
 
 
@@ -114,7 +115,7 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class SamplingFields(_Strict):
+class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, response_format
     """What chat and text completions (completions_request.py) share: the model and how to
     sample, stream and budget the answer."""
     model: str

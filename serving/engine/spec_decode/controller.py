@@ -69,7 +69,9 @@ class SpecDecoder:
         return seq.params.speculative or self.default
 
     def enabled(self, seq: Sequence) -> bool:
-        return self.mode(seq) != "off"
+        # a guided sequence never speculates: its grammar mask depends on every token
+        # before the position, and a matcher advances only on accepted tokens
+        return self.mode(seq) != "off" and seq.matcher is None
 
     def propose(self, seq: Sequence, budget: int) -> list[int]:
         """Proposals for a decoding seq, at most budget - 1 (its own token comes first)."""

@@ -35,9 +35,14 @@ def sample_with_proposals(sampler: Sampler, logits: torch.Tensor, seqs: list[Seq
     starts = [sum(counts[:i]) for i in range(len(seqs))]
     tokens: list[list[int]] = [[] for _ in seqs]
     logprobs: list[list] = [[] for _ in seqs]
+    raw = logits  # the model's own distribution, for logprobs
+    # row j of a verifying sequence sees its proposals before j as already generated
+    logits = sampler.process(logits, [(s, s.spec_tokens[:j]) for s in seqs for j in range(
+        1 + len(s.spec_tokens))])
     plain = [i for i, s in enumerate(seqs) if not s.spec_tokens]
     if plain:
-        got, lps = sampler(logits[[starts[i] for i in plain]], [seqs[i] for i in plain])
+        idx = [starts[i] for i in plain]
+        got, lps = sampler.pick(logits[idx], [seqs[i] for i in plain], raw[idx])
         for i, t, lp in zip(plain, got, lps):
             tokens[i], logprobs[i] = [t], [lp]
     spec = [i for i, s in enumerate(seqs) if s.spec_tokens]
@@ -62,7 +67,7 @@ def sample_with_proposals(sampler: Sampler, logits: torch.Tensor, seqs: list[Seq
         if k is None:
             logprobs[i] = [None] * len(tokens[i])
         else:
-            lp = torch.log_softmax(logits[r:r + len(tokens[i])], dim=-1)  # raw model distribution
+            lp = torch.log_softmax(raw[r:r + len(tokens[i])], dim=-1)
             logprobs[i] = [logprob_entry(lp[j], k, t) for j, t in enumerate(tokens[i])]
     return tokens, logprobs
 

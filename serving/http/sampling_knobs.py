@@ -1,0 +1,115 @@
+"""The request fields that shape sampling beyond temperature and top_p: `logit_bias`, the
+presence / frequency / repetition penalties, `min_tokens` and `response_format` (OpenAI's
+names and ranges; repetition_penalty and min_tokens as vLLM has them), as a mixin any
+request model can take, and how they become SamplingParams fields."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from typing_extensions import Annotated
+
+
+class _Fields(BaseModel):
+    # as openai_chat._Strict: unknown keys ignored, known ones typed without coercion
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+class TextFormat(_Fields):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Fields):
+    type: Literal["json_object"]
+
+
+class JsonSchema(_Fields):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")  # `schema` is a BaseModel method
+    strict: bool | None = None  # the grammar always holds; accepted for the openai client
+
+
+class JsonSchemaFormat(_Fields):
+    type: Literal["json_schema"]
+    json_schema: JsonSchema
+
+
+_FORMATS = {"text": "TextFormat", "json_object": "JsonObjectFormat",
+            "json_schema": "JsonSchemaFormat"}
+
+
+def _format_kind(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return _FORMATS.get(kind) if isinstance(kind, str) else None
+
+
+# dispatch on "type" so a bad json_schema reports its own field, not every branch's
+# (capitalized tags: openai_chat leaves them out of the field path it reports)
+ResponseFormat = Annotated[Union[Annotated[TextFormat, Tag("TextFormat")],
+                                 Annotated[JsonObjectFormat, Tag("JsonObjectFormat")],
+                                 Annotated[JsonSchemaFormat, Tag("JsonSchemaFormat")]],
+                           Discriminator(_format_kind)]
+
+
+class SamplingKnobs(_Fields):
+    # OpenAI: token id (as a JSON key, a string) -> bias added to its logit, -100..100
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)  # vLLM-style extension
+    min_tokens: int | None = Field(default=None, ge=0)  # vLLM-style extension
+    response_format: ResponseFormat | None = None
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _known_format(cls, value: Any) -> Any:
+        if _format_kind(value) is None:
+            got = value.get("type") if isinstance(value, dict) else value
+            raise ValueError(f"must be an object whose type is 'text', 'json_object' or "
+                             f"'json_schema', got {got!r}")
+        return value
+
+    @field_validator("min_tokens", mode="before")
+    @classmethod
+    def _whole_float(cls, value: Any) -> Any:
+        # JSON Schema's "integer" includes 8.0 (as openai_chat.Int)
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: Any) -> Any:
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit()) or len(key) > 12:
+                raise ValueError(f"keys must be token ids (decimal strings), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"bias for token {key} must be in [-100, 100], got {bias!r}")
+        return value
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """These fields as SamplingParams keyword arguments (defaults where absent)."""
+        fmt = self.response_format
+        guided = (fmt.json_schema.schema_ if isinstance(fmt, JsonSchemaFormat)
+                  else True if isinstance(fmt, JsonObjectFormat) else None)
+        return dict(
+            logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            min_tokens=self.min_tokens or 0, guided_json=guided)
+
+
+# SamplingParams field -> the request field a client sent it as
+_REQUEST_FIELD = {"guided_json": "response_format"}
+
+
+def request_param(message: str) -> tuple[str | None, str]:
+    """(request field, message in the client's words) for a SamplingParams error message:
+    "SamplingParams.guided_json is not ..." -> ("response_format", "response_format is not ...")."""
+    found = re.match(r"SamplingParams\.(\w+)", message)
+    if found is None:
+        return None, message
+    field = _REQUEST_FIELD.get(found.group(1), found.group(1))
+    return field, field + message[found.end():]
