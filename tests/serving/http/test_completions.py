@@ -2,6 +2,8 @@
 greedy tokens as the engine on the same ids, streaming equal to the whole answer, the
 completions logprobs format, echo, and one-line 400s naming the field."""
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -27,11 +29,12 @@ def reference(tiny_llama_2k):
     return ids, out
 
 
-def create(client, **fields):
+def create(client, extra=None, **fields):
     fields.setdefault("model", "plain")
     fields.setdefault("prompt", PROMPT)
-    return client.completions.create(max_tokens=N, temperature=0,
-                                     extra_body={"ignore_eos": True}, **fields)
+    fields.setdefault("max_tokens", N)
+    extra = {"ignore_eos": True, **(extra or {})}
+    return client.completions.create(temperature=0, extra_body=extra, **fields)
 
 
 def test_greedy_text_equals_the_engine_on_the_same_ids(client, reference):
@@ -106,3 +109,19 @@ def test_openapi_lists_completions(plain_server):
     ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
     assert "prompt" in schema["components"]["schemas"][ref]["properties"]
     assert "text/event-stream" in op["responses"]["200"]["content"]
+
+
+
+def test_the_sampling_knobs_reach_completions(client, reference, plain_server):
+    """Chat and completions share their sampling fields (openai_chat.SamplingFields)."""
+    ids, out = reference
+    forced = out.token_ids[0] + 1  # not what greedy picks first
+    reply = create(client, max_tokens=1, logprobs=0,
+                   extra={"logit_bias": {str(forced): 100}})
+    assert reply.choices[0].logprobs.tokens == [plain_server.app.state.ctx.tokenizer.decode(
+        [forced])]
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    answer = create(client, max_tokens=60, extra={"response_format": fmt}).choices[0]
+    assert answer.finish_reason == "stop" and json.loads(answer.text)["a"] in ("x", "y")
