@@ -134,21 +134,16 @@ def _show(choice) -> str:
 
 def guide(params, req):
     """SamplingParams `params` with the output schema of the request's tool_choice (if any)
-    as guided_json; APIError(400) when this engine has no constrained decoding."""
+    as guided_json."""
     from graft.serving.http.openai_chat import APIError
 
     schema = plan_tools(req).schema() if getattr(req, "tools", None) else None
     if schema is None:
         return params
-    fmt = getattr(req, "response_format", None)  # (a field of the sampling knobs)
-    if fmt is not None and fmt.type != "text":
+    if req.response_format is not None and req.response_format.type != "text":
         raise APIError("tool_choice 'required' or a named function constrains the output to "
                        "tool calls; it cannot also follow response_format: send one of them",
                        param="response_format", code="invalid_value")
-    if "guided_json" not in {f.name for f in dataclasses.fields(params)}:
-        raise APIError("tool_choice 'required' or a named function needs constrained decoding "
-                       "(SamplingParams.guided_json), which this engine does not have; use "
-                       "tool_choice 'auto'", param="tool_choice", code="unsupported")
     try:
         return dataclasses.replace(params, guided_json=schema)
     except GraftError as err:  # a parameters schema the grammar engine cannot compile

@@ -1,10 +1,9 @@
 """tools / tool_choice through the official openai client against the real server. The tiny
 random model never calls a tool by itself, so "auto" is checked by the prompt the server
 built (the tools are in it) and by the real SSE path fed with Hermes output; "required" and
-a named function are checked end to end where the engine has constrained decoding."""
+a named function (constrained decoding) end to end."""
 
 import asyncio
-import dataclasses
 import json
 
 import openai
@@ -12,7 +11,6 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from graft.serving import SamplingParams
 from graft.serving.engine.outputs import RequestOutput
 from graft.serving.http import openai_chat as P
 from graft.serving.http.chat_answer import ChatAnswer
@@ -21,7 +19,6 @@ from graft.serving.http.responses import stream
 from graft.serving.http.tool_prompt import HERMES_TOOLS
 from tests.serving.http.test_tool_calls import HISTORY, NAMES, PARALLEL, WEATHER
 
-GUIDED = "guided_json" in {f.name for f in dataclasses.fields(SamplingParams)}
 # arguments a grammar keeps short on a random model: an enum and a boolean, nothing open-ended
 FORECAST = {"type": "function", "function": {
     "name": "forecast", "description": "The forecast for a city.",
@@ -138,11 +135,6 @@ def test_required_and_named_give_tool_calls(client, choice):
     # other tool is offered but not chosen
     fields = dict(tools=[FORECAST] if choice == "required" else [WEATHER, FORECAST],
                   tool_choice=choice, max_tokens=300)
-    if not GUIDED:  # until the engine has constrained decoding: a clear 400
-        with pytest.raises(openai.BadRequestError) as err:
-            chat(client, **fields)
-        assert err.value.body["code"] == "unsupported"
-        return
     calls = check_forecast_calls(chat(client, **fields).choices[0])
     state = ChatCompletionStreamState()
     for chunk in chat(client, stream=True, **fields):
@@ -150,8 +142,6 @@ def test_required_and_named_give_tool_calls(client, choice):
     assert check_forecast_calls(state.get_final_completion().choices[0]) == calls
 
 
-@pytest.mark.skipif(not GUIDED or "response_format" not in P.ChatCompletionRequest.model_fields,
-                    reason="needs constrained decoding and response_format")
 def test_required_tools_and_a_response_format_do_not_mix(client):
     with pytest.raises(openai.BadRequestError) as err:
         chat(client, tools=[FORECAST], tool_choice="required", max_tokens=8,
