@@ -90,20 +90,21 @@ def _history_calls(i: int, msg) -> list[dict]:
 def _hermes_messages(messages: list[dict], calls: list[list[dict]],
                      plan: ToolPlan) -> list[dict]:
     out: list[dict] = []
+    after_tool = False  # the last turn holds tool results: the next result joins it
     for msg, called in zip(messages, calls):
         if msg["role"] == "tool":
             block = f"<tool_response>\n{msg['content']}\n</tool_response>"
-            if out and out[-1].get("tool_results"):  # consecutive results: one user turn
+            if after_tool:
                 out[-1]["content"] += "\n" + block
             else:
-                out.append({"role": "user", "content": block, "tool_results": True})
+                out.append({"role": "user", "content": block})
+            after_tool = True
             continue
-        if called:
-            blocks = [f"<tool_call>\n{json.dumps(c['function'], ensure_ascii=False)}\n"
-                      "</tool_call>" for c in called]
-            msg = {**msg, "content": "\n".join(filter(None, [msg["content"], *blocks]))}
-        out.append(dict(msg))
-    out = [{"role": m["role"], "content": m["content"]} for m in out]
+        after_tool = False
+        blocks = [f"<tool_call>\n{json.dumps(c['function'], ensure_ascii=False)}\n</tool_call>"
+                  for c in called]
+        out.append({"role": msg["role"],
+                    "content": "\n".join(filter(None, [msg["content"], *blocks]))})
     if plan.tools:
         listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in plan.tools)
         system = HERMES_TOOLS.format(tools=listing)
