@@ -7,7 +7,7 @@ from __future__ import annotations
 from graft.serving.http import openai_chat as P
 from graft.serving.http.responses import AnswerShape
 from graft.serving.http.tool_calls import assemble, reader_for
-from graft.serving.http.tool_protocol import plan_tools
+from graft.serving.http.tool_plan import plan_tools
 
 
 class ChatAnswer(AnswerShape):

@@ -17,7 +17,7 @@ from graft.serving.http.engine_worker import Job
 from graft.serving.http.responses import sink
 from graft.serving.http.sampling_knobs import request_param
 from graft.serving.http.tool_prompt import tool_prompt
-from graft.serving.http.tool_protocol import guide, plan_tools
+from graft.serving.http.tool_plan import guide, plan_tools
 from graft.serving.multimodal.media import load_image
 
 _MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 
-from graft.serving.http.tool_protocol import ToolPlan, arguments_object
+from graft.serving.http.openai_chat import APIError
+from graft.serving.http.tool_plan import ToolPlan, arguments_object
+from graft.template import special_texts
 
 HERMES_TOOLS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -37,8 +39,6 @@ def tool_prompt(tokenizer, messages: list[dict], sent: list, plan: ToolPlan,
                 parse_special_tokens: bool) -> tuple[list[dict], list[dict] | None]:
     """(messages for the template, `tools` for apply_chat_template). `messages` are
     to_chat_messages' output for the request's messages `sent` (one per message)."""
-    from graft.serving.http.openai_chat import APIError
-
     if not parse_special_tokens:
         _refuse_special_text(tokenizer, plan, sent)
     for k, tool in enumerate(plan.tools):
@@ -60,8 +60,6 @@ def tool_prompt(tokenizer, messages: list[dict], sent: list, plan: ToolPlan,
 
 def _check_tool_turns(sent: list) -> None:
     """A tool message answers a call of the assistant message before it (OpenAI's rule)."""
-    from graft.serving.http.openai_chat import APIError
-
     open_ids: set[str] | None = None  # the last assistant's call ids, while results may follow
     for i, msg in enumerate(sent):
         if msg.role == "tool":
@@ -119,9 +117,6 @@ def _refuse_special_text(tokenizer, plan: ToolPlan, sent: list) -> None:
     """Tools and past calls are rendered by the template outside the message text, where
     special-token text would become control tokens: refuse it, as the server keeps typed
     special-token text plain (--parse-special-tokens-in-text allows it)."""
-    from graft.serving.http.openai_chat import APIError
-    from graft.template import special_texts
-
     texts = special_texts(tokenizer)
     pieces = [(f"tools[{k}]", json.dumps(t)) for k, t in enumerate(plan.tools)]
     pieces += [(f"messages[{i}].tool_calls", json.dumps([c.model_dump() for c in m.tool_calls]))
