@@ -92,7 +92,9 @@ def guide(params, req):
     try:
         return dataclasses.replace(params, guided_json=schema)
     except GraftError as err:  # a parameters schema the grammar engine cannot compile
-        raise APIError(f"tools: {err}", param="tools", code="invalid_value") from None
+        detail = str(err).removeprefix("SamplingParams.guided_json ")
+        raise APIError(f"tools: a function's `parameters` {detail} (tool_choice needs it as "
+                       "the output's schema)", param="tools", code="invalid_value") from None
 
 
 def arguments_object(text: str, where: str) -> dict:

@@ -63,6 +63,9 @@ def test_tool_history_is_accepted(client):
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
      "tools[0].function.parameters"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "nonsense"}}}}}],
+      "tool_choice": "required"}, "tools"),
     ({"messages": [ASK[0], {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
       "function": {"name": "f", "arguments": "not json"}}]}]},
      "messages[1].tool_calls[0].function.arguments"),
