@@ -17,7 +17,7 @@ from graft.serving.http.chat_answer import ChatAnswer
 from graft.serving.http.engine_worker import Job
 from graft.serving.http.responses import stream
 from graft.serving.http.tool_prompt import HERMES_TOOLS
-from tests.serving.http.test_tool_calls import HISTORY, NAMES, PARALLEL, WEATHER
+from tests.serving.http.test_tool_calls import HISTORY, NAMES, PARALLEL, TOOL_TEMPLATE, WEATHER
 
 # arguments a grammar keeps short on a random model: an enum and a boolean, nothing open-ended
 FORECAST = {"type": "function", "function": {
@@ -150,3 +150,45 @@ def test_required_tools_and_a_response_format_do_not_mix(client):
         chat(client, tools=[FORECAST], tool_choice="required", max_tokens=8,
              response_format={"type": "json_object"})
     assert err.value.body["param"] == "response_format"
+
+
+@pytest.fixture(scope="module")
+def graft_server(tmp_path_factory, tiny_llama_2k, tiny_encoder_config):
+    """A run dir (SigLIP + projector over the 2k-context tiny Llama) served as "g", its LLM's
+    chat template one that takes tools (as Qwen2.5's does)."""
+    from graft.serving import Engine, EngineConfig
+    from graft.serving.http.server import ServerSettings, build_app
+    from tests.conftest import _write_run
+    from tests.serving.http.conftest import LiveServer
+
+    run = _write_run(tmp_path_factory.mktemp("tools_run"), "run",
+                     tiny_encoder_config("siglip"), tiny_llama_2k, 0)
+    engine = Engine.from_pretrained(run, EngineConfig(num_kv_blocks=192))
+    engine.tokenizer.chat_template = TOOL_TEMPLATE  # (every graft shares this tokenizer)
+    with LiveServer(build_app(engine, ServerSettings(model_name="g"))) as server:
+        yield server
+
+
+def test_tools_beside_an_image(graft_server):
+    """A graft's prompt (images spliced in by its front) gets the tools through its template."""
+    from PIL import Image
+
+    from graft.inject import IMAGE_PLACEHOLDER
+    from graft.serving.multimodal.media import to_data_url
+
+    url = to_data_url(Image.new("RGB", (32, 32), (200, 30, 30)))
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "Weather where this was taken?"}]}]
+    ctx = graft_server.app.state.ctx
+    body = {"model": "g", "messages": messages, "tools": [WEATHER]}
+    er = ctx.prepare(P.parse_chat_request(json.dumps(body).encode()), ctx.models["g"])
+    ids = er.prepared.prompt_token_ids
+    assert er.tools == [WEATHER]
+    text = ctx.tokenizer.decode([t for t in ids if t != IMAGE_PLACEHOLDER])
+    assert text.startswith("<|im_start|>system\nTOOLS:" + json.dumps(WEATHER))
+    assert ids.count(IMAGE_PLACEHOLDER) == er.prepared.images[0].n_tokens
+    client = openai.OpenAI(base_url=graft_server.url + "/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="g", messages=messages, tools=[WEATHER],
+                                           max_tokens=4, temperature=0)
+    assert reply.usage.prompt_tokens == len(ids)
