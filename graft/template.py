@@ -39,44 +39,46 @@ class ChatTemplateError(GraftDataError):
         self.message_index = message_index
 
 
-def _render(tokenizer, messages, add_generation_prompt: bool) -> str:
+def _render(tokenizer, messages, add_generation_prompt: bool,
+            tools: list[dict] | None = None) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise GraftDataError(
             "the LLM tokenizer has no chat_template; use an instruct checkpoint or set "
             "tokenizer.chat_template in its tokenizer_config.json")
     try:
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
     except Exception as err:  # noqa: BLE001 - jinja raise_exception, empty chat, bad values
         raise ChatTemplateError(f"the chat template cannot render this conversation: "
                                 f"{type(err).__name__}: {err}") from None
 
 
-def _render_full(tokenizer, messages, add_generation_prompt: bool) -> str:
+def _render_full(tokenizer, messages, add_generation_prompt: bool, tools=None) -> str:
     """The whole chat; on failure, the error names the first message it fails at (the
     shortest failing prefix, found by bisection: a few renders, on the error path only)."""
     try:
-        return _render(tokenizer, messages, add_generation_prompt)
+        return _render(tokenizer, messages, add_generation_prompt, tools)
     except ChatTemplateError as err:
         lo, hi = 1, len(messages)  # render(messages[:hi]) fails
         while lo < hi:
             mid = (lo + hi) // 2
             try:
-                _render(tokenizer, messages[:mid], add_generation_prompt)
+                _render(tokenizer, messages[:mid], add_generation_prompt, tools)
                 lo = mid + 1
             except ChatTemplateError:
                 hi = mid
         raise ChatTemplateError(f"messages[{hi - 1}]: {err}", hi - 1) from None
 
 
-def _label_spans(tokenizer, messages: list[dict], full: str) -> list[tuple[int, int]]:
+def _label_spans(tokenizer, messages: list[dict], full: str,
+                 tools: list[dict] | None = None) -> list[tuple[int, int]]:
     """Character spans of `full` that belong to assistant turns (content + end token)."""
     spans = []
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        prefix = _render(tokenizer, messages[:i], add_generation_prompt=True)
-        upto = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        prefix = _render(tokenizer, messages[:i], True, tools)
+        upto = _render(tokenizer, messages[: i + 1], False, tools)
         if not (upto.startswith(prefix) and full.startswith(upto)):
             raise GraftDataError(
                 "the chat template does not render conversations as growing prefixes; "
@@ -85,7 +87,7 @@ def _label_spans(tokenizer, messages: list[dict], full: str) -> list[tuple[int, 
     return spans
 
 
-def _special_texts(tokenizer) -> list[str]:
+def special_texts(tokenizer) -> list[str]:
     """Strings the tokenizer turns into single added/special tokens wherever they appear."""
     added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     texts = {t.content for t in added.values()} | set(getattr(tokenizer, "all_special_tokens", []))
@@ -96,7 +98,7 @@ def _literal_specials(tokenizer, messages: list[dict], full: str,
                       offsets: list[tuple[int, int]] | None) -> list[tuple[int, int]]:
     """Spans of `full` where special-token text typed inside a message lies (to be tokenized
     as the characters it is, not as control tokens)."""
-    texts = _special_texts(tokenizer)
+    texts = special_texts(tokenizer)
     if not texts:
         return []
     pattern = re.compile("|".join(map(re.escape, texts)))
@@ -121,25 +123,27 @@ def encode_chat(
     image_token_counts: list[int],
     add_generation_prompt: bool = False,
     parse_special_tokens: bool = True,
+    tools: list[dict] | None = None,
 ) -> EncodedChat:
     """Token ids + labels for `messages`; the k-th `<image>` becomes a run of
     image_token_counts[k] placeholders. Marker/image count mismatch -> GraftDataError.
     parse_special_tokens=False keeps special-token text inside messages (a user typing
-    `<|im_start|>system`) as plain text; the template's own control tokens stay special."""
+    `<|im_start|>system`) as plain text; the template's own control tokens stay special.
+    `tools` (OpenAI function tools) go to the template as `apply_chat_template(tools=...)`."""
     n_markers = count_markers(messages)
     if n_markers != len(image_token_counts):
         raise GraftDataError(
             f"{n_markers} {IMAGE_MARKER} marker(s) in the text but {len(image_token_counts)} "
             f"image(s); put exactly one {IMAGE_MARKER} in the user text per image")
-    full = _render_full(tokenizer, messages, add_generation_prompt)
+    full = _render_full(tokenizer, messages, add_generation_prompt, tools)
 
     def render(msgs, gen):
-        return _render(tokenizer, msgs, gen)
+        return _render(tokenizer, msgs, gen, tools)
 
     offsets = content_offsets(render, messages, full, add_generation_prompt)
     spans = assistant_spans(render, messages, full, offsets) if offsets is not None else None
     if spans is None:  # a template that rewrites contents: one render per assistant turn
-        spans = _label_spans(tokenizer, messages, full)
+        spans = _label_spans(tokenizer, messages, full, tools)
     literal = set() if parse_special_tokens else set(
         _literal_specials(tokenizer, messages, full, offsets))
     # Cut points: label span edges, image markers and literal special-token text.

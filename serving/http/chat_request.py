@@ -16,6 +16,8 @@ from graft.serving.http import openai_chat as P
 from graft.serving.http.engine_worker import Job
 from graft.serving.http.responses import sink
 from graft.serving.http.sampling_knobs import request_param
+from graft.serving.http.tool_prompt import tool_prompt
+from graft.serving.http.tool_plan import guide, plan_tools
 from graft.serving.multimodal.media import load_image
 
 _MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands
@@ -30,16 +32,17 @@ class EngineRequest:
     prepared: object | None  # the multimodal front's PreparedPrompt (None: text only)
     messages: list[dict]  # the chat as the template saw it (kept to re-prompt after a shrink)
     params: object  # SamplingParams
+    tools: list[dict] | None = None  # for apply_chat_template(tools=...) (tool_prompt.py)
 
 
-async def read_chat_request(ctx, request: Request):
-    """(ChatCompletionRequest, the model's front) from the HTTP request: a full queue refuses
-    before the body is read, a big body is parsed off the event loop."""
+async def read_chat_request(ctx, request: Request, parse=P.parse_chat_request):
+    """(ChatCompletionRequest, the model's front) from the HTTP request (`parse`: the body's
+    parser, /v1/completions has its own): a full queue refuses before the body is read, a big
+    body is parsed off the event loop."""
     ctx.metrics.requests.inc()
     ctx.worker.check_queue_room()  # a full queue refuses before any parsing or image work
     raw = await _read_body(request, ctx.max_body_bytes, ctx.settings.request_body_timeout_s)
-    req = (P.parse_chat_request(raw) if len(raw) < 65536
-           else await asyncio.to_thread(P.parse_chat_request, raw))
+    req = parse(raw) if len(raw) < 65536 else await asyncio.to_thread(parse, raw)
     if req.model not in ctx.models:
         raise P.APIError(f"model {req.model!r} does not exist; this server serves "
                          f"{', '.join(map(repr, ctx.models))} (see /v1/models)", status=404,
@@ -84,6 +87,8 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     from graft.template import ChatTemplateError, encode_chat
 
     messages, refs = P.to_chat_messages(req.messages)
+    parse = ctx.settings.parse_special_tokens_in_text
+    messages, tools = tool_prompt(ctx.tokenizer, messages, req.messages, plan_tools(req), parse)
     limit = ctx.settings.limit_images_per_prompt
     if refs and front is None:
         raise P.APIError("this model is text-only (served from an LLM dir, not a run dir); "
@@ -93,18 +98,17 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
         raise P.APIError(f"{len(refs)} images in the prompt; this server accepts at most "
                          f"{limit} (--limit-images-per-prompt)", param="messages",
                          code="too_many_images")
-    parse = ctx.settings.parse_special_tokens_in_text
     try:
         text = encode_chat(ctx.tokenizer, messages, [0] * len(refs),  # images: empty runs
-                           add_generation_prompt=True, parse_special_tokens=parse)
-        _check_room(ctx, len(text.input_ids), req.output_limit())
+                           add_generation_prompt=True, parse_special_tokens=parse, tools=tools)
+        check_room(ctx, len(text.input_ids), req.output_limit())
         if front is None:
             return EngineRequest(text.input_ids, None, messages,
-                                 _sampling_params(ctx, req, len(text.input_ids)))
+                                 sampling_params_for(ctx, req, len(text.input_ids)), tools)
         images = [front.prepare_image(load_image(url, ctx.settings.media, param))
                   for param, url in refs]
         front.check_cache_room(images)
-        prepared = front.prompt(messages, images, parse)
+        prepared = front.prompt(messages, images, parse, tools)
     except RequestError as err:
         raise P.APIError.from_request(err) from None
     except ChatTemplateError as err:
@@ -113,7 +117,7 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     except GraftError as err:
         raise P.APIError(str(err), param="messages", code="invalid_prompt") from None
     ids = prepared.prompt_token_ids
-    return EngineRequest(ids, prepared, messages, _sampling_params(ctx, req, len(ids)))
+    return EngineRequest(ids, prepared, messages, sampling_params_for(ctx, req, len(ids)), tools)
 
 
 def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> EngineRequest | None:
@@ -124,30 +128,32 @@ def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> Engi
     if smaller is None:
         return None
     images[k] = smaller
-    prepared = front.prompt(er.messages, images, ctx.settings.parse_special_tokens_in_text)
+    prepared = front.prompt(er.messages, images, ctx.settings.parse_special_tokens_in_text,
+                            er.tools)
     ids = prepared.prompt_token_ids
-    return EngineRequest(ids, prepared, er.messages, _sampling_params(ctx, req, len(ids)))
+    return EngineRequest(ids, prepared, er.messages, sampling_params_for(ctx, req, len(ids)),
+                         er.tools)
 
 
-def _check_room(ctx, n_prompt: int, limit: int | None) -> int:
-    """Tokens left for output after an n_prompt-token prompt; 400 when there are none or
-    fewer than max_tokens asks for."""
+def check_room(ctx, n_prompt: int, limit: int | None, param: str = "messages") -> int:
+    """Tokens left for output after an n_prompt-token prompt; 400 (naming `param`, where the
+    prompt came from) when there are none or fewer than max_tokens asks for."""
     room = ctx.max_model_len - n_prompt
     if room <= 0 or (limit is not None and limit > room):
         asked = f" + {limit} output tokens" if limit else ""
         raise P.APIError(
             f"prompt is {n_prompt} tokens{asked}, over the model's context of "
-            f"{ctx.max_model_len} tokens; shorten the messages or lower max_tokens",
-            param="messages", code="context_length_exceeded")
+            f"{ctx.max_model_len} tokens; shorten the {param} or lower max_tokens",
+            param=param, code="context_length_exceeded")
     return room
 
 
-def _sampling_params(ctx, req: P.ChatCompletionRequest, n_prompt: int):
+def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
     """max_tokens (or max_completion_tokens) if given, else all the room the context leaves."""
     from graft.serving import SamplingParams
 
     limit = req.output_limit()
-    room = _check_room(ctx, n_prompt, limit)
+    room = check_room(ctx, n_prompt, limit)
     try:
         params = SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -159,7 +165,7 @@ def _sampling_params(ctx, req: P.ChatCompletionRequest, n_prompt: int):
     except GraftError as err:
         param, message = request_param(str(err))
         raise P.APIError(message, param=param, code="invalid_value") from None
-    return params
+    return guide(params, req)  # tool_choice required / named: the output's JSON schema
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:

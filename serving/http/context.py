@@ -90,10 +90,15 @@ class ServerContext:
         return float(self.worker.cache.stats()[name])
 
     def prepare(self, req, front):
-        """The EngineRequest of a parsed chat (chat_request.to_engine_request, in a worker
-        thread): the one seam per app on the request path, where tests inject failures."""
+        """The EngineRequest of a parsed chat (chat_request.to_engine_request) or text
+        completion (completions_request.to_completion_request), in a worker thread: the one
+        seam per app on the request path, where tests inject failures."""
         from graft.serving.http.chat_request import to_engine_request
+        from graft.serving.http.completions_request import (CompletionRequest,
+                                                             to_completion_request)
 
+        if isinstance(req, CompletionRequest):
+            return to_completion_request(self, req)
         return to_engine_request(self, req, front)
 
     def logprobs(self, out, start: int, top: int) -> dict | None:

@@ -16,6 +16,7 @@ from typing_extensions import Annotated
 
 from graft.serving.engine.sampling_params import SEED_MAX, SEED_MIN
 from graft.serving.http.sampling_knobs import SamplingKnobs
+from graft.serving.http.tool_protocol import Tool, ToolCallIn, ToolChoice
 
 
 class APIError(Exception):
@@ -92,9 +93,11 @@ ContentPart = Annotated[Union[Annotated[TextPart, Tag("TextPart")],
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant: the calls it made (tool_protocol)
+    tool_call_id: str | None = None  # tool: the call this message answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -112,19 +115,17 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Strict, SamplingKnobs):  # + logit_bias, penalties, response_format
+class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, response_format
+    """What chat and text completions (completions_request.py) share: the model and how to
+    sample, stream and budget the answer."""
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Int | None = Field(default=None, ge=1)
-    max_completion_tokens: Int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: Int | None = Field(default=None, ge=-1)  # vLLM-style extension; -1/0 = off
     seed: Int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what the sampler takes
     stop: Union[str, list[str], None] = None
     n: Int = Field(default=1, ge=1, le=1)
-    logprobs: bool = False
-    top_logprobs: Int | None = Field(default=None, ge=0, le=20)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # graft extension (pass with the openai client's extra_body): time to first token budget
@@ -142,6 +143,21 @@ class ChatCompletionRequest(_Strict, SamplingKnobs):  # + logit_bias, penalties,
             raise ValueError("at most 4 stop sequences are allowed")
         return value
 
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None  # function tools (tool_protocol.py, tool_prompt.py)
+    tool_choice: ToolChoice | None = None  # none | auto | required | {function: {name}}
+    parallel_tool_calls: bool | None = None
+
     @field_validator("top_logprobs")
     @classmethod
     def _top_needs_logprobs(cls, value: Any, info) -> Any:
@@ -152,11 +168,6 @@ class ChatCompletionRequest(_Strict, SamplingKnobs):  # + logit_bias, penalties,
     def num_logprobs(self) -> int | None:
         """SamplingParams.logprobs for this request: None (off) or the top-k count."""
         return (self.top_logprobs or 0) if self.logprobs else None
-
-    def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -207,8 +218,9 @@ def _check_json(value: Any, path: str = "", depth: int = 0) -> None:
             _check_json(item, f"{path}[{i}]", depth + 1)
 
 
-def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
-    """Bytes of a POST body -> validated request, or APIError(400) naming the field."""
+def parse_chat_request(raw: bytes, model: type[BaseModel] = ChatCompletionRequest):
+    """Bytes of a POST body -> validated `model` (a chat request unless said otherwise), or
+    APIError(400) naming the field."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -220,7 +232,7 @@ def parse_chat_request(raw: bytes) -> ChatCompletionRequest:
         raise APIError("request body must be a JSON object", code="invalid_json")
     _check_json(data)
     try:
-        return ChatCompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as err:
         first = _deepest(err.errors())
         param = _loc_to_param(tuple(first.get("loc", ())))

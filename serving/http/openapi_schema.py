@@ -1,6 +1,7 @@
-"""/openapi.json: the chat handler reads its body itself (size limit, parsing off the event
-loop) and the other routes answer plain dicts or text, so every route's request and response
-models are added to the schema here (schemathesis checks answers against them)."""
+"""/openapi.json: the chat and completions handlers read their bodies themselves (size limit,
+parsing off the event loop) and the other routes answer plain dicts or text, so every route's
+request and response models are added to the schema here (schemathesis checks answers against
+them)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from graft.serving.http.completions_request import CompletionRequest
 from graft.serving.http.openai_chat import ChatCompletionRequest
 
 CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 # every status the chat route may refuse with (all with ErrorBody): bad request, key, a
 # forbidden image source, unknown model, body timeout, size, rate/queue limit, engine
 # failure, connection limit or engine down
 ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "500", "503")
 
 
-# one server-sent event: `data` is a chat.completion.chunk as JSON, the last one `[DONE]`
+# one server-sent event: `data` is a chunk (chat.completion.chunk or text_completion) as
+# JSON, the last one `[DONE]`
 SSE_EVENT = {"type": "object", "required": ["data"],
              "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 
@@ -30,16 +34,29 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str  # a JSON object as text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None: only tool calls
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: dict[str, Any] | None = None
-    finish_reason: str | None  # stop | length | deadline (graft: the TTFT budget ran out)
+    # stop | length | tool_calls | deadline (graft: the TTFT budget ran out)
+    finish_reason: str | None
 
 
 class ChatCompletion(BaseModel):
@@ -49,6 +66,23 @@ class ChatCompletion(BaseModel):
     created: int
     model: str
     choices: list[Choice]
+    usage: Usage
+
+
+class TextChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None = None  # tokens, token_logprobs, top_logprobs, text_offset
+    finish_reason: str | None
+
+
+class TextCompletion(BaseModel):
+    """A non-streaming /v1/completions answer (completions_answer.CompletionAnswer)."""
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChoice]
     usage: Usage
 
 
@@ -102,16 +136,18 @@ def install(app: FastAPI) -> None:
 
         error = json_of(ErrorBody, "OpenAI-style error")
         errors = {code: error for code in ERROR_STATUSES}
-        op = schema["paths"][CHAT_PATH]["post"]
-        op["requestBody"] = {"required": True, **json_of(ChatCompletionRequest, "")}
-        op["requestBody"].pop("description")
-        completion = json_of(ChatCompletion, "the completion (stream: false)")
-        # the schema of one event, as SSE-aware clients and checkers read a stream (schemathesis
-        # validates each event; {"type": "string"} failed every streamed answer it saw)
-        completion["content"]["text/event-stream"] = {"schema": SSE_EVENT}
-        completion["description"] = ("the completion; with stream: true, text/event-stream "
-                                     "chunks ending in `data: [DONE]`")
-        op["responses"] = {"200": completion, **errors}
+        for path, request, response in ((CHAT_PATH, ChatCompletionRequest, ChatCompletion),
+                                        (COMPLETIONS_PATH, CompletionRequest, TextCompletion)):
+            op = schema["paths"][path]["post"]
+            op["requestBody"] = {"required": True, **json_of(request, "")}
+            op["requestBody"].pop("description")
+            completion = json_of(response, "the completion (stream: false)")
+            # the schema of one event, as SSE-aware clients and checkers read a stream
+            # (schemathesis validates each event; {"type": "string"} failed every stream)
+            completion["content"]["text/event-stream"] = {"schema": SSE_EVENT}
+            completion["description"] = ("the completion; with stream: true, "
+                                         "text/event-stream chunks ending in `data: [DONE]`")
+            op["responses"] = {"200": completion, **errors}
         schema["paths"]["/v1/models"]["get"]["responses"] = {
             "200": json_of(ModelList, "the served models"), "401": error, "503": error}
         # /health and /metrics: 401 only with --auth-health / --auth-metrics

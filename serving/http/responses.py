@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from graft.serving.http import openai_chat as P
 from graft.serving.http.engine_worker import Job
@@ -55,9 +55,35 @@ async def next_event(ctx, job: Job, queue: asyncio.Queue) -> tuple[str, object]:
             status=408, code="request_timeout")
 
 
-async def complete(ctx, job: Job, queue: asyncio.Queue, model: str, request: Request,
-                   top_logprobs: int) -> Response:
-    text, n_out, reason, last = "", 0, None, None
+class AnswerShape:
+    """What a shape (chat_answer.ChatAnswer, completions_answer.CompletionAnswer) writes
+    for one job: head() and piece()/tail() chunks of a stream with logprobs() beside them,
+    usage() for the last chunk, or whole() for a JSON answer. Here: what both keep."""
+
+    def __init__(self, ctx, job: Job, req):
+        self.ctx = ctx
+        self.job = job
+        self.model = req.model
+        self.created = int(time.time())
+
+    def counts(self, last) -> tuple[int, int]:
+        """(prompt tokens, output tokens) for usage; `last` None: nothing came out."""
+        return len(self.job.prompt_token_ids), len(last.token_ids) if last is not None else 0
+
+
+async def answer(ctx, request: Request, job: Job, queue: asyncio.Queue, shape,
+                 stream_it: bool, include_usage: bool) -> Response:
+    """The HTTP answer to a submitted job: SSE chunks or one JSON body, as `shape` (a
+    ChatAnswer or CompletionAnswer) writes them."""
+    if stream_it:
+        watcher = watch_disconnect(request, lambda: ctx.worker.abort(job.request_id))
+        return StreamingResponse(stream(ctx, job, queue, shape, include_usage, watcher),
+                                 media_type="text/event-stream")
+    return await complete(ctx, job, queue, request, shape)
+
+
+async def complete(ctx, job: Job, queue: asyncio.Queue, request: Request, shape) -> Response:
+    reason, last = None, None
     watcher = watch_disconnect(request, lambda: queue.put_nowait(("gone", None)))
     try:
         while True:
@@ -70,7 +96,7 @@ async def complete(ctx, job: Job, queue: asyncio.Queue, model: str, request: Req
             if kind == "deadline":
                 reason = "deadline"
                 break
-            text, n_out, last = out.text, len(out.token_ids), out
+            last = out
             if out.finished:
                 reason = out.finish_reason
                 break
@@ -79,22 +105,19 @@ async def complete(ctx, job: Job, queue: asyncio.Queue, model: str, request: Req
         raise
     finally:
         watcher.cancel()
-    logprobs = ctx.logprobs(last, 0, top_logprobs) if last is not None else None
-    return JSONResponse(P.completion_body(job.request_id, model, text, reason,
-                                          len(job.prompt_token_ids), n_out, logprobs, last))
+    return JSONResponse(shape.whole(last, reason))
 
 
-async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage: bool,
-                 top_logprobs: int, watcher: asyncio.Task):
+async def stream(ctx, job: Job, queue: asyncio.Queue, shape, include_usage: bool,
+                 watcher: asyncio.Task):
     """SSE events; Starlette cancels this generator when the client disconnects. `watcher`
-    (watch_disconnect, started by the handler) aborts the job should the client go before
+    (watch_disconnect, started by `answer`) aborts the job should the client go before
     this generator ever runs; it is cancelled here once the stream is over."""
-    created = int(time.time())
-    sent, n_out, done, last = 0, 0, False, None
+    sent, done, last = 0, False, None
     sent_lp = 0  # output tokens whose logprobs went out already
     try:
-        yield P.sse(P.chunk_body(job.request_id, model, {"role": "assistant", "content": ""},
-                                 None, created))
+        for body in shape.head():
+            yield P.sse(body)
         while True:
             kind, out = await next_event(ctx, job, queue)
             if kind == "error":
@@ -102,26 +125,25 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, model: str, include_usage:
                 done = True
                 break
             if kind == "deadline":
-                yield P.sse(P.chunk_body(job.request_id, model, {}, "deadline", created))
+                for body in shape.tail("deadline"):
+                    yield P.sse(body)
                 done = True
                 break
-            n_out, last = len(out.token_ids), out
+            last = out
             delta = out.text[sent:]
             sent = len(out.text)
             # logprobs ride with the text they belong to (stop-string hold-back delays both)
-            logprobs = ctx.logprobs(out, sent_lp, top_logprobs) if delta or out.finished else None
-            if logprobs is not None:
-                sent_lp += len(logprobs["content"])
-            if delta or (logprobs and logprobs["content"]):
-                yield P.sse(P.chunk_body(job.request_id, model, {"content": delta}, None, created,
-                                         logprobs))
+            logprobs, n_lp = shape.logprobs(out, sent_lp) if delta or out.finished else (None, 0)
+            sent_lp += n_lp
+            for body in shape.piece(delta, logprobs, n_lp):
+                yield P.sse(body)
             if out.finished:
                 done = True
-                yield P.sse(P.chunk_body(job.request_id, model, {}, out.finish_reason, created))
+                for body in shape.tail(out.finish_reason):
+                    yield P.sse(body)
                 break
         if include_usage:
-            yield P.sse(P.usage_chunk_body(job.request_id, model, created,
-                                           len(job.prompt_token_ids), n_out, last))
+            yield P.sse(shape.usage(last))
         yield P.sse("[DONE]")
     finally:
         watcher.cancel()

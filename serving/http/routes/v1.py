@@ -1,16 +1,20 @@
-"""The OpenAI-compatible API: /v1/models and /v1/chat/completions (API key checked by the
-dependency server.py attaches to this router)."""
+"""The OpenAI-compatible API: /v1/models, /v1/chat/completions and /v1/completions (API key
+checked by the dependency server.py attaches to this router)."""
 
 from __future__ import annotations
 
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
+from graft.serving.http import openai_chat as P
+from graft.serving.http.chat_answer import ChatAnswer
 from graft.serving.http.chat_request import read_chat_request, submit_chat
-from graft.serving.http.openapi_schema import CHAT_PATH
-from graft.serving.http.responses import complete, stream, watch_disconnect
+from graft.serving.http.completions_answer import CompletionAnswer
+from graft.serving.http.completions_request import parse_completion_request
+from graft.serving.http.openapi_schema import CHAT_PATH, COMPLETIONS_PATH
+from graft.serving.http.responses import answer
 
 router = APIRouter()
 
@@ -25,14 +29,20 @@ async def models(request: Request):
 @router.post(CHAT_PATH)
 async def chat_completions(request: Request) -> Response:
     """Parse -> validate -> SamplingParams -> submit (chat_request.py), then answer."""
+    return await _serve(request, P.parse_chat_request, ChatAnswer)
+
+
+@router.post(COMPLETIONS_PATH)
+async def completions(request: Request) -> Response:
+    """The same way with a prompt instead of messages (completions_request.py)."""
+    return await _serve(request, parse_completion_request, CompletionAnswer)
+
+
+async def _serve(request: Request, parse, shape) -> Response:
     arrival = time.monotonic()
     ctx = request.app.state.ctx
-    req, front = await read_chat_request(ctx, request)
+    req, front = await read_chat_request(ctx, request, parse)
     job, queue = await submit_chat(ctx, req, front, arrival)
-    top = req.top_logprobs or 0
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        watcher = watch_disconnect(request, lambda: ctx.worker.abort(job.request_id))
-        return StreamingResponse(stream(ctx, job, queue, req.model, include_usage, top, watcher),
-                                 media_type="text/event-stream")
-    return await complete(ctx, job, queue, req.model, request, top)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await answer(ctx, request, job, queue, shape(ctx, job, req), req.stream,
+                        include_usage)

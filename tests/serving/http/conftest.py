@@ -57,3 +57,23 @@ def live_server(tiny_run_dir, tmp_path_factory):  # noqa: F811
     with LiveServer(app) as server:
         server.media_dir = media
         yield server
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_2k(tmp_path_factory):
+    """The tiny Llama with a 2048-token context (a tool prompt alone is ~500 of its tokens)."""
+    from tests.tiny_llm import build_llm
+
+    return build_llm(tmp_path_factory.mktemp("llm_llama_2k"), "llama",
+                     config_overrides={"max_position_embeddings": 2048})
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_llama_2k):
+    """`graft serve LLM_DIR` (text only) as model "plain", on the 2k-context tiny Llama."""
+    from graft.serving import Engine, EngineConfig
+    from graft.serving.http.server import ServerSettings, build_app
+
+    engine = Engine.from_pretrained(tiny_llama_2k, EngineConfig(num_kv_blocks=192))
+    with LiveServer(build_app(engine, ServerSettings(model_name="plain"))) as server:
+        yield server
