@@ -78,7 +78,14 @@ def search_space(fixed: dict, images: bool, device: str, quant: list[dict]) -> d
         "encoder_cache_mb": [{"encoder_cache_mb": mb} for mb in (32.0, 1024.0)] if images else [],
         "quantization": [{"quantization": q} for q in quant],
     }
-    return {name: alts for name, alts in space.items() if alts and name not in fixed}
+    out = {}
+    for name, alts in space.items():
+        # a fixed option stays as given inside an alternative too (e.g. a fixed k for ngram)
+        kept = [{k: v for k, v in alt.items() if k not in fixed} for alt in alts]
+        kept = [alt for i, alt in enumerate(kept) if alt and alt not in kept[:i]]
+        if kept and name not in fixed:
+            out[name] = kept
+    return out
 
 
 def candidates(space: dict[str, list[dict]], n: int, seed: int = 0) -> list[dict]:

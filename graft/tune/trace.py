@@ -143,21 +143,21 @@ def read_trace(path: str | Path) -> list[TraceRecord]:
         lines = path.read_text().splitlines()
     except OSError as err:
         raise GraftConfigError(f"TRACE {path}: cannot read it ({err.strerror})") from None
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path} line {number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise GraftConfigError(f"{where}: not valid JSON ({err.msg} at column "
-                                   f"{err.colno})") from None
-        records.append(parse_record(obj, where))
+    wheres = (f"{path} line {number}" for number in range(1, len(lines) + 1))
+    records = [parse_record(_decoded(line, where), where)
+               for line, where in zip(lines, wheres) if line.strip()]
     if not records:
         raise GraftConfigError(f"TRACE {path}: no records; record one with graft serve --trace "
                                "or write one with graft tune synth")
     return sorted(records, key=lambda r: r.arrival)
+
+
+def _decoded(line: str, where: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise GraftConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") \
+            from None
 
 
 def write_trace(path: str | Path, records: list[dict]) -> Path:

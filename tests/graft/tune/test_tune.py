@@ -105,6 +105,9 @@ def test_search_space_and_candidates():
     assert cands[0] == {} and NGRAM in cands and len(cands) == 20
     assert len({label(c) for c in cands}) == 20
     assert candidates(space, 20, seed=0) == cands
+    fixed_k = search_space({"num_speculative_tokens": 3}, images=True, device="cuda", quant=[])
+    assert fixed_k["speculative"] == [{"speculative": "ngram"}]
+    assert "kv_cache_dtype" not in fixed_k and "encoder_cache_mb" in fixed_k
 
 
 def test_cli_end_to_end(tiny_llama, tmp_path, capsys):
