@@ -18,7 +18,7 @@ def plot_points(points: list[dict], slo: dict, chosen: dict | None, path: Path) 
         pts = [p for p in points if p["requests"] == n and p["summary"]["ttft_ms"]["p99"] is not None]
         ax.scatter([p["summary"]["ttft_ms"]["p99"] for p in pts],
                    [p["summary"]["output_tokens_per_s"] for p in pts], s=16 + 12 * k,
-                   c=[f"C{k}" if p["meets_slo"] else "0.6" for p in pts],
+                   c=[f"C{k}" if p["meets_slo"] else "0.75" for p in pts], edgecolors=f"C{k}",
                    label=f"first {n} requests" + (" (full trace)" if n == sizes[-1] else ""))
     full = [p for p in points if p["requests"] == sizes[-1]] if sizes else []
     for key, marker, color, name in (("default", "s", "C3", "default"),
@@ -31,7 +31,7 @@ def plot_points(points: list[dict], slo: dict, chosen: dict | None, path: Path) 
         ax.axvline(slo["ttft_p99_ms"], ls="--", c="C3", lw=1, label="SLO: p99 TTFT")
     ax.set_xlabel("p99 time to first token (ms)")
     ax.set_ylabel("output tokens/s")
-    ax.set_title("graft tune: grey points miss the SLO", fontsize=9)
+    ax.set_title("graft tune: filled points meet the SLO, grey ones miss it", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
