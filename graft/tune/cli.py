@@ -102,11 +102,12 @@ def _comment(outcome, slo: dict) -> str:
     best, base = outcome.best["summary"], outcome.default["summary"]
 
     def numbers(s: dict) -> str:
-        return (f"{s['output_tokens_per_s']:.1f} output tok/s, TTFT p99 "
+        return (f"{s['capacity_tokens_per_s']:.1f} output tok/s while busy "
+                f"({s['output_tokens_per_s']:.1f} over the replay), TTFT p99 "
                 f"{s['ttft_ms']['p99'] or 0:.0f} ms, TPOT p99 {s['tpot_ms']['p99'] or 0:.0f} ms")
 
     return (f"graft tune: the configuration meeting {_slo_text(slo)} with the most output "
-            f"tokens/s\nchosen:  {numbers(best)}\ndefault: {numbers(base)}"
+            f"tokens per second of engine stepping\nchosen:  {numbers(best)}\ndefault: {numbers(base)}"
             f"{'' if outcome.default['meets_slo'] else ' (misses the SLO)'}")
 
 

@@ -95,7 +95,7 @@ def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,
     base = records[0].arrival
     due = [(r.arrival - base) / speed for r in records]
     outcomes: list[_Outcome] = []
-    steps = [0]
+    steps, busy = [0], 0.0  # engine steps; clock time in worker rounds that stepped
     step = engine.step
 
     def timed_step():  # the clock charges every engine step the worker runs
@@ -119,8 +119,10 @@ def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,
                     if er.prepared else 0), None)
                 i += 1
             if ctx.worker.pending or engine.has_unfinished_requests():
-                before = steps[0]
+                before, t0 = steps[0], clock.now()
                 ctx.worker._run_once([])  # the server's step: admissions, encodes, one step
+                if steps[0] > before:  # (a round that only waited for cache room is idle)
+                    busy += clock.now() - t0
                 idle = 0 if steps[0] > before else idle + 1
                 if idle > _STALL_ROUNDS:
                     raise GraftError("replay stalled: queued requests never entered the engine "
@@ -129,7 +131,7 @@ def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,
                 clock.wait_until(start + due[i])
     finally:
         engine.step = step
-    return summarize(outcomes, clock.now() - start, steps[0])
+    return summarize(outcomes, clock.now() - start, steps[0], busy)
 
 
 def _sink(clock, outcome: _Outcome):
@@ -148,7 +150,10 @@ def _sink(clock, outcome: _Outcome):
     return sink
 
 
-def summarize(outcomes: list[_Outcome], duration: float, steps: int) -> dict:
+def summarize(outcomes: list[_Outcome], duration: float, steps: int, busy: float = 0.0) -> dict:
+    """The replay's numbers. Output tokens per second of replay is the offered load whenever
+    the engine keeps up; per second the engine was busy stepping, it is what the configuration
+    could sustain (its capacity), and that is what tells configurations apart."""
     from graft.benchmarks.report import percentiles
 
     ok = [o for o in outcomes if o.status == "ok" and o.end is not None]
@@ -161,6 +166,7 @@ def summarize(outcomes: list[_Outcome], duration: float, steps: int) -> dict:
             "e2e_ms": percentiles([o.end - o.arrival for o in ok]),
             "output_tokens": out_tokens,
             "output_tokens_per_s": out_tokens / duration if duration > 0 else 0.0,
+            "busy_s": busy, "capacity_tokens_per_s": out_tokens / busy if busy > 0 else 0.0,
             "requests_per_s": len(ok) / duration if duration > 0 else 0.0}
 
 
