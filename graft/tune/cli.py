@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     space = search_space(fixed, images, fixed.get("device", "cpu"), quant)
     cands = candidates(space, args.candidates, args.search_seed)
     fingerprint = {"trace": sha256_file(args.trace), "requests": len(records),
-                   "model": str(model.resolve()), "slo": slo, "speed": args.speed,
+                   "model": str(model.resolve()), "speed": args.speed,
                    "fixed": fixed, "candidates": [label(c) for c in cands]}
     print(f"graft tune: {len(records)} requests, {len(cands)} candidates over "
           f"{', '.join(space) or 'nothing'}; SLO {_slo_text(slo)}; budget "

@@ -3,7 +3,8 @@ interrupted tune resumes without replaying a point it finished.
 
 The search is deterministic given its measurements: a resumed tune walks the same path and
 takes every point found here instead of replaying it. The first line is the fingerprint (the
-trace, model, SLO, speed and search space); a state file of another tune is refused.
+trace, model, speed, fixed options and candidates: what a measurement depends on; not the SLO,
+so a tune under another SLO reuses every point); a state file of another tune is refused.
 """
 
 from __future__ import annotations

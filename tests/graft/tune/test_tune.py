@@ -83,6 +83,12 @@ def test_resume_replays_no_finished_point(tiny_llama, copy_trace, tmp_path):
     assert not set(first) & set(second)  # nothing measured twice
     assert outcome.replayed == len(second) and len(outcome.points) == len(first) + len(second)
     assert outcome.best["key"] == label(NGRAM)
+    # another SLO over the same measurements: judged anew, nothing replayed again
+    third = []
+    loose = tune(copy_trace, tiny_llama, {"tpot_p99_ms": 20.0}, out,
+                 step_measure(tiny_llama, copy_trace, third), CANDS, {"test": 1},
+                 log=lambda *_: None)
+    assert loose.default["meets_slo"] and not set(third) & set(first + second)
     # another tune's settings: the state file is refused, not mixed in
     from graft.errors import GraftConfigError
 
