@@ -129,3 +129,29 @@ def test_cli_end_to_end(tiny_llama, tmp_path, capsys):
                  "--out", str(tmp_path / "never.yaml")]) == 1
     assert "no configuration meets the SLO" in capsys.readouterr().out
     assert not (tmp_path / "never.yaml").exists()
+
+
+def test_quality_floor_picks_front_points(tmp_path):
+    import json
+
+    from graft.errors import GraftConfigError
+    from graft.tune.search import pareto_choices
+
+    groups = {"mlp": ["model.layers.0.mlp.down_proj"], "attn": ["model.layers.0.self_attn.o_proj"]}
+    report = {"baseline": {"key": "fp32", "quality": 0.80}, "groups": groups, "front": [
+        {"key": "fp32", "quality": 0.80, "assignment": {}},
+        {"key": "a", "quality": 0.795, "assignment": {"mlp": "int8", "attn": "int8"}},
+        {"key": "b", "quality": 0.70, "assignment": {"mlp": "int4-g32"}}]}
+    path = tmp_path / "pareto.json"
+    path.write_text(json.dumps(report))
+    (config,) = pareto_choices(path, 0.01)  # b is 0.10 below fp32: left out
+    assert config["default"] == "int8" and config["modules"] == {}
+    from graft.serving import EngineConfig
+
+    assert EngineConfig(quantization=config).quant_config is not None  # the engine takes it
+    assert len(pareto_choices(path, 0.2)) == 2
+    space = search_space({}, images=False, device="cpu", quant=[config])
+    assert space["quantization"] == [{"quantization": config}]
+    path.write_text("{}")
+    with pytest.raises(GraftConfigError, match="not a pareto.json"):
+        pareto_choices(path, 0.01)
