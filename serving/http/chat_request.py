@@ -65,7 +65,7 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
         job = Job(cid, er.ids, er.params, sink=sink(loop, queue), prepared=er.prepared,
                   arrival=arrival, deadline=arrival + budget_ms / 1000 if budget_ms else None,
                   encode_tokens=front.uncached_tokens(er.prepared.images) if er.prepared else 0,
-                  front=front, graft=req.model)
+                  front=front, graft=req.model, request=req)
         try:
             ctx.worker.submit(job, budget_ms / 1000 if budget_ms else None)
             return job, queue

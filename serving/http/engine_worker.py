@@ -36,6 +36,7 @@ class Job:
     first_token_at: float | None = None
     n_output: int = 0
     failed: bool = False  # failed before entering the engine (error already sent)
+    request: object = None  # the parsed ChatCompletionRequest (for --trace)
 
     def queue_item(self) -> QueueItem:
         return QueueItem(self.deadline if self.deadline is not None else float("inf"),
@@ -62,6 +63,7 @@ class EngineWorker:
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="graft-engine", daemon=True)
+        self.tracer = None  # trace_log.TraceWriter under graft serve --trace
 
     def warmup(self) -> None:
         """A few real steps (and encodes) before serving, so the first admission decisions
@@ -195,6 +197,8 @@ class EngineWorker:
                 self.metrics.aborted.inc()
         if job is not None:
             self._release(rid)
+            if self.tracer is not None:
+                self.tracer.record(job, None, "abort", time.monotonic())
 
     def _expire_pending(self) -> None:
         now = time.monotonic()
@@ -206,6 +210,8 @@ class EngineWorker:
             if j.estimate_s:
                 self.admission.observe_ttft(now - j.arrival, j.estimate_s)
             self._release(j.request_id)
+            if self.tracer is not None:
+                self.tracer.record(j, None, "deadline", now)
             j.sink("deadline", None)
             if self.metrics:
                 self.metrics.deadline.inc()
@@ -310,6 +316,8 @@ class EngineWorker:
             self._release(out.request_id)
             if self.metrics:
                 self._record_finish(job, out, now)
+            if self.tracer is not None:
+                self.tracer.record(job, out, _STATUS.get(out.finish_reason, "ok"), now)
         if out.finish_reason == "internal_error":  # logged by the engine; no internals out
             job.sink("error", _internal_error())
         elif out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
@@ -344,6 +352,10 @@ class EngineWorker:
                     log.exception("abort after engine error failed")
             self._release(job.request_id)
             job.sink("error", err)
+
+
+# a finish reason -> the trace's status (stop, length: ok)
+_STATUS = {"deadline": "deadline", "abort": "abort", "error": "error", "internal_error": "error"}
 
 
 def _internal_error() -> APIError:

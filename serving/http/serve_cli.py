@@ -77,6 +77,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parse-special-tokens-in-text", action="store_true",
                    help="special-token text typed in messages (e.g. <|im_start|>) becomes "
                         "control tokens; default: plain text (trusted clients only)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="append one JSON line per finished request (timings, token counts, "
+                        "image sizes and hashes; graft tune replays it); rotated by size")
+    p.add_argument("--trace-content", action="store_true",
+                   help="with --trace: also the messages (text, images as data URLs)")
+    p.add_argument("--trace-max-bytes", type=_at_least_1, default=64 << 20,
+                   help="with --trace: rotate FILE to FILE.1 (FILE.2, ...) past this size")
     add_engine_args(p)  # --block-size, --dtype, --quantization, ...: every EngineConfig field
     p.add_argument("--log-level", default="warning")
     stats_log.add_arguments(p)  # --log-interval, --log-format
@@ -137,7 +144,13 @@ def build(args: argparse.Namespace):
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
         request_body_timeout_s=args.request_body_timeout_s,
         request_timeout_s=args.request_timeout_s)
-    return build_app(engine, settings)
+    app = build_app(engine, settings)
+    if args.trace:
+        from graft.serving.http.trace_log import TraceWriter
+
+        app.state.ctx.worker.tracer = TraceWriter(args.trace, args.trace_content,
+                                                  args.trace_max_bytes)
+    return app
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -190,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
     with stats_log.periodic(app.state.ctx.metrics, args.log_interval):
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                     **({"log_config": log_config} if log_config else {}), **uvicorn_options(args))
+    if app.state.ctx.worker.tracer is not None:
+        app.state.ctx.worker.tracer.close()  # the lines still queued
     return 0
 
 
