@@ -93,5 +93,6 @@ class TraceWriter:
             tpot_ms=tpot, e2e_ms=(now - job.arrival) * 1000,
             encoder_cache_hit_tokens=sum(im.n_tokens for im in images) - job.encode_tokens,
             prefix_cache_hit_tokens=out.num_cached_tokens if out is not None else 0,
+            # a /v1/completions prompt is not a chat: replayed as a stand-in of its length
             messages=([m.model_dump(exclude_none=True) for m in req.messages]
-                      if self.content and req is not None else None))
+                      if self.content and hasattr(req, "messages") else None))

@@ -82,3 +82,18 @@ def test_trace_content_and_rotation(tiny_run_dir, tmp_path):
         assert parts[1] == {"type": "text", "text": "what color?"}
         assert parts[0]["image_url"]["url"] == to_data_url(Image.new("RGB", (32, 32), color))
         assert record.images[0].sha256 == pixel_hash(Image.new("RGB", (32, 32), color))
+
+
+def test_a_completions_request_is_traced_without_messages(tiny_run_dir, tmp_path):
+    """/v1/completions has a prompt, not a chat: its line has the counts and timings, and even
+    with --trace-content no messages (graft tune replays a stand-in of its length)."""
+    trace = tmp_path / "trace.jsonl"
+    app = _server(tiny_run_dir, trace, "--trace-content")
+    with LiveServer(app) as server:
+        resp = httpx.post(server.url + "/v1/completions", timeout=120, json={
+            "model": "tiny", "prompt": "once upon a time", "max_tokens": 2, "temperature": 0})
+        assert resp.status_code == 200
+    app.state.ctx.worker.tracer.close()
+    (record,) = read_trace(trace)
+    assert record.status == "ok" and record.output_tokens == 2 and record.messages is None
+    assert record.prompt_tokens == resp.json()["usage"]["prompt_tokens"] and record.max_tokens == 2
