@@ -26,6 +26,9 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()  # accepted `Authorization: Bearer` keys (none: no auth)
     auth_health: bool = False  # /health needs a key too (off: load balancers probe freely)
     auth_metrics: bool = False  # /metrics needs a key too
+    # host names answered in Host headers (empty: any); serve_cli sets the loopback names when
+    # bound to loopback without a key (DNS rebinding), see request_guard.allowed_host_names
+    allowed_hosts: tuple[str, ...] = ()
     max_queued_requests: int | None = None  # waiting for a first token beyond this -> 429
     max_queued_tokens: int | None = None  # their prompt tokens beyond this -> 429
     request_body_timeout_s: float = 60.0  # a body still arriving after this -> 408
