@@ -49,12 +49,14 @@ async def read_chat_request(ctx, request: Request):
 
 async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     """(Job, its event queue) once the engine worker accepted it; image work runs in a thread."""
-    er = await asyncio.to_thread(ctx.prepare, req, front)  # to_engine_request below
+    loop = asyncio.get_running_loop()
+    # image work in its own pool (slow hosts never delay text requests); text in the default
+    pool = ctx.media_pool if _carries_images(req) else None
+    er = await loop.run_in_executor(pool, ctx.prepare, req, front)  # to_engine_request below
     budget_ms = req.ttft_budget_ms or ctx.settings.default_ttft_budget_ms
     shrink = req.shrink_images_to_budget
     if shrink is None:
         shrink = ctx.settings.shrink_images_to_budget
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     cid = P.new_completion_id()
     for attempt in range(_MAX_SHRINK_STEPS + 1):
@@ -70,10 +72,15 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
             if err.code != "ttft_budget_exceeded" or not shrink or not er.prepared \
                     or not er.prepared.images or attempt == _MAX_SHRINK_STEPS:
                 raise
-            smaller = await asyncio.to_thread(_shrunk, ctx, req, er, front)
+            smaller = await loop.run_in_executor(ctx.media_pool, _shrunk, ctx, req, er, front)
             if smaller is None:
                 raise
             er = smaller
+
+
+def _carries_images(req: P.ChatCompletionRequest) -> bool:
+    return any(getattr(part, "type", None) == "image_url" for msg in req.messages
+               if isinstance(msg.content, list) for part in msg.content)
 
 
 def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest:

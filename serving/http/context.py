@@ -3,6 +3,7 @@ worker, metrics wiring. (A request's way to the engine is serving/http/chat_requ
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from graft.errors import GraftError
@@ -80,6 +81,9 @@ class ServerContext:
             self.models.update(self.grafts.fronts)
         for name, front in self.models.items():
             self.metrics.add_graft(name, (lambda f=front: (f.hits, f.misses)) if front else None)
+        # requests with images are prepared (fetched, decoded, hashed) on threads of their own:
+        # slow image hosts then wait there, never in the pool that text requests use
+        self.media_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="graft-media")
         self.worker = EngineWorker(engine, self.metrics,
                                    settings.encoder_tokens_per_step, settings.admission_slack,
                                    max_queued=settings.max_queued_requests,
