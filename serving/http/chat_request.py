@@ -90,6 +90,7 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     from graft.template import ChatTemplateError, encode_chat
 
     messages, refs = P.to_chat_messages(req.messages)
+    _check_text_length(ctx, messages)
     limit = ctx.settings.limit_images_per_prompt
     if refs and front is None:
         raise P.APIError("this model is text-only (served from an LLM dir, not a run dir); "
@@ -133,6 +134,17 @@ def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> Engi
     prepared = front.prompt(er.messages, images, ctx.settings.parse_special_tokens_in_text)
     ids = prepared.prompt_token_ids
     return EngineRequest(ids, prepared, er.messages, _sampling_params(ctx, req, len(ids)))
+
+
+def _check_text_length(ctx, messages: list[dict]) -> None:
+    """400 for message text longer than any prompt of max_model_len tokens can be (the bound
+    of context.prompt_char_bound), before the tokenizer spends seconds on megabytes."""
+    chars = sum(len(m["content"]) for m in messages)
+    if ctx.max_prompt_chars is not None and chars > ctx.max_prompt_chars:
+        raise P.APIError(
+            f"the messages hold {chars} characters, more than fit in the model's context of "
+            f"{ctx.max_model_len} tokens (at most {ctx.max_prompt_chars} characters); shorten "
+            "them", param="messages", code="context_length_exceeded")
 
 
 def _check_room(ctx, n_prompt: int, limit: int | None) -> int:

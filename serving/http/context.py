@@ -36,6 +36,17 @@ class ServerSettings:
     request_timeout_s: float | None = 600.0  # answer not complete this long after arrival: 408
 
 
+def prompt_char_bound(tokenizer, max_model_len: int) -> int | None:
+    """The most characters of message text that can fit in `max_model_len` tokens: no token
+    decodes to more characters than its vocabulary string has (a byte-level BPE symbol stands
+    for one byte, a SentencePiece piece for its text, "<0x0A>" for one byte), so longer text
+    is over the context before it is tokenized. None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    longest = max((len(tok) for tok in tokenizer.get_vocab()), default=1)
+    return max_model_len * max(longest, 1)
+
+
 class ServerContext:
     """Everything a handler needs; built once per app."""
 
@@ -45,6 +56,7 @@ class ServerContext:
         self.settings = settings
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.max_prompt_chars = prompt_char_bound(self.tokenizer, self.max_model_len)
         # every allowed image as base64 (4/3) plus generous room for the text
         self.max_body_bytes = (settings.limit_images_per_prompt * settings.media.max_image_bytes
                                * 4 // 3 + (8 << 20))
