@@ -12,7 +12,7 @@ from graft.adapters.base import Projector
 from graft.adapters.config import AdapterConfig
 from graft.adapters.registry import build_adapter
 from graft.errors import GraftConfigError
-from graft.io import atomic_write, atomic_write_json
+from graft.io import atomic_write_bytes, atomic_write_json
 
 WEIGHTS_NAME = "adapter.safetensors"
 CONFIG_NAME = "adapter.json"
@@ -21,7 +21,7 @@ CONFIG_NAME = "adapter.json"
 def save_adapter(proj: Projector, out_dir: str | os.PathLike, state: dict | None = None) -> Path:
     """Write the projector's weights and config into out_dir (created if needed); returns the dir.
     `state`: its state dict as whole tensors, when the module's own are sharded (FSDP)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -29,7 +29,8 @@ def save_adapter(proj: Projector, out_dir: str | os.PathLike, state: dict | None
     state = {k: v.detach().to("cpu").contiguous().clone()
              for k, v in (proj.state_dict() if state is None else state).items()}
     meta = {"config": proj.config.to_dict(), "d_vision": proj.d_vision, "d_model": proj.d_model}
-    atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
+    # serialized here, written by Python: a full disk is an OSError (ENOSPC) the CLI can name
+    atomic_write_bytes(out / WEIGHTS_NAME, save(state, metadata={"format": "pt"}))
     atomic_write_json(out / CONFIG_NAME, meta)
     return out
 
