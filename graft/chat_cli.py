@@ -82,10 +82,9 @@ class Conversation:
 
     def ask(self, text: str, images) -> tuple[list[dict], list]:
         """The chat with this user turn added (kept only once `answered`)."""
-        from graft.template import IMAGE_MARKER
+        from graft.image_prompt import with_image_markers
 
-        if images and IMAGE_MARKER not in text:
-            text = IMAGE_MARKER * len(images) + "\n" + text
+        text = with_image_markers(text, len(images))
         return self.messages + [{"role": "user", "content": text}], self.images + list(images)
 
     def answered(self, messages: list[dict], images: list, text: str) -> None:
