@@ -3,12 +3,11 @@ and resume only a run trained with the same spec (naming every field that differ
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from graft.errors import GraftConfigError
+from graft.io import check_writable_dir
 from graft.run_dir import SPEC_FILE, RunDir, is_run_dir
 from graft.spec import GraftSpec
 
@@ -62,13 +61,8 @@ def check_writable(run_dir: Path) -> None:
                                    "output_dir=PATH")
     missing = [p for p in [resolved, *resolved.parents] if not p.exists()]
     try:
-        resolved.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".graft-write-probe.", dir=resolved)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise GraftConfigError(f"output_dir {run_dir}: cannot write there ({err.strerror}); "
-                               "pick another folder with --set output_dir=PATH") from None
+        check_writable_dir(resolved, "output_dir", "pick another folder with --set "
+                                                   "output_dir=PATH")
     finally:
         for new in missing:  # deepest first: the dirs this probe made
             if new.is_dir():
