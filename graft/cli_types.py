@@ -33,9 +33,11 @@ def _wording(low, high, low_open: bool) -> str:
 def torch_device(text: str) -> str:
     """A `type=` for --device: a torch device this machine has (cpu, cuda, cuda:N, mps), so a
     typo or a missing GPU is an argparse error, not a traceback once weights are loading."""
+    name = text.strip().lower()
+    if name == "cpu":  # the default: no torch import while parsing (a busy port is told first)
+        return name
     import torch
 
-    name = text.strip().lower()
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
