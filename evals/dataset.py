@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from graft.errors import GraftDataError
+from graft.image_prompt import IMAGE_MARKER, with_image_markers
 from graft.evals.metrics.multiple_choice import rotate_options
 from graft.evals.task import TaskSpec, load_hooks, resolve_data_root
-
-IMAGE_MARKER = "<image>"
 
 
 @dataclass
@@ -82,9 +81,8 @@ def _build(record: dict, spec: TaskSpec, image_root: Path, where: str) -> list[S
         if options is not None:
             fields["options"] = "\n".join(f"{letter}. {text}" for letter, text in options.items())
         text = _format(spec.prompt, fields, where)
-        if images and IMAGE_MARKER not in text:
-            text = (IMAGE_MARKER + "\n") * len(images) + text
-        elif text.count(IMAGE_MARKER) != len(images):
+        text = with_image_markers(text, len(images))
+        if text.count(IMAGE_MARKER) != len(images):
             raise GraftDataError(
                 f"{where}: prompt has {text.count(IMAGE_MARKER)} {IMAGE_MARKER} markers for {len(images)} images"
             )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from graft.cli_types import number_in
+from graft.cli_types import number_in, torch_device
 from graft.serving.engine.config import DTYPES
 from graft.serving.engine.engine_args import add_engine_args
 
@@ -40,7 +40,8 @@ def add_arguments(parser) -> None:
                         default=1.0, help="with --temperature > 0: sample from the smallest set "
                         "of tokens whose probability reaches P (0 < P <= 1; 1: every token)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--device", default="cpu", type=torch_device,
+                        help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="LLM weights dtype (default: llm.dtype of the run, else float32)")
     # any engine option given (--quantization, --kv-cache-dtype, ...): answer on graft's engine
@@ -81,10 +82,9 @@ class Conversation:
 
     def ask(self, text: str, images) -> tuple[list[dict], list]:
         """The chat with this user turn added (kept only once `answered`)."""
-        from graft.template import IMAGE_MARKER
+        from graft.image_prompt import with_image_markers
 
-        if images and IMAGE_MARKER not in text:
-            text = IMAGE_MARKER * len(images) + "\n" + text
+        text = with_image_markers(text, len(images))
         return self.messages + [{"role": "user", "content": text}], self.images + list(images)
 
     def answered(self, messages: list[dict], images: list, text: str) -> None:

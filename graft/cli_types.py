@@ -28,3 +28,29 @@ def _wording(low, high, low_open: bool) -> str:
     if low is None:
         return f"<= {high}"
     return f"{low} {'<' if low_open else '<='} value <= {high}"
+
+
+def torch_device(text: str) -> str:
+    """A `type=` for --device: a torch device this machine has (cpu, cuda, cuda:N, mps), so a
+    typo or a missing GPU is an argparse error, not a traceback once weights are loading."""
+    name = text.strip().lower()
+    if name == "cpu":  # the default: no torch import while parsing (a busy port is told first)
+        return name
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda, cuda:N or mps")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            have = f"GPUs 0..{count - 1}" if count else "no CUDA GPU"
+            raise argparse.ArgumentTypeError(f"{text!r}: no such GPU here (this machine has "
+                                             f"{have}); use cpu or an existing cuda:N")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: no such GPU here (MPS is not available); "
+                                         "use cpu")
+    return name

@@ -84,6 +84,21 @@ def atomic_write_dir(path: str | Path, write: Callable[[Path], None],
     return path
 
 
+def check_writable_dir(path: Path, what: str, fix: str) -> None:
+    """GraftConfigError "{what} {path} is not writable (why); {fix}" unless a file can be
+    created in `path` (made, with its parents, if missing)."""
+    from graft.errors import GraftConfigError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".graft-write-probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise GraftConfigError(f"{what} {path} is not writable ({err.strerror or err}); "
+                               f"{fix}") from None
+
+
 def read_yaml(path: str | Path, what: str = "config file"):
     """Parse a YAML file, or raise GraftConfigError naming the file and what is wrong."""
     import yaml

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from graft.chat_layout import assistant_spans, content_offsets
 from graft.errors import GraftDataError
+from graft.image_prompt import IMAGE_MARKER  # also imported from here by callers
 from graft.inject import IMAGE_PLACEHOLDER
 
-IMAGE_MARKER = "<image>"
 IGNORE_INDEX = -100  # label value that carries no loss (HF convention)
 
 

@@ -7,6 +7,10 @@ Answers are normalized (vqa_answer.py) only when the annotators disagree: with o
 human answer the official code compares whitespace-cleaned strings as they are.
 Variant "lmms-eval" (lmms_eval/tasks/vqav2/utils.py, vqav2_process_results, commit 75571cf)
 always normalizes, so "Two" against ten "2" scores 1 there and 0 in the official code.
+lmms-eval before commits b439d82 and 28ea9a1 (July-August 2025) ran its whole
+EvalAIAnswerProcessor on the prediction (lowercase, drop "," and "?", "'s" -> " 's") and
+normalized the references only when they differed ("Two" against ten "two" scored 0);
+scores reported with those versions differ on such cases (tests/evals/test_metrics.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from graft.errors import GraftConfigError, GraftDataError
-from graft.io import atomic_write_dir, atomic_write_json, sha256_file
+from graft.io import atomic_write_dir, atomic_write_json, check_writable_dir, sha256_file
 
 LLM_NAME = "smollm2-135m-instruct"  # folder under the cache: an HF LlamaForCausalLM dir
 ENCODER_NAME = "efficientnet_lite0"  # folder under the cache: model.safetensors for timm
@@ -69,15 +69,8 @@ def resolve_cache_dir(cache_dir: str | Path | None = None) -> Path:
 
 
 def ensure_writable(cache: Path) -> None:
-    fix = "pass --cache-dir DIR (or set GRAFT_CACHE) to a folder you can write"
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=cache)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise GraftConfigError(
-            f"cache folder {cache} is not writable ({err.strerror or err}); {fix}") from None
+    check_writable_dir(cache, "cache folder",
+                       "pass --cache-dir DIR (or set GRAFT_CACHE) to a folder you can write")
 
 
 def model_paths(cache_dir: str | Path | None = None) -> dict[str, Path]:

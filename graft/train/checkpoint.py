@@ -83,12 +83,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict:
     """Restore trainable weights, optimizer, scheduler and RNG on every rank (each reads the
     files; sharded parameters take their part); return the saved state."""
-    from safetensors.torch import load_file
-
+    from graft.adapters.checkpoint import read_adapter_weights
     from graft.train.sharding import load_optimizer_state, load_trainable
 
     saved = RunDir(ckpt)  # a checkpoint holds what a run dir holds, plus trainer_state.pt
-    tensors = {"projector": load_file(str(saved.adapter_weights)), "lora": None}
+    tensors = {"projector": read_adapter_weights(saved.adapter_weights), "lora": None}
     if saved.has_lora:
         from peft.utils import load_peft_weights
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -78,11 +79,24 @@ def run(args) -> int:
         if main_process:
             print(interrupted_message(spec, args.config, args.overrides), file=sys.stderr)
         return 130
+    except OSError as err:
+        if err.errno not in DISK_ERRNOS:
+            raise
+        from graft.errors import GraftError
+
+        # every write is atomic (graft.io): what failed left no half-written file behind
+        raise GraftError(f"writing the run to {spec.output_dir} failed: {os.strerror(err.errno)}"
+                         f"{f' ({err.filename})' if err.filename else ''}; free space (or pick "
+                         "another output_dir), then --resume continues from the newest "
+                         "complete checkpoint") from None
     if main_process:
         print(summary_line(run_dir, time.perf_counter() - start))
     print(f"run dir: {run_dir}")
     print(f"next: graft chat {run_dir} --image PATH \"question\"   |   graft serve {run_dir}")
     return 0
+
+
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)  # the disk refuses
 
 
 def interrupted_message(spec, config: str, overrides: list[str] = ()) -> str:

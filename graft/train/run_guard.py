@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from graft.errors import GraftConfigError
+from graft.io import check_writable_dir
 from graft.run_dir import SPEC_FILE, RunDir, is_run_dir
 from graft.spec import GraftSpec
 
@@ -24,12 +25,13 @@ def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = Fal
     """The run dir, checked: refused when it holds a run that is neither resumed nor to be
     overwritten; emptied when `overwrite` (a run dir only); compared with the spec on resume."""
     run_dir = Path(GraftSpec.expand(spec.output_dir))
-    if resume:
-        check_resume(spec, run_dir)
-        return run_dir
     if run_dir.exists() and not run_dir.is_dir():
         raise GraftConfigError(f"output_dir {run_dir} is a file; pick a folder with "
                                "--set output_dir=PATH")
+    check_writable(run_dir)
+    if resume:
+        check_resume(spec, run_dir)
+        return run_dir
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return run_dir
     if not is_run_dir(run_dir):
@@ -42,6 +44,32 @@ def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = Fal
             "replaces it, --set output_dir=PATH trains into a new dir")
     shutil.rmtree(run_dir)  # stale checkpoints would otherwise be found by a later --resume
     return run_dir
+
+
+PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")  # kernel views: files there are not files
+
+
+def check_writable(run_dir: Path) -> None:
+    """GraftConfigError unless a file can be created in `run_dir` (made if missing, then
+    removed again with the probe if it was new): minutes of loading are not spent on a run
+    that cannot be saved."""
+    resolved = run_dir.resolve()
+    for root in PSEUDO_FILESYSTEMS:
+        if resolved == Path(root) or Path(root) in resolved.parents:
+            raise GraftConfigError(f"output_dir {run_dir} is under {root}, a kernel "
+                                   "pseudo-filesystem; pick a folder on a disk with --set "
+                                   "output_dir=PATH")
+    missing = [p for p in [resolved, *resolved.parents] if not p.exists()]
+    try:
+        check_writable_dir(resolved, "output_dir", "pick another folder with --set "
+                                                   "output_dir=PATH")
+    finally:
+        for new in missing:  # deepest first: the dirs this probe made
+            if new.is_dir():
+                try:
+                    new.rmdir()
+                except OSError:
+                    break
 
 
 def check_resume(spec: GraftSpec, run_dir: Path) -> None:

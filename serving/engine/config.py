@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graft.cli_types import torch_device
 from graft.errors import GraftConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -20,8 +21,8 @@ QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | 
 
 def option(default, help: str, choices: tuple | None = None, **cli):
     """A dataclass field that is also a command-line flag and a serve YAML key. `cli` may set
-    `flag` (the flag's own spelling), `metavar`, and for numbers `min` (default 1 for ints),
-    `max` and `min_open` (min itself excluded)."""
+    `flag` (the flag's own spelling), `metavar`, `parse` (the flag's argparse type), and for
+    numbers `min` (default 1 for ints), `max` and `min_open` (min itself excluded)."""
     return field(default=default, metadata={"help": help, "choices": choices, **cli})
 
 
@@ -52,7 +53,7 @@ class EngineConfig:
                         "--kv-cache-dtype)", DTYPES)
     kv_cache_dtype: str = option("auto", "KV cache dtype: auto (= --dtype) | float32 | bfloat16 | "
                                  "int8 (a scale per token and head; CPU)", KV_CACHE_DTYPES)
-    device: str = option("cpu", "torch device: cpu, cuda, cuda:1, ...")
+    device: str = option("cpu", "torch device: cpu, cuda, cuda:1, ...", parse=torch_device)
     max_model_len: int | None = option(
         None, "context limit in tokens (default: the model's max_position_embeddings)")
     kv_cache_fraction: float = option(

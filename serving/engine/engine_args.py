@@ -48,7 +48,7 @@ def _argparse_kwargs(f: dataclasses.Field, hint, default, unset: bool) -> dict:
         return {"action": "store_const", "const": not f.default,
                 "default": None if unset else default, "help": help_text}
     kind = next((t for t in (int, float) if t is hint or t in typing.get_args(hint)), None)
-    value_type = str if kind is None else number_in(
+    value_type = f.metadata.get("parse", str) if kind is None else number_in(
         kind, low=f.metadata.get("min", 1 if kind is int else None), high=f.metadata.get("max"),
         low_open=f.metadata.get("min_open", False))
     if default is not None:  # unset: argparse's default is None, so the value is written out

@@ -53,12 +53,14 @@ async def read_chat_request(ctx, request: Request, parse=P.parse_chat_request):
 
 async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     """(Job, its event queue) once the engine worker accepted it; image work runs in a thread."""
-    er = await asyncio.to_thread(ctx.prepare, req, front)  # to_engine_request below
+    loop = asyncio.get_running_loop()
+    # image work in its own pool (slow hosts never delay text requests); text in the default
+    pool = ctx.media_pool if _carries_images(req) else None
+    er = await loop.run_in_executor(pool, ctx.prepare, req, front)  # to_engine_request below
     budget_ms = req.ttft_budget_ms or ctx.settings.default_ttft_budget_ms
     shrink = req.shrink_images_to_budget
     if shrink is None:
         shrink = ctx.settings.shrink_images_to_budget
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     cid = P.new_completion_id()
     for attempt in range(_MAX_SHRINK_STEPS + 1):
@@ -74,10 +76,16 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
             if err.code != "ttft_budget_exceeded" or not shrink or not er.prepared \
                     or not er.prepared.images or attempt == _MAX_SHRINK_STEPS:
                 raise
-            smaller = await asyncio.to_thread(_shrunk, ctx, req, er, front)
+            smaller = await loop.run_in_executor(ctx.media_pool, _shrunk, ctx, req, er, front)
             if smaller is None:
                 raise
             er = smaller
+
+
+def _carries_images(req: P.ChatCompletionRequest) -> bool:
+    # a /v1/completions request has no messages (text only)
+    return any(getattr(part, "type", None) == "image_url" for msg in getattr(req, "messages", ())
+               if isinstance(msg.content, list) for part in msg.content)
 
 
 def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest:
@@ -87,6 +95,7 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     from graft.template import ChatTemplateError, encode_chat
 
     messages, refs = P.to_chat_messages(req.messages)
+    check_text_length(ctx, sum(len(m["content"]) for m in messages))
     parse = ctx.settings.parse_special_tokens_in_text
     messages, tools = tool_prompt(ctx.tokenizer, messages, req.messages, plan_tools(req), parse)
     limit = ctx.settings.limit_images_per_prompt
@@ -133,6 +142,17 @@ def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> Engi
     ids = prepared.prompt_token_ids
     return EngineRequest(ids, prepared, er.messages, sampling_params_for(ctx, req, len(ids)),
                          er.tools)
+
+
+def check_text_length(ctx, chars: int, param: str = "messages") -> None:
+    """400 for prompt text longer than any prompt of max_model_len tokens can be (the bound
+    of context.prompt_char_bound), before the tokenizer spends seconds on megabytes."""
+    if ctx.max_prompt_chars is not None and chars > ctx.max_prompt_chars:
+        raise P.APIError(
+            f"the {param} hold{'s' if param == 'prompt' else ''} {chars} characters, more than "
+            f"fit in the model's context of {ctx.max_model_len} tokens (at most "
+            f"{ctx.max_prompt_chars} characters); shorten {'it' if param == 'prompt' else 'them'}",
+            param=param, code="context_length_exceeded")
 
 
 def check_room(ctx, n_prompt: int, limit: int | None, param: str = "messages") -> int:

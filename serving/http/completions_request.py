@@ -11,7 +11,8 @@ from typing import Any, Union
 from pydantic import Field, field_validator
 
 from graft.serving.http import openai_chat as P
-from graft.serving.http.chat_request import EngineRequest, check_room, sampling_params_for
+from graft.serving.http.chat_request import (EngineRequest, check_room, check_text_length,
+                                               sampling_params_for)
 
 Int = P.Int
 Prompt = Union[str, list[Int], list[str], list[list[Int]]]
@@ -67,6 +68,7 @@ def prompt_ids(ctx, req: CompletionRequest) -> list[int]:
     """The prompt's token ids. Text is tokenized as the model's tokenizer does by default
     (special-token text included: the client writes the whole prompt, template and all)."""
     if isinstance(req.prompt, str):
+        check_text_length(ctx, len(req.prompt), "prompt")  # megabytes refused untokenized
         return ctx.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]
     vocab = ctx.engine.runner.vocab_size
     for i, tid in enumerate(req.prompt):

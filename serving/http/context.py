@@ -3,6 +3,7 @@ worker, metrics wiring. (A request's way to the engine is serving/http/chat_requ
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from graft.errors import GraftError
@@ -26,10 +27,24 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()  # accepted `Authorization: Bearer` keys (none: no auth)
     auth_health: bool = False  # /health needs a key too (off: load balancers probe freely)
     auth_metrics: bool = False  # /metrics needs a key too
+    # host names answered in Host headers (empty: any); serve_cli sets the loopback names when
+    # bound to loopback without a key (DNS rebinding), see request_guard.allowed_host_names
+    allowed_hosts: tuple[str, ...] = ()
     max_queued_requests: int | None = None  # waiting for a first token beyond this -> 429
     max_queued_tokens: int | None = None  # their prompt tokens beyond this -> 429
     request_body_timeout_s: float = 60.0  # a body still arriving after this -> 408
     request_timeout_s: float | None = 600.0  # answer not complete this long after arrival: 408
+
+
+def prompt_char_bound(tokenizer, max_model_len: int) -> int | None:
+    """The most characters of message text that can fit in `max_model_len` tokens: no token
+    decodes to more characters than its vocabulary string has (a byte-level BPE symbol stands
+    for one byte, a SentencePiece piece for its text, "<0x0A>" for one byte), so longer text
+    is over the context before it is tokenized. None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    longest = max((len(tok) for tok in tokenizer.get_vocab()), default=1)
+    return max_model_len * max(longest, 1)
 
 
 class ServerContext:
@@ -41,6 +56,7 @@ class ServerContext:
         self.settings = settings
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.max_prompt_chars = prompt_char_bound(self.tokenizer, self.max_model_len)
         # every allowed image as base64 (4/3) plus generous room for the text
         self.max_body_bytes = (settings.limit_images_per_prompt * settings.media.max_image_bytes
                                * 4 // 3 + (8 << 20))
@@ -77,6 +93,9 @@ class ServerContext:
             self.models.update(self.grafts.fronts)
         for name, front in self.models.items():
             self.metrics.add_graft(name, (lambda f=front: (f.hits, f.misses)) if front else None)
+        # requests with images are prepared (fetched, decoded, hashed) on threads of their own:
+        # slow image hosts then wait there, never in the pool that text requests use
+        self.media_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="graft-media")
         self.worker = EngineWorker(engine, self.metrics,
                                    settings.encoder_tokens_per_step, settings.admission_slack,
                                    max_queued=settings.max_queued_requests,

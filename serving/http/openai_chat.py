@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Literal, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
-                      ValidationError, field_validator)
+                      ValidationError, field_validator, model_validator)
 from typing_extensions import Annotated
 
 from graft.serving.engine.sampling_params import SEED_MAX, SEED_MIN
@@ -54,6 +54,15 @@ class _Strict(BaseModel):
     # Unknown fields are ignored so newer OpenAI clients keep working; known ones are typed
     # as the OpenAI API types them: no coercion (`true` or "10" is not an int; 1 is a float).
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        # the openai client sends `"n": null` & co. for parameters it leaves unset: a null is
+        # the field's default, never a refusal (a required field sent as null stays missing)
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
 
 def _integral(value: Any) -> Any:
@@ -141,6 +150,8 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     def _stop_list(cls, value: Any) -> Any:
         if isinstance(value, list) and len(value) > 4:
             raise ValueError("at most 4 stop sequences are allowed")
+        if "" in (value if isinstance(value, list) else [value]):
+            raise ValueError("stop sequences must not be empty strings")
         return value
 
     def stop_list(self) -> list[str]:
@@ -228,6 +239,9 @@ def parse_chat_request(raw: bytes, model: type[BaseModel] = ChatCompletionReques
     except RecursionError:  # the parser's own guard, far deeper than MAX_JSON_DEPTH
         raise APIError(f"request body nests deeper than {MAX_JSON_DEPTH} levels",
                        code="json_too_deep") from None
+    except ValueError as err:  # Python's int-from-string limit: "Exceeds the limit (4300 ..."
+        raise APIError(f"request body holds a number too long to read ({err}); send numbers "
+                       "of at most 4300 digits", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError("request body must be a JSON object", code="invalid_json")
     _check_json(data)

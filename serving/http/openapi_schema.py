@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from graft.serving.http.completions_request import CompletionRequest
@@ -17,9 +19,10 @@ from graft.serving.http.openai_chat import ChatCompletionRequest
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 # every status the chat route may refuse with (all with ErrorBody): bad request, key, a
-# forbidden image source, unknown model, body timeout, size, rate/queue limit, engine
-# failure, connection limit or engine down
-ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "500", "503")
+# forbidden image source, unknown model, body timeout, size, a body that is not JSON, a Host
+# not served (request_guard.py), rate/queue limit, engine failure, connection limit or
+# engine down
+ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "415", "421", "429", "500", "503")
 
 
 # one server-sent event: `data` is a chunk (chat.completion.chunk or text_completion) as
@@ -116,8 +119,9 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-def install(app: FastAPI) -> None:
-    """Make app.openapi() describe every route's request and responses."""
+def install(app: FastAPI, dependencies: list) -> None:
+    """Make app.openapi() describe every route's request and responses, and serve it (with
+    the Swagger UI at /docs and ReDoc at /redoc) under `dependencies` (the API key)."""
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
@@ -161,3 +165,18 @@ def install(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi
+    docs = APIRouter(dependencies=dependencies)
+
+    @docs.get("/openapi.json", include_in_schema=False)
+    async def schema_json():
+        return JSONResponse(app.openapi())
+
+    @docs.get("/docs", include_in_schema=False)
+    async def swagger():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    @docs.get("/redoc", include_in_schema=False)
+    async def redoc():
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
+
+    app.include_router(docs)

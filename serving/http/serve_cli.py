@@ -35,7 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graft", action="append", default=[], metavar="NAME=RUN_DIR",
                    help="serve this run dir as model NAME (repeat it: every graft shares one "
                         "LLM, KV pool and batch; the bare LLM stays listed, text only)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind; on a loopback address without --api-key only Host "
+                        "headers naming it are answered (DNS rebinding), see --allowed-host")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header names NAME (any port); repeat "
+                        "for several; once given, only the listed names (and the loopback "
+                        "names on a loopback bind) are answered")
     p.add_argument("--port", type=number_in(int, low=1, high=65535), default=8000,
                    help="checked free before the model loads")
     p.add_argument("--served-model-name", default=None,
@@ -108,8 +114,10 @@ def build(args: argparse.Namespace):
     from graft.serving import EngineConfig
     from graft.serving import Engine
     from graft.serving.multimodal.media import MediaConfig
+    from graft.serving.http.request_guard import allowed_host_names
     from graft.serving.http.server import ServerSettings, build_app
 
+    keys = api_keys(args)  # a bad key is refused before minutes of loading
     config = EngineConfig.from_args(args)
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
     path = Path(args.path) if args.path else None
@@ -140,7 +148,8 @@ def build(args: argparse.Namespace):
         admission_slack=args.admission_slack,
         shrink_images_to_budget=args.shrink_images_to_budget,
         parse_special_tokens_in_text=args.parse_special_tokens_in_text,
-        api_keys=api_keys(args), auth_health=args.auth_health, auth_metrics=args.auth_metrics,
+        api_keys=keys, allowed_hosts=allowed_host_names(args.host, keys, args.allowed_host),
+        auth_health=args.auth_health, auth_metrics=args.auth_metrics,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
         request_body_timeout_s=args.request_body_timeout_s,
         request_timeout_s=args.request_timeout_s)
@@ -154,11 +163,18 @@ def build(args: argparse.Namespace):
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
-    """--api-key values plus $GRAFT_API_KEY (a key in the environment stays out of `ps`)."""
+    """--api-key values plus $GRAFT_API_KEY (a key in the environment stays out of `ps`). An
+    empty key is an error: it would otherwise leave the server open without a word."""
     import os
 
-    env = os.environ.get("GRAFT_API_KEY", "").strip()
-    return tuple(k for k in [*args.api_key, env] if k)
+    from graft.errors import GraftConfigError
+
+    env = os.environ.get("GRAFT_API_KEY")
+    for where, key in [*(("--api-key", k) for k in args.api_key), ("$GRAFT_API_KEY", env)]:
+        if key is not None and not key.strip():
+            raise GraftConfigError(f"{where} is empty, which would serve without auth; give a "
+                                   f"non-empty key, or leave {where} out to serve without one")
+    return tuple(k for k in [*args.api_key, (env or "").strip()] if k)
 
 
 def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):

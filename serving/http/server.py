@@ -20,6 +20,7 @@ from graft.serving.http import openai_chat as P
 from graft.serving.http import openapi_schema
 from graft.serving.http.auth import APIKeys
 from graft.serving.http.context import ServerContext, ServerSettings
+from graft.serving.http.request_guard import RequestGuard
 from graft.serving.http.responses import error_response
 from graft.serving.http.routes import ops, page, v1
 
@@ -36,10 +37,15 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
         ctx.worker.start()
         yield
         await asyncio.to_thread(ctx.worker.stop)
+        ctx.media_pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="graft", lifespan=lifespan)
+    # the docs and the schema are routes of openapi_schema, behind the key when one is set
+    app = FastAPI(title="graft", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.ctx = ctx
     _install_error_handlers(app, ctx)
+    app.add_middleware(RequestGuard, allowed_hosts=ctx.settings.allowed_hosts,
+                       on_refused=ctx.metrics.errors_4xx.inc)
     keyed = [Depends(APIKeys(ctx.settings.api_keys).require)]
     app.include_router(ops.health_router, dependencies=keyed if ctx.settings.auth_health else [])
     app.include_router(v1.router, dependencies=keyed)  # every /v1 route
@@ -47,7 +53,7 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
                        dependencies=keyed if ctx.settings.auth_metrics else [])
     app.include_router(page.router)
     page.mount_static(app)
-    openapi_schema.install(app)
+    openapi_schema.install(app, keyed)
     return app
 
 

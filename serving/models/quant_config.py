@@ -73,6 +73,10 @@ class QuantConfig:
         if unknown:
             raise GraftConfigError(f"{where}: unknown key(s) {sorted(unknown)}; valid: format, "
                                    "default, modules, comment")
+        if "format" in data and data["format"] != FORMAT:  # hand-written configs may omit it
+            raise GraftConfigError(f"{where}: format {data['format']!r} is not supported; this "
+                                   f"graft reads {FORMAT!r} (rewrite it with `graft quantize` "
+                                   "or drop the 'format' key from a hand-written config)")
         modules = data.get("modules", {})
         if not isinstance(modules, dict):
             raise GraftConfigError(f"{where}: 'modules' must map module names or patterns to schemes")

@@ -46,6 +46,7 @@ def _too_big(n: int, cfg: MediaConfig, param: str) -> RequestError:
 
 def _data_url_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
     head, sep, payload = url.partition(",")
+    head = head.lower()  # scheme, media type and ";base64" are case-insensitive (RFC 2397)
     if not sep or ";base64" not in head:
         raise RequestError("data URL must look like data:image/<type>;base64,<payload>",
                            param=param, code="invalid_image_url")
@@ -67,7 +68,7 @@ def _local_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
         raise RequestError("local image paths are disabled; start the server with "
                            "--allowed-local-media-path DIR or send a base64 data URL",
                            param=param, code="local_media_disabled", reason="forbidden")
-    raw = unquote(urlparse(url).path) if url.startswith("file://") else url
+    raw = unquote(urlparse(url).path) if url[:7].lower() == "file://" else url
     root = Path(cfg.allowed_local_media_path).resolve()
     path = Path(raw).resolve()  # resolves symlinks and "..": containment is checked after
     if path != root and root not in path.parents:
@@ -95,11 +96,12 @@ def _remote_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
 
 def fetch_bytes(url: str, cfg: MediaConfig, param: str = "image_url.url") -> bytes:
     """Encoded image bytes from any allowed source (size-limited)."""
-    if url.startswith("data:"):
+    scheme = url.partition(":")[0].lower()  # URL schemes are case-insensitive: DATA: too
+    if scheme == "data":
         data = _data_url_bytes(url, cfg, param)
-    elif url.startswith(("http://", "https://")):
+    elif scheme in ("http", "https"):
         data = _remote_bytes(url, cfg, param)
-    elif url.startswith("file://") or "://" not in url:
+    elif scheme == "file" or "://" not in url:
         data = _local_bytes(url, cfg, param)
     else:
         raise RequestError(f"unsupported image URL scheme in {url[:32]!r}; use data:, file:// "

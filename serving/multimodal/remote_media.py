@@ -4,12 +4,14 @@ Every hop's host is resolved and each of its addresses must be public (no loopba
 private, link-local, multicast or reserved space, IPv4 or IPv6, also when embedded in an
 IPv6 address); the connection goes to the address that was checked (no second lookup to
 rebind), redirects are followed by hand so each target is checked, and the whole fetch has
-one deadline and a byte cap. Every refused or failed fetch gets the same message, so
+one deadline (connect, response headers and body of every hop: a host trickling its headers
+is cut off like one trickling its body) and a byte cap. Every refused or failed fetch gets the same message, so
 errors cannot be used to probe which internal hosts or ports exist.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import socket
@@ -46,11 +48,11 @@ def resolve(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6
 
 
 def http_client(timeout_s: float):
-    """The client fetches go through: no redirects followed for us, no proxies from the
-    environment (a proxy would connect to a name we never checked)."""
+    """The (async) client fetches go through: no redirects followed for us, no proxies from
+    the environment (a proxy would connect to a name we never checked)."""
     import httpx
 
-    return httpx.Client(follow_redirects=False, trust_env=False, timeout=timeout_s)
+    return httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=timeout_s)
 
 
 def domain_allowed(host: str, domains: tuple[str, ...]) -> bool:
@@ -87,19 +89,19 @@ def _target(url: str, domains: tuple[str, ...]) -> tuple[str, str, str]:
 def fetch_remote(url: str, max_bytes: int, timeout_s: float, max_redirects: int,
                  domains: tuple[str, ...], param: str) -> bytes:
     """The body of a public http(s) URL (after at most `max_redirects` checked redirects),
-    within `timeout_s` in total and `max_bytes`; RequestError otherwise."""
+    within `timeout_s` in total and `max_bytes`; RequestError otherwise. Blocking: call it
+    from a worker thread (it runs its own event loop, so that the one deadline can cancel
+    the fetch wherever it waits; httpx's own timeouts are per read)."""
     import httpx
 
-    deadline = time.monotonic() + timeout_s
     try:
-        for _ in range(max_redirects + 1):
-            body, location = _hop(url, domains, deadline, max_bytes, param)
-            if body is not None:
-                return body
-            url = urljoin(url, location)
-        raise _Refused(f"more than {max_redirects} redirects")
+        return asyncio.run(asyncio.wait_for(
+            _fetch(url, max_bytes, max_redirects, domains, param, time.monotonic() + timeout_s),
+            timeout_s))
     except _Refused as why:
         log.info("refused image fetch %.120r: %s", url, why)
+    except asyncio.TimeoutError:
+        log.info("image fetch %.120r: no complete answer within %g s", url, timeout_s)
     except httpx.HTTPError as err:
         log.info("image fetch %.120r failed: %s", url, err)
     raise RequestError(f"the image URL could not be fetched; it must be a public http(s) URL "
@@ -107,35 +109,43 @@ def fetch_remote(url: str, max_bytes: int, timeout_s: float, max_redirects: int,
                        code="image_fetch_failed") from None
 
 
-def _hop(url: str, domains: tuple[str, ...], deadline: float, max_bytes: int,
-         param: str) -> tuple[bytes | None, str | None]:
+async def _fetch(url: str, max_bytes: int, max_redirects: int, domains: tuple[str, ...],
+                 param: str, deadline: float) -> bytes:
+    for _ in range(max_redirects + 1):
+        body, location = await _hop(url, domains, deadline, max_bytes, param)
+        if body is not None:
+            return body
+        url = urljoin(url, location)
+    raise _Refused(f"more than {max_redirects} redirects")
+
+
+async def _hop(url: str, domains: tuple[str, ...], deadline: float, max_bytes: int,
+               param: str) -> tuple[bytes | None, str | None]:
     """One checked request: (body, None) or (None, redirect location). A client per hop, so
     no connection (nor its TLS name) carries over to another host."""
     target, host_header, server_name = _target(url, domains)
     left = deadline - time.monotonic()
     if left <= 0:
         raise _Refused("deadline passed")
-    with http_client(left) as client:
+    async with http_client(left) as client:
         request = client.build_request(  # TLS checks the name, not the address
             "GET", target, headers={"Host": host_header}, extensions={"sni_hostname": server_name})
-        resp = client.send(request, stream=True)
+        resp = await client.send(request, stream=True)
         try:
             if resp.is_redirect and "location" in resp.headers:
                 return None, resp.headers["location"]
             if resp.status_code != 200:
                 raise _Refused(f"HTTP {resp.status_code}")
-            return _read_capped(resp, max_bytes, deadline, param), None
+            return await _read_capped(resp, max_bytes, param), None
         finally:
-            resp.close()
+            await resp.aclose()
 
 
-def _read_capped(resp, max_bytes: int, deadline: float, param: str) -> bytes:
+async def _read_capped(resp, max_bytes: int, param: str) -> bytes:
     buf = bytearray()
-    for chunk in resp.iter_bytes():
+    async for chunk in resp.aiter_bytes():
         buf += chunk
         if len(buf) > max_bytes:
             raise RequestError(f"image is over the limit of {max_bytes} bytes; send a smaller "
                                "image", param=param, code="image_too_large", reason="too_large")
-        if time.monotonic() > deadline:  # a server trickling bytes gets no more time
-            raise _Refused("deadline passed while reading")
     return bytes(buf)

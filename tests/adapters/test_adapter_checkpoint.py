@@ -78,3 +78,31 @@ def test_standardize_divides_out_the_stats_and_saves_them(kind, tmp_path):
         plain.set_feature_stats(mean, std)
     with pytest.raises(GraftConfigError, match="adapter.standardize must be true or false"):
         AdapterConfig.from_dict({"standardize": "yes"})
+
+
+def _saved(tmp_path):
+    save_adapter(build_adapter(AdapterConfig(kind="mlp"), 12, 16), tmp_path)
+    return tmp_path / "adapter.safetensors"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "random"])
+def test_a_damaged_weights_file_is_a_config_error(tmp_path, damage):
+    weights = _saved(tmp_path)
+    data = weights.read_bytes()
+    weights.write_bytes({"truncated": data[:len(data) // 2], "empty": b"",
+                         "random": bytes(range(256)) * 8}[damage])
+    with pytest.raises(GraftConfigError, match="adapter.safetensors is not a readable"):
+        load_adapter(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, bad):
+    from safetensors.torch import load_file, save_file
+
+    weights = _saved(tmp_path)
+    state = load_file(str(weights))
+    name = sorted(state)[-1]
+    state[name][0] = bad
+    save_file(state, str(weights))
+    with pytest.raises(GraftConfigError, match=f"{name}.*not finite"):
+        load_adapter(tmp_path)

@@ -47,6 +47,22 @@ def test_vqa_soft_accuracy_ten_answers():
     assert agg["accuracy"] == pytest.approx(0.65)
 
 
+# Where lmms-eval's vqav2_process_results changed: before b439d82 / 28ea9a1 (July-August 2025)
+# it ran the whole EvalAIAnswerProcessor (lowercase, drop "," "?", "'s" -> " 's") on the
+# prediction and normalized the references only when they differed; at 75571cf (the commit
+# graft follows) both are always normalized the same way. Expected values: that commit's
+# code, run on these inputs (lmms_eval/tasks/vqav2/utils.py + _task_utils/vqa_eval_metric.py).
+LMMS_EVAL_75571CF = [("Two", ["two"] * 10, 1.0), ("It's red?", ["it's red"] * 10, 1.0),
+                     ("2", ["two"] * 10, 1.0), ("a cat's toy", ["cat 's toy"] * 10, 0.0),
+                     ("Yes", ["yes"] * 9 + ["no"], 1.0), ("Red", ["red"] * 7 + ["Red"] * 3, 1.0),
+                     ("none", ["0"] * 10, 1.0)]
+
+
+@pytest.mark.parametrize("prediction,answers,score", LMMS_EVAL_75571CF)
+def test_vqa_lmms_eval_where_its_versions_differ(prediction, answers, score):
+    assert vqa_soft_accuracy(prediction, answers, definition="lmms-eval") == score
+
+
 def test_option_extraction():
     opts = {"A": "cat", "B": "dog", "C": "blue bird", "D": "fish"}
     assert extract_choice("B", opts) == "B"

@@ -137,3 +137,36 @@ def test_an_unexpected_failure_is_a_json_500(live_server, monkeypatch):
     monkeypatch.undo()
     resp = _post(live_server, {"model": "tiny", "messages": HELLO, "max_tokens": 1})
     assert resp.status_code == 200
+
+
+def test_a_huge_text_is_refused_before_it_is_tokenized(live_server, monkeypatch):
+    import graft.template
+
+    calls = []
+    real = graft.template.encode_chat
+    monkeypatch.setattr(graft.template, "encode_chat",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    ctx = live_server.app.state.ctx
+    bound = ctx.max_prompt_chars  # max_model_len x the longest token's characters
+    assert 256 <= bound < 8_000_000
+    huge = {"model": "tiny", "messages": [{"role": "user", "content": "a" * (bound + 1)}]}
+    err = _error(_post(live_server, huge), 400, "messages")
+    assert err["code"] == "context_length_exceeded" and str(bound) in err["message"]
+    assert calls == []  # refused by its length alone
+    _error(_post(live_server, {**huge, "messages": [{"role": "user", "content": "a" * 8_000_000}]}),
+           400, "messages")
+    assert calls == []
+    assert _post(live_server, {"model": "tiny", "messages": HELLO, "max_tokens": 2}).status_code \
+        == 200 and calls  # the spy sees what is tokenized
+
+
+def test_a_huge_completions_prompt_is_refused_before_it_is_tokenized(live_server, monkeypatch):
+    ctx = live_server.app.state.ctx
+    calls = []
+    real = ctx.tokenizer.__class__.__call__
+    monkeypatch.setattr(ctx.tokenizer.__class__, "__call__",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    resp = httpx.post(live_server.url + "/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": "a" * (ctx.max_prompt_chars + 1)})
+    err = _error(resp, 400, "prompt")
+    assert err["code"] == "context_length_exceeded" and calls == []

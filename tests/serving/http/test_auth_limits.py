@@ -50,7 +50,8 @@ def test_keys_are_checked_on_v1_and_metrics(server):
             assert httpx.get(server.url + path, headers=_auth(key)).status_code == 200
     assert httpx.get(server.url + "/health").status_code == 200  # not --auth-health
     # refused before the body is read: a huge body without a key costs nothing
-    assert httpx.post(server.url + URL, content=b"x" * 100_000).status_code == 401
+    assert httpx.post(server.url + URL, content=b"x" * 100_000,
+                      headers={"content-type": "application/json"}).status_code == 401
     ok = httpx.post(server.url + URL, json=BODY, headers=_auth("key-two"), timeout=60)
     assert ok.status_code == 200
 
@@ -109,7 +110,10 @@ def test_405_carries_allow(server):
 def test_openapi_describes_the_chat_route(server):
     from graft.serving.http.openapi_schema import ChatCompletion
 
-    schema = httpx.get(server.url + "/openapi.json").json()
+    for path in ("/openapi.json", "/docs", "/redoc"):  # the API's map is behind the key too
+        assert httpx.get(server.url + path).status_code == 401
+        assert httpx.get(server.url + path, headers=_auth("key-one")).status_code == 200
+    schema = httpx.get(server.url + "/openapi.json", headers=_auth("key-one")).json()
     op = schema["paths"][URL]["post"]
     ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     assert ref == "#/components/schemas/ChatCompletionRequest"

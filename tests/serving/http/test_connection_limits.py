@@ -59,7 +59,7 @@ def _talk(server, data: bytes, wait_s: float = 5.0) -> tuple[bytes, float]:
 
 
 @pytest.mark.parametrize("partial", [b"", b"POST /v1/chat/completions HTTP/1.1\r\n",
-                                     b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: 1"])
+                                     b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: 1"])
 def test_half_sent_headers_time_out(server, partial):
     reply, took = _talk(server, partial)
     _error(reply, 408, "request_timeout")
@@ -67,14 +67,14 @@ def test_half_sent_headers_time_out(server, partial):
 
 
 def test_keep_alive_connection_gets_a_fresh_header_deadline(server):
-    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    request = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
     reply, took = _talk(server, request + b"GET /health HTTP/1.1\r\n")  # then stalls
     assert reply.startswith(b"HTTP/1.1 200") and b"408" in reply.split(b"\r\n\r\n", 1)[1]
     assert took < 3.0
 
 
 def test_slow_body_times_out(server):
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json"
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json"
             b"\r\ncontent-length: 1000\r\n\r\n{\"model\":")
     reply, took = _talk(server, head)
     _error(reply, 408, "request_timeout")
@@ -83,7 +83,7 @@ def test_slow_body_times_out(server):
 
 def test_oversized_headers_are_refused(server):
     # h11 refuses once it buffers more than the limit without a complete header block
-    reply, _ = _talk(server, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000)
+    reply, _ = _talk(server, b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 8000)
     _error(reply, 400, "invalid_http_request")  # not the 408: refused before the deadline
 
 
@@ -119,7 +119,7 @@ def test_an_answer_over_the_request_timeout_is_stopped(server, stream):
 
 
 def test_a_whole_request_still_works(server):
-    reply, _ = _talk(server, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    reply, _ = _talk(server, b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"status":"ok"}')
 
 
@@ -128,7 +128,7 @@ def test_over_the_connection_limit_is_a_json_503(tiny_llama):
     with _serve(tiny_llama, "--limit-concurrency", "3") as live:
         held = [socket.create_connection(("127.0.0.1", live.port), timeout=5) for _ in range(3)]
         try:
-            reply, _ = _talk(live, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply, _ = _talk(live, b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
             err = _error(reply, 503, "over_capacity")
             assert "--limit-concurrency" in err["message"] and b"retry-after: 1" in reply
         finally:
@@ -136,7 +136,7 @@ def test_over_the_connection_limit_is_a_json_503(tiny_llama):
                 sock.close()
         deadline = time.monotonic() + 10  # the held connections' close reaches the server
         while True:
-            reply, _ = _talk(live, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close"
+            reply, _ = _talk(live, b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close"
                                    b"\r\n\r\n")
             if reply.startswith(b"HTTP/1.1 200") or time.monotonic() > deadline:
                 break

@@ -3,6 +3,7 @@ are classified, every hop (redirects too) is checked, the connection goes to the
 address, and every refusal reads the same. Only 127.0.0.1 ever receives traffic here: the
 "public" side is a fake resolver plus httpx.MockTransport."""
 
+import asyncio
 import http.server
 import ipaddress
 import threading
@@ -141,7 +142,7 @@ def fake_net(monkeypatch):
         return routes[request.headers["host"]](request)
 
     monkeypatch.setattr(R, "resolve", resolve)
-    monkeypatch.setattr(R, "http_client", lambda timeout_s: httpx.Client(
+    monkeypatch.setattr(R, "http_client", lambda timeout_s: httpx.AsyncClient(
         transport=httpx.MockTransport(handler), follow_redirects=False, timeout=timeout_s))
     return seen, routes
 
@@ -198,9 +199,9 @@ def test_byte_cap_and_total_deadline(fake_net):
         R.fetch_remote("http://images.example/big", 100, 2.0, 3, (), "p")
     assert err.value.reason == "too_large"
 
-    def trickle():  # a byte every 0.2 s, forever: each read is quick, the total is not
+    async def trickle():  # a byte every 0.2 s, forever: each read is quick, the total is not
         while True:
-            time.sleep(0.2)
+            await asyncio.sleep(0.2)
             yield b"x"
 
     routes["images.example"] = lambda r: httpx.Response(200, content=trickle())
@@ -221,3 +222,88 @@ def test_chat_request_with_a_loopback_image_url(live_server, loopback_server, mo
     assert (err["code"], err["param"]) == ("image_fetch_failed",
                                            "messages[0].content[0].image_url.url")
     assert hits == []
+
+
+def _slow_server(monkeypatch, reply: bytes, pause_s: float):
+    """A loopback server that answers `reply` one byte every `pause_s` seconds (loopback made
+    "public" for the test), as a host trickling its status line and headers would."""
+    import socket
+
+    monkeypatch.setattr(R, "resolve", _no_dns)
+    monkeypatch.setattr(R, "is_public_address", lambda ip: ip.is_loopback)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in reply:
+                if stop.wait(pause_s):
+                    return
+                conn.sendall(bytes([byte]))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, stop
+
+
+@pytest.mark.parametrize("reply", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n" + b"X-Slow: y\r\n" * 200 + b"\r\nPNG!",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n" + b"x" * 400,
+], ids=["slow-headers", "slow-body"])
+def test_one_deadline_over_headers_and_body(monkeypatch, reply):
+    listener, stop = _slow_server(monkeypatch, reply, 0.05)  # every read is quick
+    port = listener.getsockname()[1]
+    start = time.monotonic()
+    try:
+        with pytest.raises(RequestError, match="could not be fetched"):
+            R.fetch_remote(f"http://localhost:{port}/x.png", 10_000, 0.5, 0, (), "p")
+        assert time.monotonic() - start < 5.0  # the whole reply takes over 10 s
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_slow_image_hosts_never_hold_up_text_requests(live_server, monkeypatch):
+    """More image requests to a host that never answers than the default thread pool has
+    workers: a plain text request is still answered while they all wait."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(R, "resolve", _no_dns)
+    monkeypatch.setattr(R, "is_public_address", lambda ip: ip.is_loopback)
+    media = live_server.app.state.ctx.settings.media
+    monkeypatch.setattr(media, "allow_remote_media", True)
+    monkeypatch.setattr(media, "remote_timeout_s", 300.0)
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    conns, release = [], threading.Event()
+
+    def accept():  # hold every connection open, answering nothing, until released
+        while not release.is_set():
+            try:
+                conns.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    image = {"type": "image_url", "image_url": {
+        "url": f"http://localhost:{listener.getsockname()[1]}/x.png"}}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": [image]}]}
+    n = min(32, (__import__("os").cpu_count() or 1) + 4) + 2  # asyncio's default pool, +2
+    with ThreadPoolExecutor(n) as clients:
+        pending = [clients.submit(httpx.post, live_server.url + "/v1/chat/completions",
+                                  json=body, timeout=600) for _ in range(n)]
+        try:
+            while len(conns) < 6:  # the fetches are under way (no timing assumption)
+                time.sleep(0.05)
+            text = httpx.post(live_server.url + "/v1/chat/completions", timeout=120, json={
+                "model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2})
+            assert text.status_code == 200, text.text
+            assert not any(p.done() for p in pending)  # the image fetches still wait
+        finally:
+            release.set()
+            listener.close()
+            for conn in conns:
+                conn.close()
+        assert all(p.result().status_code == 400 for p in pending)
