@@ -46,8 +46,10 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
-        # always present: a request may turn speculation on while the engine default is off
-        self.spec = self.scheduler.spec = SpecDecoder(self.config, self.max_model_len)
+        self.cost = StepCostModel()  # every step this engine runs is recorded in it
+        # always present: a request may turn speculation on while the engine default is off;
+        # it weighs acceptance against the measured cost of verify steps
+        self.spec = self.scheduler.spec = SpecDecoder(self.config, self.max_model_len, self.cost)
         if tokenizer is None and grafts is not None:
             tokenizer = grafts.tokenizer
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.model_dir)
@@ -62,7 +64,6 @@ class Engine:
         self._pending: list[RequestOutput] = []  # finished at admission (bad input)
         self._order = itertools.count()
         self._gen_ids = itertools.count()
-        self.cost = StepCostModel()  # every step this engine runs is recorded in it
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None,
@@ -312,7 +313,8 @@ class Engine:
 
     def _record_timing(self, batch, seconds: float) -> None:
         decodes = batch.num_decodes  # one-token rows; prefill chunks and verify rows are tokens
-        self.cost.observe_step(batch.total_tokens - decodes, decodes, seconds)
+        verify_rows = sum(n for s, n in zip(batch.seqs, batch.num_tokens) if s.spec_tokens)
+        self.cost.observe_step(batch.total_tokens - decodes, decodes, seconds, verify_rows)
 
     def kv_usage(self) -> tuple[int, int]:
         """(KV blocks in use, blocks in the pool); safe to read beside the engine thread."""

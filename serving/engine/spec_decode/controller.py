@@ -9,22 +9,33 @@ from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.sequence import Sequence
 from graft.serving.engine.spec_decode.ngram import NgramProposer
 from graft.serving.engine.spec_decode.suffix import SuffixIndex
+from graft.serving.engine.step_cost import StepCostModel
 
-# adaptive rule: a verify step costs more than a plain decode step (measured on CPU with
-# SmolLM2-135M: ~1.3x at batch 1; at batch 8 one verifying sequence makes the whole step
-# ~1.5x), while it gains only that sequence's accepted tokens. So every WINDOW verify steps a
-# sequence must have accepted at least MIN_ACCEPTED_PER_STEP tokens per step, times the
-# number of sequences decoding in the step (capped at 0.75 k), or it pauses speculation for
-# `pause` output tokens times that number of sequences (the pause doubling each time, up to
-# MAX_PAUSE): a non-copying answer pays for a few failed verify steps, then decodes plainly;
-# in a batch every verify step slows all its sequences, so probing again is rarer there
+# adaptive rule: a verify step costs more than a plain decode step (on CPU a plain step is
+# one C call, a verify step runs op by op, and every proposed token is a row through every
+# linear), and in a batch it slows every sequence of the step while only the verifying one
+# gains its accepted tokens. So every WINDOW verify steps a sequence's acceptance is weighed
+# against the step costs the engine measured (graft.serving.engine.step_cost): with b
+# sequences decoding, speculation pays when the step's tokens per second with it, (b + a) /
+# verify_seconds(b + k rows), is at least b / plain_seconds(b rows) without it (a: accepted,
+# k: proposed tokens per verify step, averaged over the window). When it does not pay the
+# sequence pauses speculation for `pause` output tokens times b (the pause doubling each
+# time, up to MAX_PAUSE), then probes again: a non-copying answer pays for a few failed
+# verify steps, then decodes plainly
 WINDOW = 4
-MIN_ACCEPTED_PER_STEP = 0.5
 FIRST_PAUSE, MAX_PAUSE = 16, 512
-# proposal length: every proposed token is a row through every linear (on CPU a verify step
-# of 1 + k tokens costs more with k), so a sequence proposes at most one token more than it
-# has been accepting lately (a moving average, EMA weight on the newest step)
+# proposal length: a sequence proposes at most one token more than it has been accepting
+# lately (a moving average, EMA weight on the newest step): unaccepted rows cost time
 EMA = 0.5
+
+
+def speculation_pays(accepted: float, proposed: float, decoding: int, cost: StepCostModel) -> bool:
+    """Whether verifying `proposed` tokens per step and accepting `accepted` of them emits at
+    least as many tokens per second over a step of `decoding` sequences as plain decoding."""
+    b = max(decoding, 1)
+    plain = cost.decode_step_seconds(b, verifying=False)
+    verify = cost.decode_step_seconds(b + proposed, verifying=True)
+    return (b + accepted) * plain >= b * verify
 
 
 @dataclass
@@ -36,14 +47,18 @@ class SpecState:
     steps: int = 0  # verify steps
     window_steps: int = 0  # since the last adaptive decision
     window_accepted: int = 0
+    window_proposed: int = 0
     resume_at: int = 0  # output token count from which speculation may resume
     pause: int = FIRST_PAUSE
     recent_accepted: float = float("inf")  # moving average of accepted tokens per verify step
 
 
 class SpecDecoder:
-    def __init__(self, config: EngineConfig, max_model_len: int):
+    def __init__(self, config: EngineConfig, max_model_len: int,
+                 cost: StepCostModel | None = None):
         self.default = config.speculative
+        # the engine's measured step costs (its own model, on the priors, when none is given)
+        self.cost = cost if cost is not None else StepCostModel()
         self.max_model_len = max_model_len
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max, config.num_speculative_tokens)
         self._config = config
@@ -111,16 +126,18 @@ class SpecDecoder:
         state.steps += 1
         state.window_steps += 1
         state.window_accepted += accepted
+        state.window_proposed += proposed
         state.recent_accepted = (accepted if state.steps == 1 else
                                  (1 - EMA) * state.recent_accepted + EMA * accepted)
         self.proposed += proposed
         self.accepted += accepted
         self.steps += 1
         if state.window_steps >= WINDOW:
-            need = min(MIN_ACCEPTED_PER_STEP * max(num_decoding, 1), 0.75 * self.ngram.num_tokens)
-            if state.window_accepted < need * state.window_steps:
+            n = state.window_steps
+            if speculation_pays(state.window_accepted / n, state.window_proposed / n,
+                                num_decoding, self.cost):
+                state.pause = FIRST_PAUSE
+            else:
                 state.resume_at = seq.num_output_tokens + state.pause * max(num_decoding, 1)
                 state.pause = min(2 * state.pause, MAX_PAUSE)
-            else:
-                state.pause = FIRST_PAUSE
-            state.window_steps = state.window_accepted = 0
+            state.window_steps = state.window_accepted = state.window_proposed = 0
