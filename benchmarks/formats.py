@@ -113,7 +113,8 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
             "resident_bytes": sum(t.numel() * t.element_size() for t in model.resident_tensors()),
             "batch1_decode_tokens_per_s": _decode_tokens_per_s(one, 1),
             "batch32_decode_tokens_per_s": _decode_tokens_per_s(many, 32),
-            "prefill_tokens": prefill_len, "prefill512_tokens_per_s": prefill_len / prefill[0][0]}
+            "prefill_tokens": prefill_len, "prefill512_tokens_per_s": prefill_len / prefill[0][0],
+            "linear_dispatch": engine.runner.linear_paths}
 
 
 def run_formats(args, schemes: list[str]) -> dict:
