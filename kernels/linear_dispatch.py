@@ -121,10 +121,14 @@ def save_timings(path: Path, timings: dict[str, dict[str, float]], where: dict) 
     old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"version": FILE_VERSION, "machine": where, "timings": timings}, fh,
-                  indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"version": FILE_VERSION, "machine": where, "timings": timings}, fh,
+                      indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def time_case(run: dict[str, Callable[[], object]], clock=time.perf_counter) -> dict[str, float]:

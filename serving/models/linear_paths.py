@@ -69,8 +69,12 @@ def plan_linear_paths(model, mode: str, dtype: torch.dtype, cache_dir: Path | No
             new = ld.measure(todo, _runners(groups, dtype), None if mode == "measure" else budget_s,
                              clock)
             timings.update(new)
-            ld.save_timings(path, timings, where)
             summary["timed_now"] = len(new)
+            try:
+                ld.save_timings(path, timings, where)
+            except OSError as err:  # e.g. a read-only home: this process still uses them
+                log.warning("linear dispatch timings not saved (%s); set GRAFT_KERNEL_CACHE to "
+                            "a writable folder to keep them", err)
         picks = ld.choose({c.key: timings[c.key] for c in cases if c.key in timings})
         summary["timings_file"] = str(path)
     for (fmt, i, o), linears in groups.items():

@@ -66,3 +66,13 @@ def test_both_paths_give_hf_greedy_tokens(tiny_llama, scheme):
     prompts = make_prompts(MIXED)
     assert [o.token_ids for o in _check(c, hf, prompts)] == \
         [o.token_ids for o in _check(via_torch, hf, prompts)]
+
+
+def test_an_unwritable_cache_keeps_the_timings_in_memory(tiny_llama, tmp_path, caplog):
+    engine = _engine(tiny_llama, "int8")
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would be")
+    summary = plan_linear_paths(engine.runner.model, "cached", engine.runner.dtype,
+                                cache_dir=blocker / "kernels")
+    assert summary["timed_now"] == len(summary["choices"]) > 0
+    assert "timings not saved" in caplog.text
