@@ -200,9 +200,10 @@ class Engine:
             self.block_manager.commit(seq)
         now = time.monotonic()
         decoding = batch.num_decodes + sum(1 for s in batch.seqs if s.spec_tokens)
+        proposals = sum(len(s.spec_tokens) for s in batch.seqs)
         for seq, toks, lps in zip(sampling, tokens, logprobs):
             try:
-                self._append_tokens(seq, toks, lps, now, decoding)
+                self._append_tokens(seq, toks, lps, now, decoding, proposals)
             except Exception as err:  # noqa: BLE001 - e.g. detokenizing; this request only
                 self._fail(seq, err)
             outputs.append(make_output(seq, final=seq.is_finished))
@@ -265,9 +266,10 @@ class Engine:
         return sample_step(self.sampler, logits, sampling)
 
     def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list, now: float,
-                       decoding: int = 1) -> None:
+                       decoding: int = 1, proposals: int = 0) -> None:
         """Append a step's tokens; after a verify step, drop the rejected proposals' KV
-        (`decoding`: sequences that decoded in this step, for the adaptive rule)."""
+        (`decoding`: sequences that decoded in this step, `proposals`: the tokens all of them
+        proposed, for the adaptive rule)."""
         draft, seq.spec_tokens = seq.spec_tokens, []
         for j, (token, lp) in enumerate(zip(tokens, logprobs)):
             self._append_token(seq, token, lp, now)
@@ -276,7 +278,7 @@ class Engine:
             if j < len(tokens) - 1:  # an accepted proposal: its KV was computed this step
                 seq.num_computed_tokens += 1
         if draft:
-            self.spec.record(seq, len(draft), len(tokens) - 1, decoding)
+            self.spec.record(seq, len(draft), len(tokens) - 1, decoding, proposals)
             if not seq.is_finished:
                 self.block_manager.rollback(seq)
                 self.block_manager.commit(seq)

@@ -13,15 +13,14 @@ from graft.serving.engine.step_cost import StepCostModel
 
 # adaptive rule: a verify step costs more than a plain decode step (on CPU a plain step is
 # one C call, a verify step runs op by op, and every proposed token is a row through every
-# linear), and in a batch it slows every sequence of the step while only the verifying one
-# gains its accepted tokens. So every WINDOW verify steps a sequence's acceptance is weighed
-# against the step costs the engine measured (graft.serving.engine.step_cost): with b
-# sequences decoding, speculation pays when the step's tokens per second with it, (b + a) /
-# verify_seconds(b + k rows), is at least b / plain_seconds(b rows) without it (a: accepted,
-# k: proposed tokens per verify step, averaged over the window). When it does not pay the
-# sequence pauses speculation for `pause` output tokens times b (the pause doubling each
-# time, up to MAX_PAUSE), then probes again: a non-copying answer pays for a few failed
-# verify steps, then decodes plainly
+# linear), and in a batch it slows every sequence of the step while only the verifying ones
+# gain. So each verify step is weighed with the step costs the engine measured
+# (graft.serving.engine.step_cost): its extra seconds over a plain step of the b decoding
+# sequences, shared among the verifying ones by their proposed tokens, against the seconds
+# plain decoding would have spent on the accepted tokens (plain_seconds(b) / b each). Every
+# WINDOW verify steps a sequence whose balance is negative pauses speculation for `pause`
+# output tokens times b (the pause doubling each time, up to MAX_PAUSE), then probes again:
+# a non-copying answer pays for a few failed verify steps, then decodes plainly
 WINDOW = 4
 FIRST_PAUSE, MAX_PAUSE = 16, 512
 # proposal length: a sequence proposes at most one token more than it has been accepting
@@ -29,13 +28,16 @@ FIRST_PAUSE, MAX_PAUSE = 16, 512
 EMA = 0.5
 
 
-def speculation_pays(accepted: float, proposed: float, decoding: int, cost: StepCostModel) -> bool:
-    """Whether verifying `proposed` tokens per step and accepting `accepted` of them emits at
-    least as many tokens per second over a step of `decoding` sequences as plain decoding."""
+def speculation_gain(accepted: int, proposed: int, decoding: int, step_proposals: int,
+                     cost: StepCostModel) -> float:
+    """Seconds one sequence's speculation saved in a verify step (negative: lost): its
+    `accepted` tokens at plain decoding's seconds per token, minus its share (`proposed` of
+    the step's `step_proposals`) of the step's extra seconds over a plain step of the
+    `decoding` sequences."""
     b = max(decoding, 1)
     plain = cost.decode_step_seconds(b, verifying=False)
-    verify = cost.decode_step_seconds(b + proposed, verifying=True)
-    return (b + accepted) * plain >= b * verify
+    extra = cost.decode_step_seconds(b + step_proposals, verifying=True) - plain
+    return accepted * plain / b - extra * proposed / max(step_proposals, proposed, 1)
 
 
 @dataclass
@@ -46,8 +48,7 @@ class SpecState:
     accepted: int = 0  # of them accepted
     steps: int = 0  # verify steps
     window_steps: int = 0  # since the last adaptive decision
-    window_accepted: int = 0
-    window_proposed: int = 0
+    window_gain: float = 0.0  # seconds speculation saved (speculation_gain) in the window
     resume_at: int = 0  # output token count from which speculation may resume
     pause: int = FIRST_PAUSE
     recent_accepted: float = float("inf")  # moving average of accepted tokens per verify step
@@ -117,27 +118,28 @@ class SpecDecoder:
         negative = [i for i, t in enumerate(tokens) if t < 0]
         table.add(tokens[negative[-1] + 1:] if negative else tokens)
 
-    def record(self, seq: Sequence, proposed: int, accepted: int, num_decoding: int = 1) -> None:
+    def record(self, seq: Sequence, proposed: int, accepted: int, num_decoding: int = 1,
+               step_proposals: int | None = None) -> None:
         """A verify step of seq proposed `proposed` tokens and `accepted` matched, in a step
-        where `num_decoding` sequences decoded (seq included)."""
+        where `num_decoding` sequences decoded (seq included) and proposed `step_proposals`
+        tokens in all (default: seq's alone)."""
         state = seq.spec = seq.spec or SpecState()
         state.proposed += proposed
         state.accepted += accepted
         state.steps += 1
         state.window_steps += 1
-        state.window_accepted += accepted
-        state.window_proposed += proposed
+        state.window_gain += speculation_gain(
+            accepted, proposed, num_decoding,
+            proposed if step_proposals is None else step_proposals, self.cost)
         state.recent_accepted = (accepted if state.steps == 1 else
                                  (1 - EMA) * state.recent_accepted + EMA * accepted)
         self.proposed += proposed
         self.accepted += accepted
         self.steps += 1
         if state.window_steps >= WINDOW:
-            n = state.window_steps
-            if speculation_pays(state.window_accepted / n, state.window_proposed / n,
-                                num_decoding, self.cost):
+            if state.window_gain >= 0:
                 state.pause = FIRST_PAUSE
             else:
                 state.resume_at = seq.num_output_tokens + state.pause * max(num_decoding, 1)
                 state.pause = min(2 * state.pause, MAX_PAUSE)
-            state.window_steps = state.window_accepted = state.window_proposed = 0
+            state.window_steps, state.window_gain = 0, 0.0

@@ -6,7 +6,7 @@ import pytest
 from graft.serving import EngineConfig, SamplingParams
 from graft.serving.engine.sequence import Sequence
 from graft.serving.engine.spec_decode import controller
-from graft.serving.engine.spec_decode.controller import SpecDecoder, speculation_pays
+from graft.serving.engine.spec_decode.controller import SpecDecoder, speculation_gain
 from graft.serving.engine.step_cost import StepCostModel
 
 
@@ -33,14 +33,27 @@ def test_cost_model_separates_plain_and_verify_steps():
     assert cost.decode_step_seconds(5, verifying=True) == before
 
 
+# on CPU a verify step's fixed part (the op-by-op path) dominates and rows are cheap
+SHARED = _costs(plain=(0.010, 0.0005), verify=(0.020, 0.0003))
+
+
+def pays(accepted, proposed, decoding, cost, step_proposals=None):
+    return speculation_gain(accepted, proposed, decoding,
+                            proposed if step_proposals is None else step_proposals, cost) >= 0
+
+
 def test_the_measured_costs_decide_what_pays():
     # one accepted token of four at batch 1: pays when verifying is cheap, not when it is dear
-    assert speculation_pays(1.0, 4.0, 1, CHEAP)
-    assert not speculation_pays(1.0, 4.0, 1, DEAR)
+    assert pays(1, 4, 1, CHEAP) and not pays(1, 4, 1, DEAR)
     # 2.3x dearer: (1 + a) * 11 ms >= 35 ms needs a >= 2.2
-    assert speculation_pays(2.5, 4.0, 1, DEAR) and not speculation_pays(2.0, 4.0, 1, DEAR)
+    assert pays(3, 4, 1, DEAR) and not pays(2, 4, 1, DEAR)
     # beside 7 plain decodes the verify step slows all 8: the same acceptance stops paying
-    assert speculation_pays(1.0, 4.0, 1, CHEAP) and not speculation_pays(1.0, 4.0, 8, CHEAP)
+    assert not pays(1, 4, 8, CHEAP)
+    # 3 of 4 accepted at batch 8: alone the sequence pays the whole switch to the verify
+    # path and loses; when all 8 verify together they share it and win
+    assert not pays(3, 4, 8, SHARED) and pays(3, 4, 8, SHARED, step_proposals=32)
+    assert speculation_gain(0, 4, 1, 4, SHARED) == pytest.approx(
+        -(SHARED.decode_step_seconds(5, True) - SHARED.decode_step_seconds(1, False)))
 
 
 def _run(spec: SpecDecoder, accept, max_tokens: int = 2000) -> int:
