@@ -17,11 +17,15 @@ from graft.serving.engine.step_cost import StepCostModel
 # gain. So each verify step is weighed with the step costs the engine measured
 # (graft.serving.engine.step_cost): its extra seconds over a plain step of the b decoding
 # sequences, shared among the verifying ones by their proposed tokens, against the seconds
-# plain decoding would have spent on the accepted tokens (plain_seconds(b) / b each). Every
-# WINDOW verify steps a sequence whose balance is negative pauses speculation for `pause`
-# output tokens times b (the pause doubling each time, up to MAX_PAUSE), then probes again:
-# a non-copying answer pays for a few failed verify steps, then decodes plainly
-WINDOW = 4
+# plain decoding would have spent on the accepted tokens (plain_seconds(b) / b each). A
+# sequence keeps a balance of these seconds, in units of what one failed verify step alone
+# costs it: at most CREDIT_STEPS banked (a copying answer rides over a miss or two), and
+# below -LOSS_STEPS it pauses speculation for `pause` output tokens times b (the pause
+# doubling each time, up to MAX_PAUSE), then probes again from a zero balance: a
+# non-copying answer pays for LOSS_STEPS + 1 failed verify steps per probe, then decodes
+# plainly. In a batch each probe slows every sequence of its steps, so probes are short
+LOSS_STEPS = 1
+CREDIT_STEPS = 2
 FIRST_PAUSE, MAX_PAUSE = 16, 512
 # proposal length: a sequence proposes at most one token more than it has been accepting
 # lately (a moving average, EMA weight on the newest step): unaccepted rows cost time
@@ -47,8 +51,7 @@ class SpecState:
     proposed: int = 0  # tokens proposed over the whole request
     accepted: int = 0  # of them accepted
     steps: int = 0  # verify steps
-    window_steps: int = 0  # since the last adaptive decision
-    window_gain: float = 0.0  # seconds speculation saved (speculation_gain) in the window
+    balance: float = 0.0  # seconds speculation saved (speculation_gain) since the last pause
     resume_at: int = 0  # output token count from which speculation may resume
     pause: int = FIRST_PAUSE
     recent_accepted: float = float("inf")  # moving average of accepted tokens per verify step
@@ -127,19 +130,18 @@ class SpecDecoder:
         state.proposed += proposed
         state.accepted += accepted
         state.steps += 1
-        state.window_steps += 1
-        state.window_gain += speculation_gain(
-            accepted, proposed, num_decoding,
-            proposed if step_proposals is None else step_proposals, self.cost)
+        b, step_proposals = max(num_decoding, 1), proposed if step_proposals is None else step_proposals
+        unit = max(-speculation_gain(0, proposed, b, proposed, self.cost), 1e-9)  # a solo miss
+        gain = speculation_gain(accepted, proposed, b, step_proposals, self.cost)
+        state.balance = min(state.balance + gain, CREDIT_STEPS * unit)
         state.recent_accepted = (accepted if state.steps == 1 else
                                  (1 - EMA) * state.recent_accepted + EMA * accepted)
         self.proposed += proposed
         self.accepted += accepted
         self.steps += 1
-        if state.window_steps >= WINDOW:
-            if state.window_gain >= 0:
-                state.pause = FIRST_PAUSE
-            else:
-                state.resume_at = seq.num_output_tokens + state.pause * max(num_decoding, 1)
-                state.pause = min(2 * state.pause, MAX_PAUSE)
-            state.window_steps, state.window_gain = 0, 0.0
+        if state.balance < -LOSS_STEPS * unit:
+            state.resume_at = seq.num_output_tokens + state.pause * b
+            state.pause = min(2 * state.pause, MAX_PAUSE)
+            state.balance = 0.0
+        elif state.balance >= CREDIT_STEPS * unit:  # clearly paying: the back-off starts over
+            state.pause = FIRST_PAUSE

@@ -80,12 +80,24 @@ def test_copy_heavy_keeps_speculating_and_non_copying_stops():
     assert steps >= 2000 // 5 - 1 and copying.accepted == copying.proposed  # never paused
     never = SpecDecoder(config, 4096, DEAR)
     steps = _run(never, accept=lambda k: 0)
-    # WINDOW verify steps per probe; pauses of 16, 32, ... 512 tokens, then 512 each
+    # LOSS_STEPS + 1 verify steps per probe; pauses of 16, 32, ... 512 tokens, then 512 each
     probes = 1 + 5 + 2000 // controller.MAX_PAUSE
-    assert steps <= controller.WINDOW * probes
+    per_probe = controller.LOSS_STEPS + 1
+    assert steps <= per_probe * probes
     # half of the tokens accepted: pays when verifying is cheap, not when it is dear
     assert _run(SpecDecoder(config, 4096, CHEAP), accept=lambda k: k // 2) > 300
-    assert _run(SpecDecoder(config, 4096, DEAR), accept=lambda k: k // 2) <= controller.WINDOW * probes
+    assert _run(SpecDecoder(config, 4096, DEAR), accept=lambda k: k // 2) <= 3 * per_probe * probes
+
+
+def test_a_copying_sequence_rides_over_a_miss():
+    spec = SpecDecoder(EngineConfig(speculative="ngram"), 4096, DEAR)
+    seq = Sequence("r", [1, 2, 3, 4] * 4, SamplingParams(max_tokens=4096), 0)
+    for accepted in (4, 4, 4, 0, 4, 4, 0, 4):
+        spec.record(seq, 4, accepted)
+    assert seq.spec.resume_at == 0  # banked credit covered each miss
+    for _ in range(controller.CREDIT_STEPS + controller.LOSS_STEPS + 1):
+        spec.record(seq, 4, 0)  # the copy ends: credit spent, then the loss limit
+    assert seq.spec.resume_at > 0
 
 
 def test_engine_feeds_its_step_costs_to_the_controller(tiny_llama):
