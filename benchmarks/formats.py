@@ -103,6 +103,7 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     prefill = _timed_steps(engine, _prompts(1, prefill_len, vocab, seed + 3), 1)
     model = engine.runner.model
     return {"scheme": scheme, "load_seconds": load_s,
+            "linear_dispatch": engine.runner.linear_paths,  # C kernel or torch per shape and rows
             "kv_cache_dtype": str(engine.runner.kv_cache.dtype).removeprefix("torch."),
             "linears": scheme_counts(engine.runner.quant_plan),
             "weight_bytes_per_decode_step": model.weight_bytes_per_token(),
@@ -113,8 +114,7 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
             "resident_bytes": sum(t.numel() * t.element_size() for t in model.resident_tensors()),
             "batch1_decode_tokens_per_s": _decode_tokens_per_s(one, 1),
             "batch32_decode_tokens_per_s": _decode_tokens_per_s(many, 32),
-            "prefill_tokens": prefill_len, "prefill512_tokens_per_s": prefill_len / prefill[0][0],
-            "linear_dispatch": engine.runner.linear_paths}
+            "prefill_tokens": prefill_len, "prefill512_tokens_per_s": prefill_len / prefill[0][0]}
 
 
 def run_formats(args, schemes: list[str]) -> dict:
