@@ -102,7 +102,9 @@ def run(args) -> int:
               "num_kv_blocks": engine.block_manager.num_blocks,
               "kv_cache_dtype": str(engine.runner.kv_cache.dtype).removeprefix("torch."),
               "kernels_backend": _backend(engine),
-              "cuda_graphs": engine.runner.decode_graphs is not None}
+              "cuda_graphs": engine.runner.decode_graphs is not None,
+              # C kernel or torch per (format, in x out, rows bucket): None without C-layout linears
+              "linear_dispatch": engine.runner.linear_paths}
     # warm-up outside the timed region: first-call allocations, and on a GPU the Triton
     # compiles of batched prefill/decode variants (seen: they cost seconds inside the timing)
     engine.generate(prompt_token_ids=[p[:n] for (p, _), n in zip(reqs[:3], (32, 17, 200))],
@@ -269,6 +271,10 @@ def _print(r: dict) -> None:
     if e["decode_flops_per_s"]:
         print(f"decode at batch {e['decode_batch']}: {e['decode_step_seconds'] * 1e3:.1f} ms/step, "
               f"{r['decode_roofline_fraction']:.0%} of matmul roofline at m={r['concurrency']}")
+    if r["linear_dispatch"]:
+        from graft.serving.models.linear_paths import describe
+
+        print(f"C-layout linears: {describe(r['linear_dispatch'])}")
     if "hf" in r:
         h = r["hf"]
         print(f"hf generate: {h['output_tokens_per_s']:.1f} tok/s in {h['seconds']:.1f}s; "

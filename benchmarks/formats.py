@@ -104,6 +104,7 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     prefill = _timed_steps(engine, _prompts(1, prefill_len, vocab, seed + 3), 1)
     model = engine.runner.model
     return {"scheme": scheme, "load_seconds": load_s,
+            "linear_dispatch": engine.runner.linear_paths,  # C kernel or torch per shape and rows
             "kv_cache_dtype": str(engine.runner.kv_cache.dtype).removeprefix("torch."),
             "linears": scheme_counts(engine.runner.quant_plan),
             "weight_bytes_per_decode_step": model.weight_bytes_per_token(),

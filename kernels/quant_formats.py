@@ -79,8 +79,10 @@ class QuantizedWeight:
             n, k = self._qweight.shape
             self.shape = (n, k * 2) if self.scheme.kind == "int4" else (n, k)
 
-    def _canonical(self) -> tuple:
+    def _canonical(self, keep: bool = True) -> tuple:
         if self._qweight is None:
+            if not keep:  # rebuilt for one use: the backend layout stays the only copy
+                return self._restore()
             self._qweight, self._scales, self._mins = self._restore()
             self._restore = None
         return self._qweight, self._scales, self._mins
@@ -116,17 +118,19 @@ class QuantizedWeight:
         layouts = [sum(t.numel() * t.element_size() for t in p.tensors()) for p in self.packed.values()]
         return min(layouts) if layouts else self.nbytes()
 
-    def dequantize(self) -> torch.Tensor:
-        """fp32 [N, K]: the weight every kernel of this scheme multiplies by."""
+    def dequantize(self, keep: bool = True) -> torch.Tensor:
+        """fp32 [N, K]: the weight every kernel of this scheme multiplies by. keep=False:
+        canonical tensors rebuilt from a backend layout are not kept (one call's use)."""
+        qweight, scales, mins = self._canonical(keep)
         kind = self.scheme.kind
         if kind in ("fp32", "bf16"):
-            return self.qweight.float()
+            return qweight.float()
         if kind == "int8":
-            return self.qweight.float() * self.scales.float()[:, None]
-        q = unpack_int4(self.qweight).float()  # [N, K]
+            return qweight.float() * scales.float()[:, None]
+        q = unpack_int4(qweight).float()  # [N, K]
         g = self.scheme.group_size
-        s = self.scales.float().repeat_interleave(g, dim=1)
-        lo = self.mins.float().repeat_interleave(g, dim=1)
+        s = scales.float().repeat_interleave(g, dim=1)
+        lo = mins.float().repeat_interleave(g, dim=1)
         return q * s + lo
 
 

@@ -14,6 +14,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # auto: the activations' dtype; int8: one fp32 scale per cached token and KV head
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 SPECULATIVE_MODES = ("off", "ngram", "suffix")
+LINEAR_DISPATCH_MODES = ("measure", "cached", "c", "torch")  # = graft.kernels.linear_dispatch.MODES
 QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | "
                      "int4-g32/-g64/-g128, or a quant.json per module (graft quantize); none: "
                      "the torch linears; default: fp32 on the C kernels on CPU in fp32, else none")
@@ -67,6 +68,12 @@ class EngineConfig:
     # a scheme name, a quant.json path, the JSON as a dict, "none" (the torch linears), or None:
     # fp32 on the C kernels on CPU in fp32, else none (see model_runner.default_quantization)
     quantization: str | dict | None = option(None, QUANTIZATION_HELP, metavar="SCHEME|quant.json")
+    linear_dispatch: str | None = option(
+        None, "CPU linears held in the C layout (quantized, or fp32 by default): which path runs "
+        "a call of R rows, the C kernel or torch over the dequantized weight. measure = time "
+        "both now for this model's shapes; cached = this machine's timings (~/.cache/graft/"
+        "kernels), timing what is missing for up to 2 s per load; c | torch = always that path "
+        "(default: $GRAFT_LINEAR_DISPATCH, else cached)", LINEAR_DISPATCH_MODES)
     speculative: str = option(
         "off", "speculative decoding default (a request may override it): ngram = prompt lookup "
         "over the request's own tokens; suffix = that, or what recent requests' outputs "
@@ -89,6 +96,9 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise GraftConfigError(
                     f"EngineConfig.{name} must be a positive int or None, got {value!r}")
+        if self.linear_dispatch is not None and self.linear_dispatch not in LINEAR_DISPATCH_MODES:
+            raise GraftConfigError(f"EngineConfig.linear_dispatch must be one of "
+                                   f"{LINEAR_DISPATCH_MODES} or None, got {self.linear_dispatch!r}")
         for name, allowed in (("speculative", SPECULATIVE_MODES), ("dtype", DTYPES),
                               ("kv_cache_dtype", KV_CACHE_DTYPES)):
             if getattr(self, name) not in allowed:

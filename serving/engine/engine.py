@@ -46,8 +46,10 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
-        # always present: a request may turn speculation on while the engine default is off
-        self.spec = self.scheduler.spec = SpecDecoder(self.config, self.max_model_len)
+        self.cost = StepCostModel()  # every step this engine runs is recorded in it
+        # always present: a request may turn speculation on while the engine default is off;
+        # it weighs acceptance against the measured cost of verify steps
+        self.spec = self.scheduler.spec = SpecDecoder(self.config, self.max_model_len, self.cost)
         if tokenizer is None and grafts is not None:
             tokenizer = grafts.tokenizer
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.model_dir)
@@ -62,7 +64,6 @@ class Engine:
         self._pending: list[RequestOutput] = []  # finished at admission (bad input)
         self._order = itertools.count()
         self._gen_ids = itertools.count()
-        self.cost = StepCostModel()  # every step this engine runs is recorded in it
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None,
@@ -199,9 +200,10 @@ class Engine:
             self.block_manager.commit(seq)
         now = time.monotonic()
         decoding = batch.num_decodes + sum(1 for s in batch.seqs if s.spec_tokens)
+        proposals = sum(len(s.spec_tokens) for s in batch.seqs)
         for seq, toks, lps in zip(sampling, tokens, logprobs):
             try:
-                self._append_tokens(seq, toks, lps, now, decoding)
+                self._append_tokens(seq, toks, lps, now, decoding, proposals)
             except Exception as err:  # noqa: BLE001 - e.g. detokenizing; this request only
                 self._fail(seq, err)
             outputs.append(make_output(seq, final=seq.is_finished))
@@ -264,9 +266,10 @@ class Engine:
         return sample_step(self.sampler, logits, sampling)
 
     def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list, now: float,
-                       decoding: int = 1) -> None:
+                       decoding: int = 1, proposals: int = 0) -> None:
         """Append a step's tokens; after a verify step, drop the rejected proposals' KV
-        (`decoding`: sequences that decoded in this step, for the adaptive rule)."""
+        (`decoding`: sequences that decoded in this step, `proposals`: the tokens all of them
+        proposed, for the adaptive rule)."""
         draft, seq.spec_tokens = seq.spec_tokens, []
         for j, (token, lp) in enumerate(zip(tokens, logprobs)):
             self._append_token(seq, token, lp, now)
@@ -275,7 +278,7 @@ class Engine:
             if j < len(tokens) - 1:  # an accepted proposal: its KV was computed this step
                 seq.num_computed_tokens += 1
         if draft:
-            self.spec.record(seq, len(draft), len(tokens) - 1, decoding)
+            self.spec.record(seq, len(draft), len(tokens) - 1, decoding, proposals)
             if not seq.is_finished:
                 self.block_manager.rollback(seq)
                 self.block_manager.commit(seq)
@@ -312,7 +315,8 @@ class Engine:
 
     def _record_timing(self, batch, seconds: float) -> None:
         decodes = batch.num_decodes  # one-token rows; prefill chunks and verify rows are tokens
-        self.cost.observe_step(batch.total_tokens - decodes, decodes, seconds)
+        verify_rows = sum(n for s, n in zip(batch.seqs, batch.num_tokens) if s.spec_tokens)
+        self.cost.observe_step(batch.total_tokens - decodes, decodes, seconds, verify_rows)
 
     def kv_usage(self) -> tuple[int, int]:
         """(KV blocks in use, blocks in the pool); safe to read beside the engine thread."""

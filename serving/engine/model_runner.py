@@ -15,9 +15,12 @@ import torch
 
 from graft.errors import GraftConfigError
 from graft.kernels import cpu_linear, cpu_ops, cpu_quant, huge_pages, rope_cos_sin
+from graft.kernels.dispatch import kernels_mode
+from graft.kernels.linear_dispatch import resolve_mode
 from graft.serving.engine.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
+from graft.serving.models.linear_paths import plan_linear_paths
 from graft.serving.models.quant_config import QuantConfig, linear_shapes
 from graft.serving.engine.scheduler import ScheduledBatch
 from graft.serving.engine.sequence import Sequence
@@ -40,8 +43,6 @@ def default_quantization(config: EngineConfig, device: torch.device) -> str | No
     batch 1, batch 32 and prefill, and all-decode steps run as one C call); else (GPU, other
     dtypes, GRAFT_KERNELS=reference, a CPU without AVX-512, where the C fp32 linear was not
     measured against MKL's) the model's own linears."""
-    from graft.kernels.dispatch import kernels_mode
-
     if (device.type == "cpu" and config.dtype == "float32" and kernels_mode() in ("auto", "cpu")
             and cpu_ops.available() and cpu_quant.isa().startswith("avx512")):
         return "fp32"
@@ -82,6 +83,10 @@ class ModelRunner:
                 cpu_quant.gather_on_huge_pages(model.quantized_weights())
             log.info("weights: %s (%s; quantized linears on %s)", quant.describe(self.quant_plan),
                      quant.source, quant_backend(self.device))
+        self.linear_paths = None  # what plan_linear_paths chose, when linears are in the C layout
+        if self.quant_plan and self.device.type == "cpu" and kernels_mode() in ("auto", "cpu"):
+            self.linear_paths = plan_linear_paths(
+                model, resolve_mode(config.linear_dispatch), self.dtype)
         if self.device.type == "cpu" and cpu_linear.enabled(self.dtype):
             model.prepack_linears()
         self.model = model.eval()

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from graft.kernels import (apply_rotary, paged_attention_decode, paged_attention_prefill,
                            quant_linear, rms_norm, silu_mul, store_kv)
 from graft.kernels.cpu_linear import pack_weight, packed_linear
+from graft.kernels.linear_dispatch import bucket, torch_linear
 from graft.kernels.quant_formats import QuantizedWeight, QuantScheme, quantize
 
 
@@ -47,6 +48,9 @@ class Linear(nn.Linear):
 
     prepacked: torch.Tensor | None = None
     quantized: QuantizedWeight | None = None
+    # row buckets whose calls run the torch path over the quantized weight, not the C kernel
+    # (graft.kernels.linear_dispatch: measured on this machine at engine load)
+    torch_buckets: frozenset = frozenset()
 
     def prepack(self) -> None:
         if self.quantized is None:
@@ -62,6 +66,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
+            if self.torch_buckets and bucket(x.numel() // self.in_features) in self.torch_buckets:
+                return torch_linear(x, self.quantized, self.bias)
             return quant_linear(x, self.quantized, self.bias)
         if self.prepacked is not None:
             return packed_linear(x, self.prepacked, self.bias)

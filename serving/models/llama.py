@@ -114,7 +114,10 @@ class CausalLM(nn.Module):
             if name == "lm_head" and self.lm_head is None:
                 self.head_quantized = weight
             else:
-                self.get_submodule(name).quantized = weight
+                module = self.get_submodule(name)
+                # the measured choice of path was for the old format: the C kernels until a
+                # new plan_linear_paths (graft.serving.models.linear_paths)
+                module.quantized, module.torch_buckets = weight, frozenset()
         if weights and fused:
             cpu_quant.gather_on_huge_pages([w for w in weights.values() if w is not None])
             self.enable_fused_decode()

@@ -3,18 +3,26 @@
 import json
 
 import pytest
+import torch
 
 from graft.cli import main
+from graft.kernels import cpu_ops
+from graft.serving import EngineConfig
+from graft.serving.engine.model_runner import default_quantization
 
 
 def test_bench_engine_cli(tiny_llama, tmp_path):
     out = tmp_path / "bench.json"
     rc = main(["bench", "engine", str(tiny_llama), "--num-requests", "5", "--concurrency", "4",
                "--input-len", "8", "40", "--output-len", "2", "9", "--kv-cache-dtype", "int8",
-               "--out", str(out)])
+               "--linear-dispatch", "torch", "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
     assert result["kv_cache_dtype"] == "int8"
+    if default_quantization(EngineConfig(), torch.device("cpu")) == "fp32":
+        # fp32 in the C layout by default (an AVX-512 CPU): the flag's path is recorded
+        dispatch = result["linear_dispatch"]
+        assert dispatch["mode"] == "torch" and set(dispatch["choices"].values()) == {"torch"}
     engine, hf = result["engine"], result["hf"]
     assert engine["output_tokens"] == hf["output_tokens"] > 0
     assert result["throughput_ratio"] > 0 and 0 < result["engine_roofline_fraction"]
@@ -39,6 +47,9 @@ def test_bench_engine_formats(tiny_llama, tmp_path, capsys):
             f["batch1_decode_tokens_per_s"] * f["weight_bytes_per_decode_step"]
             / f["read_bandwidth_bytes_per_s"])  # against the bandwidth read around its own run
     assert int8["batch1_decode_vs_base"] > 0 and result["formats"]["none"]["linears"] == {}
+    assert result["formats"]["none"]["linear_dispatch"] is None  # no C-layout linears
+    if cpu_ops.available():
+        assert int8["linear_dispatch"]["mode"] == "c"  # tests pin GRAFT_LINEAR_DISPATCH=c
     assert "int4" in capsys.readouterr().out
 
 

@@ -9,22 +9,39 @@ from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.sequence import Sequence
 from graft.serving.engine.spec_decode.ngram import NgramProposer
 from graft.serving.engine.spec_decode.suffix import SuffixIndex
+from graft.serving.engine.step_cost import StepCostModel
 
-# adaptive rule: a verify step costs more than a plain decode step (measured on CPU with
-# SmolLM2-135M: ~1.3x at batch 1; at batch 8 one verifying sequence makes the whole step
-# ~1.5x), while it gains only that sequence's accepted tokens. So every WINDOW verify steps a
-# sequence must have accepted at least MIN_ACCEPTED_PER_STEP tokens per step, times the
-# number of sequences decoding in the step (capped at 0.75 k), or it pauses speculation for
-# `pause` output tokens times that number of sequences (the pause doubling each time, up to
-# MAX_PAUSE): a non-copying answer pays for a few failed verify steps, then decodes plainly;
-# in a batch every verify step slows all its sequences, so probing again is rarer there
-WINDOW = 4
-MIN_ACCEPTED_PER_STEP = 0.5
+# adaptive rule: a verify step costs more than a plain decode step (on CPU a plain step is
+# one C call, a verify step runs op by op, and every proposed token is a row through every
+# linear), and in a batch it slows every sequence of the step while only the verifying ones
+# gain. So each verify step is weighed with the step costs the engine measured
+# (graft.serving.engine.step_cost): its extra seconds over a plain step of the b decoding
+# sequences, shared among the verifying ones by their proposed tokens, against the seconds
+# plain decoding would have spent on the accepted tokens (plain_seconds(b) / b each). A
+# sequence keeps a balance of these seconds, in units of what one failed verify step alone
+# costs it: at most CREDIT_STEPS banked (a copying answer rides over a miss or two), and
+# below -LOSS_STEPS it pauses speculation for `pause` output tokens times b (the pause
+# doubling each time, up to MAX_PAUSE), then probes again from a zero balance: a
+# non-copying answer pays for LOSS_STEPS + 1 failed verify steps per probe, then decodes
+# plainly. In a batch each probe slows every sequence of its steps, so probes are short
+LOSS_STEPS = 1
+CREDIT_STEPS = 2
 FIRST_PAUSE, MAX_PAUSE = 16, 512
-# proposal length: every proposed token is a row through every linear (on CPU a verify step
-# of 1 + k tokens costs more with k), so a sequence proposes at most one token more than it
-# has been accepting lately (a moving average, EMA weight on the newest step)
+# proposal length: a sequence proposes at most one token more than it has been accepting
+# lately (a moving average, EMA weight on the newest step): unaccepted rows cost time
 EMA = 0.5
+
+
+def speculation_gain(accepted: int, proposed: int, decoding: int, step_proposals: int,
+                     cost: StepCostModel) -> float:
+    """Seconds one sequence's speculation saved in a verify step (negative: lost): its
+    `accepted` tokens at plain decoding's seconds per token, minus its share (`proposed` of
+    the step's `step_proposals`) of the step's extra seconds over a plain step of the
+    `decoding` sequences."""
+    b = max(decoding, 1)
+    plain = cost.decode_step_seconds(b, verifying=False)
+    extra = cost.decode_step_seconds(b + step_proposals, verifying=True) - plain
+    return accepted * plain / b - extra * proposed / max(step_proposals, proposed, 1)
 
 
 @dataclass
@@ -34,16 +51,18 @@ class SpecState:
     proposed: int = 0  # tokens proposed over the whole request
     accepted: int = 0  # of them accepted
     steps: int = 0  # verify steps
-    window_steps: int = 0  # since the last adaptive decision
-    window_accepted: int = 0
+    balance: float = 0.0  # seconds speculation saved (speculation_gain) since the last pause
     resume_at: int = 0  # output token count from which speculation may resume
     pause: int = FIRST_PAUSE
     recent_accepted: float = float("inf")  # moving average of accepted tokens per verify step
 
 
 class SpecDecoder:
-    def __init__(self, config: EngineConfig, max_model_len: int):
+    def __init__(self, config: EngineConfig, max_model_len: int,
+                 cost: StepCostModel | None = None):
         self.default = config.speculative
+        # the engine's measured step costs (its own model, on the priors, when none is given)
+        self.cost = cost if cost is not None else StepCostModel()
         self.max_model_len = max_model_len
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max, config.num_speculative_tokens)
         self._config = config
@@ -102,25 +121,27 @@ class SpecDecoder:
         negative = [i for i, t in enumerate(tokens) if t < 0]
         table.add(tokens[negative[-1] + 1:] if negative else tokens)
 
-    def record(self, seq: Sequence, proposed: int, accepted: int, num_decoding: int = 1) -> None:
+    def record(self, seq: Sequence, proposed: int, accepted: int, num_decoding: int = 1,
+               step_proposals: int | None = None) -> None:
         """A verify step of seq proposed `proposed` tokens and `accepted` matched, in a step
-        where `num_decoding` sequences decoded (seq included)."""
+        where `num_decoding` sequences decoded (seq included) and proposed `step_proposals`
+        tokens in all (default: seq's alone)."""
         state = seq.spec = seq.spec or SpecState()
         state.proposed += proposed
         state.accepted += accepted
         state.steps += 1
-        state.window_steps += 1
-        state.window_accepted += accepted
+        b, step_proposals = max(num_decoding, 1), proposed if step_proposals is None else step_proposals
+        unit = max(-speculation_gain(0, proposed, b, proposed, self.cost), 1e-9)  # a solo miss
+        gain = speculation_gain(accepted, proposed, b, step_proposals, self.cost)
+        state.balance = min(state.balance + gain, CREDIT_STEPS * unit)
         state.recent_accepted = (accepted if state.steps == 1 else
                                  (1 - EMA) * state.recent_accepted + EMA * accepted)
         self.proposed += proposed
         self.accepted += accepted
         self.steps += 1
-        if state.window_steps >= WINDOW:
-            need = min(MIN_ACCEPTED_PER_STEP * max(num_decoding, 1), 0.75 * self.ngram.num_tokens)
-            if state.window_accepted < need * state.window_steps:
-                state.resume_at = seq.num_output_tokens + state.pause * max(num_decoding, 1)
-                state.pause = min(2 * state.pause, MAX_PAUSE)
-            else:
-                state.pause = FIRST_PAUSE
-            state.window_steps = state.window_accepted = 0
+        if state.balance < -LOSS_STEPS * unit:
+            state.resume_at = seq.num_output_tokens + state.pause * b
+            state.pause = min(2 * state.pause, MAX_PAUSE)
+            state.balance = 0.0
+        elif state.balance >= CREDIT_STEPS * unit:  # clearly paying: the back-off starts over
+            state.pause = FIRST_PAUSE
