@@ -105,6 +105,12 @@ def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,
         return outs
 
     engine.step = timed_step
+    observe = engine.cost.observe_step
+    if isinstance(clock, StepClock):  # the engine's cost model gets the clock's step time too:
+        # the speculation controller weighs verify steps by it (else the result would
+        # depend on this machine's speed after all)
+        engine.cost.observe_step = lambda prefill, decodes, _seconds, verify_rows=0: observe(
+            prefill, decodes, clock.step_s, verify_rows)
     try:
         start, i, idle = clock.now(), 0, 0
         while i < len(records) or ctx.worker.pending or engine.has_unfinished_requests():
@@ -130,7 +136,7 @@ def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,
             elif i < len(records):
                 clock.wait_until(start + due[i])
     finally:
-        engine.step = step
+        engine.step, engine.cost.observe_step = step, observe
     return summarize(outcomes, clock.now() - start, steps[0], busy)
 
 
