@@ -149,9 +149,8 @@ def check_text_length(ctx, chars: int, param: str = "messages") -> None:
     of context.prompt_char_bound), before the tokenizer spends seconds on megabytes."""
     if ctx.max_prompt_chars is not None and chars > ctx.max_prompt_chars:
         raise P.APIError(
-            f"the {param} hold{'s' if param == 'prompt' else ''} {chars} characters, more than "
-            f"fit in the model's context of {ctx.max_model_len} tokens (at most "
-            f"{ctx.max_prompt_chars} characters); shorten {'it' if param == 'prompt' else 'them'}",
+            f"the {param} text is {chars} characters, more than fit in the model's context of "
+            f"{ctx.max_model_len} tokens (at most {ctx.max_prompt_chars} characters); shorten it",
             param=param, code="context_length_exceeded")
 
 
