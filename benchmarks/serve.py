@@ -3,7 +3,8 @@
 Poisson arrivals at --rate (or a fixed --concurrency), text and image requests (with a
 repeat ratio that exercises the encoder cache); reports TTFT/TPOT/ITL percentiles,
 throughput, goodput under SLOs and the 429 rate, plus an encoder-cache hit-vs-miss probe.
-With --chaos, a soak by misbehaving clients instead (serve_chaos.py).
+With --trace, a recorded or synthetic trace's requests at its arrival gaps instead
+(serve_trace.py); with --chaos, a soak by misbehaving clients (serve_chaos.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ _seconds = number_in(float, low=0.0, low_open=True)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
-    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests to send (default: 64, or every record of --trace)")
     p.add_argument("--rate", type=float, default=0.0,
                    help="Poisson arrival rate in requests/s (0: use --concurrency)")
     p.add_argument("--concurrency", type=int, default=8, help="closed-loop clients when rate=0")
@@ -44,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-tpot-ms", type=float, default=500.0, help="goodput: TPOT bound")
     p.add_argument("--cache-probe", type=int, default=3,
                    help="pairs of (new image, same image again) sent alone first; 0 skips")
+    p.add_argument("--trace", default=None, metavar="TRACE",
+                   help="send this trace's requests (graft serve --trace, graft tune synth) at "
+                        "its arrival gaps, each forced to its recorded output length, instead "
+                        "of the generated workload")
+    p.add_argument("--speed", type=_seconds, default=1.0,
+                   help="--trace: divide the arrival gaps by this (2: twice the load)")
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--out", default=None, help="write the JSON report here")
     p.add_argument("--chaos", action="store_true",
@@ -184,26 +192,35 @@ async def run_load(args: argparse.Namespace) -> dict:
     import httpx
 
     url = args.url.rstrip("/")
+    records = _trace_records(args) if args.trace else None  # a bad trace fails before any send
     async with httpx.AsyncClient(timeout=args.timeout_s) as client:
         model = args.model
         if model is None:
             model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
         work = Workload(args)
         probe = await cache_probe(client, url, model, work, args.cache_probe) \
-            if args.cache_probe and args.image_ratio > 0 else None
-        bodies = [work.body(model) for _ in range(args.num_requests)]
-        start = time.perf_counter()
-        if args.rate > 0:
-            t, tasks = 0.0, []
+            if args.cache_probe and args.image_ratio > 0 and not args.trace else None
+        if records is not None:
+            from graft.benchmarks.serve_trace import trace_workload
+
+            schedule = trace_workload(records, model, args.speed, args.seed)
+        else:
+            bodies = [work.body(model) for _ in range(args.num_requests or 64)]
+            schedule, t = [], 0.0
             for body, has_image in bodies:
-                t += work.rng.expovariate(args.rate)
-                delay = start + t - time.perf_counter()
+                t += work.rng.expovariate(args.rate) if args.rate > 0 else 0.0
+                schedule.append((t, body, has_image))
+        start = time.perf_counter()
+        if args.trace or args.rate > 0:
+            tasks = []
+            for due, body, has_image in schedule:
+                delay = start + due - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 tasks.append(asyncio.create_task(send(client, url, body, has_image)))
             results = await asyncio.gather(*tasks)
         else:
-            it = iter(bodies)
+            it = ((body, has_image) for _, body, has_image in schedule)
             results = []
 
             async def worker():
@@ -213,6 +230,13 @@ async def run_load(args: argparse.Namespace) -> dict:
             await asyncio.gather(*(worker() for _ in range(max(1, args.concurrency))))
         duration = time.perf_counter() - start
     return summarize(args, list(results), duration, probe, model)
+
+
+def _trace_records(args) -> list:
+    from graft.tune.trace import read_trace
+
+    records = sorted(read_trace(args.trace), key=lambda r: r.arrival)
+    return records[:args.num_requests] if args.num_requests else records
 
 
 def summarize(args, results: list[Result], duration: float, probe: dict | None,

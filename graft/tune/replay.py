@@ -197,16 +197,12 @@ def _shaped_messages(ctx, record: TraceRecord, rng: random.Random) -> list[dict]
     """A chat of the recorded shape for a record without content: random tokens of about the
     recorded prompt length, and a stand-in image per recorded one, the same stand-in for the
     same sha256 (so the encoder cache sees the trace's repeats)."""
-    from graft.tune.synth import random_image
+    from graft.tune.synth import stand_in_images
 
     image_tokens = sum(im.tokens or 0 for im in record.images)
     n = max(1, record.prompt_tokens - image_tokens - 8)  # ~8: the chat template's own tokens
     vocab = len(ctx.tokenizer)
     text = ctx.tokenizer.decode([rng.randrange(vocab) for _ in range(n)],
                                 skip_special_tokens=True)
-    parts: list[dict] = []
-    for im in record.images:
-        url, _ = random_image(int(im.sha256[:16], 16), im.width, im.height)
-        parts.append({"type": "image_url", "image_url": {"url": url}})
-    parts.append({"type": "text", "text": text or "hello"})
+    parts = stand_in_images(record.images) + [{"type": "text", "text": text or "hello"}]
     return [{"role": "user", "content": parts}]

@@ -91,6 +91,14 @@ def _image(rng: random.Random, size: int) -> tuple[str, dict]:
     return url, {"width": size, "height": size, "sha256": pixel_hash(image), "tokens": None}
 
 
+def stand_in_images(images) -> list[dict]:
+    """Chat image parts for trace images without content: seeded random pixels of each one's
+    size, the same picture for the same sha256 (so the encoder cache sees the repeats)."""
+    return [{"type": "image_url",
+             "image_url": {"url": random_image(int(im.sha256[:16], 16), im.width, im.height)[0]}}
+            for im in images]
+
+
 def random_image(seed: int, width: int, height: int):
     """(data URL, PIL image) of seeded random pixels: same seed and size, same picture."""
     import numpy as np
