@@ -22,6 +22,10 @@
 
 int graft_quant_avx2(void) { return GRAFT_QUANT_AVX2; }
 
+int graft_quant_int8_avx2(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                          const float *scale, const float *bias, float *y, int64_t ldy,
+                          int64_t N, int64_t NB, int nthreads); /* quant_avx2_int8_cpu.c */
+
 #if GRAFT_QUANT_AVX2
 enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2, KIND_F32 = 3 };
 #define MR_MAX 3
@@ -162,6 +166,8 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
                             const uint16_t *mins4, int64_t group, const float *bias, float *y,
                             int64_t ldy, int64_t N, int64_t NB, int nthreads) {
 #if GRAFT_QUANT_AVX2
+    if (kind == KIND_INT8)
+        return graft_quant_int8_avx2(x, ldx, M, K, w, scale8, bias, y, ldy, N, NB, nthreads);
     const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K;
     const int64_t bytes = kind == KIND_F32 ? KP * 64 : kind == KIND_BF16 ? (KP + 1) / 2 * 64
                         : kind == KIND_INT8 ? KP * 16 : KP * 8; /* per 16-lane block */
