@@ -17,6 +17,8 @@ import argparse
 import sys
 import time
 
+from graft.errors import GraftConfigError
+
 DEFAULT_SHAPES = "1024x512,512x1024,576x1536,1536x576"  # out x in: MoE experts, SmolLM2 MLP
 
 
@@ -43,7 +45,7 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
     for item in text.split(","):
         out, sep, inp = item.strip().lower().partition("x")
         if not (sep and out.isdigit() and inp.isdigit() and int(out) > 0 and int(inp) > 0):
-            raise SystemExit(f"--shapes: {item!r} is not OUTxIN (e.g. 1024x512)")
+            raise GraftConfigError(f"--shapes: {item!r} is not OUTxIN (e.g. 1024x512)")
         shapes.append((int(out), int(inp)))
     return shapes
 
@@ -127,7 +129,8 @@ def _baseline(path: str | None):
         lib = ctypes.CDLL(path)
         bind(lib)
     except (OSError, AttributeError) as err:
-        raise SystemExit(f"--baseline-lib: cannot use {path}: {err}") from None
+        raise GraftConfigError(f"--baseline-lib: cannot use {path}: {err}; give a .so of "
+                               "graft's C kernels (kernels/csrc built with cpu_ops.CFLAGS)") from None
     return lib
 
 
@@ -137,23 +140,31 @@ def run(args) -> int:
     import torch
 
     from graft.kernels import cpu_ops, cpu_quant
-    from graft.kernels.quant_formats import QuantSchemeError
+    from graft.kernels.quant_formats import QuantScheme, QuantSchemeError
 
     if not cpu_ops.available():
         print("linear-micro: the C kernels are not available on this machine (no C compiler)")
         return 1
     torch.set_num_threads(1)
     shapes = _parse_shapes(args.shapes)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    for fmt in formats:
+        try:
+            QuantScheme.parse(fmt, "--formats")
+        except QuantSchemeError as err:
+            raise GraftConfigError(str(err)) from None
     rows = [int(r) for r in args.rows.split(",") if r.strip()]
     lib = cpu_ops._lib()
     baseline = _baseline(args.baseline_lib)
     gen = torch.Generator().manual_seed(0)
+    if args.isa and args.isa not in cpu_quant.ISA_NAMES:
+        raise GraftConfigError(f"--isa: {args.isa!r} is not one of {', '.join(cpu_quant.ISA_NAMES)}")
     capped = cpu_quant.isa_capped(args.isa) if args.isa else contextlib.nullcontext()
     results = []
     with capped, torch.inference_mode():
         path = cpu_quant.isa()
         print(f"C path: {path}, 1 thread, {'cold (from memory)' if args.cold else 'cache-hot'}")
-        for fmt in [f.strip() for f in args.formats.split(",") if f.strip()]:
+        for fmt in formats:
             for out, inp in shapes:
                 for m in rows:
                     try:
