@@ -32,7 +32,6 @@
 enum { KIND_INT8 = 0, KIND_INT4 = 1 };
 #define ROWS 4 /* rows of a one-block tile */
 
-
 #if INT_AVX2
 /* shuffle mask of column t: byte t of each 32-bit word to byte `at` of the word, zeros
  * elsewhere (at = 3 keeps int8's sign; int4's high nibble, 16 q, needs at = 2 to stay positive) */
