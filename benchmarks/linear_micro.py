@@ -187,7 +187,7 @@ def run(args) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(prog="python -m graft.benchmarks.linear_micro", description=__doc__)
-    add_arguments(_parser)
-    sys.exit(run(_parser.parse_args()))
+if __name__ == "__main__":  # the CLI's parser and its one-line config errors
+    from graft.cli import main
+
+    sys.exit(main(["bench", "linear-micro", *sys.argv[1:]]))

@@ -1,7 +1,7 @@
 /* Weight-only linears on AVX2 + FMA (CPUs without AVX-512, and int8/int4 on AVX-512 CPUs
  * without VNNI): y[M, N] = x[M, K] @ dequant(W)^T + bias. fp32 and bf16 here, in the layouts
  * of quant_linear_cpu.c: a block's 64-byte steps are 128 bytes apart, its pair's other block
- * in between. int8 and int4 run in quant_avx2_int_cpu.c.
+ * in between. int8 and int4 on AVX2 are quant_avx2_int_cpu.c.
  *
  * Each weight is widened to fp32 exactly in registers and multiplied with one FMA per row:
  * the portable loop's fp32 products, summed in another order. A 16-lane block is two 8-lane
@@ -21,13 +21,8 @@
 
 int graft_quant_avx2(void) { return GRAFT_QUANT_AVX2; }
 
-int graft_quant_int_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
-                         const void *w, const float *scale8, const uint16_t *scales4,
-                         const uint16_t *mins4, int64_t group, const float *bias, float *y,
-                         int64_t ldy, int64_t N, int64_t NB, int nthreads); /* quant_avx2_int_cpu.c */
-
 #if GRAFT_QUANT_AVX2
-enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2, KIND_F32 = 3 };
+enum { KIND_BF16 = 2, KIND_F32 = 3 }; /* quant_linear_cpu.c KIND_* */
 #define MR_MAX 3
 
 typedef struct {
@@ -106,16 +101,12 @@ static void tile(int kind, int MR, const float *x, int64_t ldx, int64_t K, const
 }
 #endif
 
-/* Same arguments as graft_quant_linear. Returns 0; 1 when this build has no AVX2 (the caller
- * runs the portable loop); -1 when the integer paths' scratch could not be allocated. */
+/* graft_quant_linear's arguments for fp32 / bf16 (no scales). Returns 0; 1 when this build
+ * has no AVX2 (the caller runs the portable loop). */
 int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
-                            const void *w, const float *scale8, const uint16_t *scales4,
-                            const uint16_t *mins4, int64_t group, const float *bias, float *y,
-                            int64_t ldy, int64_t N, int64_t NB, int nthreads) {
+                            const void *w, const float *bias, float *y, int64_t ldy, int64_t N,
+                            int64_t NB, int nthreads) {
 #if GRAFT_QUANT_AVX2
-    if (kind == KIND_INT8 || kind == KIND_INT4)
-        return graft_quant_int_avx2(kind, x, ldx, M, K, w, scale8, scales4, mins4, group, bias, y,
-                                    ldy, N, NB, nthreads);
     const int64_t bytes = kind == KIND_F32 ? K * 64 : (K + 1) / 2 * 64; /* per 16-lane block */
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (NB > 1 && nthreads > 1)
     for (int64_t b = 0; b < NB; ++b) {
@@ -129,8 +120,8 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
     }
     return 0;
 #else
-    (void)kind; (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)scale8; (void)scales4;
-    (void)mins4; (void)group; (void)bias; (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
+    (void)kind; (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy;
+    (void)N; (void)NB; (void)nthreads;
     return 1;
 #endif
 }
