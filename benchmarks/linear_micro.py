@@ -145,7 +145,6 @@ def run(args) -> int:
     if not cpu_ops.available():
         print("linear-micro: the C kernels are not available on this machine (no C compiler)")
         return 1
-    torch.set_num_threads(1)
     shapes = _parse_shapes(args.shapes)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     for fmt in formats:
