@@ -31,6 +31,7 @@ SIGNATURES: dict[str, tuple[str, list[str]]] = {
     "graft_quant_cap_isa": (VOID, [INT]),
     "graft_decode_scratch": (I64, [PTR, I64]),
     "graft_decode_layers": (I64, [PTR, I64, PTR, I64] + [PTR] * 8 + [INT]),
+    "graft_decode_attention": (I64, [PTR, PTR, I64, PTR, PTR, I64] + [PTR] * 7 + [INT]),
     "graft_moe_experts": (I64, [PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, PTR, INT]),
     "graft_argmax_rows": (VOID, [PTR, I64, I64, I64, PTR, INT]),
     "graft_decode_step_scratch": (I64, [PTR, I64]),

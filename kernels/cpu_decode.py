@@ -49,6 +49,20 @@ def decode_layers(layers, dims: Dims, h: torch.Tensor, cos: torch.Tensor, sin: t
     return residual
 
 
+def decode_attention(layer: LayerDesc, dims: Dims, h: torch.Tensor, residual: torch.Tensor,
+                     first: bool, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                     tables: torch.Tensor, lens: torch.Tensor, normed: torch.Tensor,
+                     scratch: torch.Tensor, index: int) -> None:
+    """One layer's attention half on h [T, hidden] (fp32, contiguous): the residual stream
+    updated in place (started from h when first), normed [T, hidden] written with the MLP's
+    input. index: the layer's number, for errors."""
+    bad = cpu_ops._lib().graft_decode_attention(
+        ctypes.byref(layer), ctypes.byref(dims), h.shape[0], h.data_ptr(), residual.data_ptr(),
+        int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
+        lens.data_ptr(), normed.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+    _raise_for(bad + 2 * index if bad > 0 else bad, dims, lambda: max(slots.tolist()))
+
+
 def decode_step(layers, dims: Dims, step: StepDesc, ids: list[int], positions: list[int],
                 slots: list[int], tables: list[list[int]], lens: list[int],
                 scratch: torch.Tensor) -> torch.Tensor:

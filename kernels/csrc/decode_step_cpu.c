@@ -81,10 +81,67 @@ typedef struct {
     int64_t max_pos;
 } graft_step_t;
 
-/* Scratch floats graft_decode_layers needs for `tokens` rows. */
-int64_t graft_decode_scratch(const graft_dims_t *d, int64_t tokens) {
+/* One layer's attention half, in the per-op path's order: the residual add and input norm
+ * of h (first: h is the embeddings, the residual starts as them), qkv, Qwen3's q/k norms,
+ * rotary, the KV store, paged attention, o_proj, and the post-attention norm with its
+ * residual add into normed [T, hidden] (the MLP's input). work: the scratch after normed.
+ * Returns 0, -1 (no scratch), 1 (a KV slot out of range) or 2 (a bad block table). */
+static int64_t attention_block(const graft_layer_t *L, const graft_dims_t *d, int64_t T,
+                               const float *h, float *residual, int first, const float *cos_t,
+                               const float *sin_t, const int64_t *slots, const int32_t *tables,
+                               const int32_t *lens, float *normed, float *work, int nt) {
+    const int64_t H = d->hidden, D = d->head_dim, qs = d->num_heads * D, kvs = d->num_kv_heads * D;
+    const int64_t nqkv = qs + 2 * kvs, num_slots = d->num_blocks * d->block_size;
+    float *o = work, *qkv = o + T * H, *qn = qkv + T * nqkv;
+    float *kn = qn + T * qs, *qr = kn + T * kvs, *attn = qr + T * qs, *kr = attn + T * qs;
+    if (first) { /* no residual yet: it starts as the embeddings */
+        memcpy(residual, h, sizeof(float) * (size_t)(T * H));
+        graft_rms_norm(h, H, 0, 0, L->in_norm, normed, 0, T, H, d->eps, F32, F32, nt);
+    } else {
+        graft_rms_norm(h, H, residual, H, L->in_norm, normed, residual, T, H, d->eps, F32, F32, nt);
+    }
+    if (linear(&L->qkv, normed, T, qkv, nt)) return -1;
+    const float *qsrc = qkv, *ksrc = qkv + qs;
+    int64_t qstride = nqkv, kstride = nqkv;
+    if (L->q_norm) { /* per-head RMSNorm of q and k before rotary (Qwen3) */
+        for (int64_t t = 0; t < T; ++t) {
+            graft_rms_norm(qkv + t * nqkv, D, 0, 0, L->q_norm, qn + t * qs, 0, d->num_heads, D,
+                           d->qk_eps, F32, F32, 1);
+            graft_rms_norm(qkv + t * nqkv + qs, D, 0, 0, L->k_norm, kn + t * kvs, 0,
+                           d->num_kv_heads, D, d->qk_eps, F32, F32, 1);
+        }
+        qsrc = qn, ksrc = kn, qstride = qs, kstride = kvs;
+    }
+    graft_rotary(qsrc, qstride, cos_t, sin_t, qr, T, d->num_heads, D, d->rot,
+                 (int)d->interleaved, F32, F32, nt);
+    graft_rotary(ksrc, kstride, cos_t, sin_t, kr, T, d->num_kv_heads, D, d->rot,
+                 (int)d->interleaved, F32, F32, nt);
+    const int64_t stored = d->cache_dtype == I8
+        ? graft_store_kv_i8(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, L->k_scale,
+                            L->v_scale, slots, T, d->num_kv_heads, D, num_slots)
+        : graft_store_kv(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, slots, T, kvs,
+                         num_slots, F32, (int)d->cache_dtype);
+    if (stored) return 1;
+    const int64_t bad = graft_paged_decode(qr, L->k_cache, L->v_cache, tables, lens, attn, T,
+                                           d->num_heads, d->num_kv_heads, D, d->block_size,
+                                           d->max_blocks, d->num_blocks, d->scale, L->k_scale,
+                                           L->v_scale, F32, (int)d->cache_dtype, nt);
+    if (bad) return bad < 0 ? -1 : 2;
+    if (linear(&L->o, attn, T, o, nt)) return -1;
+    graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, F32, F32, nt);
+    return 0;
+}
+
+/* Floats of the attention half's scratch (normed and work) for `tokens` rows. */
+static int64_t attention_scratch(const graft_dims_t *d, int64_t tokens) {
     const int64_t q = d->num_heads * d->head_dim, kv = d->num_kv_heads * d->head_dim;
-    return tokens * (2 * d->hidden + (q + 2 * kv) + 3 * q + 2 * kv + 3 * d->inter);
+    return tokens * (2 * d->hidden + (q + 2 * kv) + 3 * q + 2 * kv);
+}
+
+/* Scratch floats graft_decode_layers needs for `tokens` rows: the attention half's, then the
+ * MLP's gate|up and activation. */
+int64_t graft_decode_scratch(const graft_dims_t *d, int64_t tokens) {
+    return attention_scratch(d, tokens) + 3 * tokens * d->inter;
 }
 
 /* h [T, hidden]: the embeddings in, the last layer's MLP output out; residual [T, hidden]
@@ -96,54 +153,31 @@ int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, con
                             int64_t T, float *h, float *residual, const float *cos_t,
                             const float *sin_t, const int64_t *slots, const int32_t *tables,
                             const int32_t *lens, float *scratch, int nt) {
-    const int64_t H = d->hidden, D = d->head_dim, qs = d->num_heads * D, kvs = d->num_kv_heads * D;
-    const int64_t nqkv = qs + 2 * kvs, num_slots = d->num_blocks * d->block_size;
-    float *normed = scratch, *o = normed + T * H, *qkv = o + T * H, *qn = qkv + T * nqkv;
-    float *kn = qn + T * qs, *qr = kn + T * kvs, *attn = qr + T * qs, *kr = attn + T * qs;
-    float *gu = kr + T * kvs, *act = gu + 2 * T * d->inter;
+    float *normed = scratch, *gu = scratch + attention_scratch(d, T), *act = gu + 2 * T * d->inter;
     for (int64_t i = 0; i < num_layers; ++i) {
         const graft_layer_t *L = &layers[i];
-        if (i == 0) { /* no residual yet: it starts as the embeddings */
-            memcpy(residual, h, sizeof(float) * (size_t)(T * H));
-            graft_rms_norm(h, H, 0, 0, L->in_norm, normed, 0, T, H, d->eps, F32, F32, nt);
-        } else {
-            graft_rms_norm(h, H, residual, H, L->in_norm, normed, residual, T, H, d->eps, F32, F32, nt);
-        }
-        if (linear(&L->qkv, normed, T, qkv, nt)) return -1;
-        const float *qsrc = qkv, *ksrc = qkv + qs;
-        int64_t qstride = nqkv, kstride = nqkv;
-        if (L->q_norm) { /* per-head RMSNorm of q and k before rotary (Qwen3) */
-            for (int64_t t = 0; t < T; ++t) {
-                graft_rms_norm(qkv + t * nqkv, D, 0, 0, L->q_norm, qn + t * qs, 0, d->num_heads, D,
-                               d->qk_eps, F32, F32, 1);
-                graft_rms_norm(qkv + t * nqkv + qs, D, 0, 0, L->k_norm, kn + t * kvs, 0,
-                               d->num_kv_heads, D, d->qk_eps, F32, F32, 1);
-            }
-            qsrc = qn, ksrc = kn, qstride = qs, kstride = kvs;
-        }
-        graft_rotary(qsrc, qstride, cos_t, sin_t, qr, T, d->num_heads, D, d->rot,
-                     (int)d->interleaved, F32, F32, nt);
-        graft_rotary(ksrc, kstride, cos_t, sin_t, kr, T, d->num_kv_heads, D, d->rot,
-                     (int)d->interleaved, F32, F32, nt);
-        const int64_t stored = d->cache_dtype == I8
-            ? graft_store_kv_i8(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, L->k_scale,
-                                L->v_scale, slots, T, d->num_kv_heads, D, num_slots)
-            : graft_store_kv(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, slots, T, kvs,
-                             num_slots, F32, (int)d->cache_dtype);
-        if (stored) return 1 + 2 * i;
-        const int64_t bad = graft_paged_decode(qr, L->k_cache, L->v_cache, tables, lens, attn, T,
-                                               d->num_heads, d->num_kv_heads, D, d->block_size,
-                                               d->max_blocks, d->num_blocks, d->scale,
-                                               L->k_scale, L->v_scale, F32, (int)d->cache_dtype,
-                                               nt);
-        if (bad) return bad < 0 ? -1 : 2 + 2 * i;
-        if (linear(&L->o, attn, T, o, nt)) return -1;
-        graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, F32, F32, nt);
+        const int64_t bad = attention_block(L, d, T, h, residual, i == 0, cos_t, sin_t, slots,
+                                            tables, lens, normed, normed + T * d->hidden, nt);
+        if (bad) return bad < 0 ? -1 : bad + 2 * i;
         if (linear(&L->gate_up, normed, T, gu, nt)) return -1;
         graft_silu_mul(gu, 2 * d->inter, act, T, d->inter, F32, nt);
         if (linear(&L->down, act, T, h, nt)) return -1;
     }
     return 0;
+}
+
+/* One layer's attention half for a model that runs the MLP itself (MoE layers: the router
+ * and experts stay in Python, serving/models/moe.py): h [T, hidden] the previous layer's MLP
+ * output, or the embeddings when first; residual [T, hidden] updated in place; normed
+ * [T, hidden] out, the MLP's input. scratch: graft_decode_scratch(d, T) floats (inter may be
+ * 0). Returns 0, -1 (no scratch), 1 (a KV slot out of range) or 2 (a bad block table): the
+ * codes of graft_decode_layers for a layer 0. */
+int64_t graft_decode_attention(const graft_layer_t *layer, const graft_dims_t *d, int64_t T,
+                               const float *h, float *residual, int64_t first, const float *cos_t,
+                               const float *sin_t, const int64_t *slots, const int32_t *tables,
+                               const int32_t *lens, float *normed, float *scratch, int nt) {
+    return attention_block(layer, d, T, h, residual, first != 0, cos_t, sin_t, slots, tables,
+                           lens, normed, scratch + T * d->hidden, nt);
 }
 
 /* Floats of scratch graft_decode_step needs for `tokens` rows: the layers' own, plus the

@@ -10,8 +10,8 @@
  *
  * Paths: int8 and int4 run on AVX-512 VNNI (quant_vnni_cpu.c, which also documents their
  * layouts); bf16 and fp32 weights are widened to fp32 in registers (exact) and multiplied
- * with fp32 FMAs on AVX-512F. What a CPU lacks runs on AVX2 + FMA (quant_avx2_cpu.c; also
- * int8/int4 calls whose x holds inf or NaN), and without AVX2 on the portable loop below:
+ * with fp32 FMAs on AVX-512F. What a CPU lacks runs on AVX2 + FMA (quant_avx2_cpu.c for fp32
+ * and bf16, quant_avx2_int_cpu.c for int8 and int4, also calls whose x holds inf or NaN), and without AVX2 on the portable loop below:
  * fp32 products in the same layouts.
  *
  * This file is the one dispatcher: graft_quant_linear picks the level (graft_quant_isa) and
@@ -54,9 +54,12 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
 
 int graft_quant_avx2(void);
 int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
-                            const void *w, const float *scale8, const uint16_t *scales4,
-                            const uint16_t *mins4, int64_t group, const float *bias, float *y,
-                            int64_t ldy, int64_t N, int64_t NB, int nthreads);
+                            const void *w, const float *bias, float *y, int64_t ldy, int64_t N,
+                            int64_t NB, int nthreads); /* fp32, bf16 */
+int graft_quant_int_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
+                         const void *w, const float *scale8, const uint16_t *scales4,
+                         const uint16_t *mins4, int64_t group, const float *bias, float *y,
+                         int64_t ldy, int64_t N, int64_t NB, int nthreads); /* int8, int4 */
 
 /* 0: portable only; 1: every format on AVX2 + FMA; 2: bf16/fp32 on AVX-512F (int8/int4 on
  * AVX2); 3: int8/int4 on AVX-512 VNNI too; 4: int8/bf16/int4 (groups of 64, 128) calls of 8
@@ -314,8 +317,9 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
     }
 #endif
     if (level >= 1) {
-        const int status = graft_quant_linear_avx2(kind, x, ldx, M, K, w, scale8, scales4, mins4,
-                                                   group, bias, y, ldy, N, NB, nthreads);
+        const int status = integer ? graft_quant_int_avx2(kind, x, ldx, M, K, w, scale8, scales4, mins4,
+                                                          group, bias, y, ldy, N, NB, nthreads)
+                                   : graft_quant_linear_avx2(kind, x, ldx, M, K, w, bias, y, ldy, N, NB, nthreads);
         if (status <= 0) return status;
     }
     qlinear_portable(kind, x, ldx, M, K, (const uint8_t *)w, scale8, scales4, mins4, group,

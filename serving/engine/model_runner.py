@@ -102,8 +102,9 @@ class ModelRunner:
         self._allocate_kv_cache()
         if self.quant_plan and c_layout:
             why_not = model.enable_fused_decode()
-            log.info("decode steps: %s", "one C call per step" if why_not is None
-                     else f"op by op ({why_not})")
+            log.info("decode steps: %s", f"op by op ({why_not})" if why_not is not None
+                     else "attention in one C call per layer, MoE blocks from Python"
+                     if model.fused_decode.attention_only else "one C call per step")
         self.decode_graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and model.graph_unsafe_reason:
             log.info("decode steps: eager, no CUDA graphs (%s)", model.graph_unsafe_reason)

@@ -1,7 +1,8 @@
 """The CPU decode fast path: an all-decode step of a Llama-style model (Llama, Qwen2, Qwen3)
 whose linears are all in the C layout (a quantized engine) runs every layer in one C call
-(graft.kernels.cpu_decode) instead of ~12 Python-dispatched ops per layer. Same C functions,
-same order: the same numbers as the per-op path."""
+(graft.kernels.cpu_decode) instead of ~12 Python-dispatched ops per layer; an MoE model
+(Qwen3-MoE, GLM-4.5) runs each layer's attention half in one C call and its router and
+experts from Python. Same C functions, same order: the same numbers as the per-op path."""
 
 from __future__ import annotations
 
@@ -14,18 +15,24 @@ from graft.serving.models.layers import AttentionMetadata
 CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 3}  # decode_step_cpu.c codes
 
 
-def unsupported_reason(model, layer_class) -> str | None:
+def unsupported_reason(model, layer_class, attention_only: bool = False) -> str | None:
     """None when FusedDecode can run `model`, whose layers must all be exactly
-    `layer_class` (the Llama layer layout the C step mirrors), else why not (for the log)."""
+    `layer_class` (the Llama layer layout the C step mirrors), else why not (for the log).
+    attention_only: the model runs each layer's MLP itself (MoE), so a layer may be a subclass
+    of `layer_class` that keeps its forward (another MLP only), with C-layout attention
+    projections."""
     if not cpu_ops.available():
         return f"C kernels unavailable: {cpu_ops.unavailable_reason()}"
     for i, layer in enumerate(model.layers):
-        if type(layer) is not layer_class:
+        same = (type(layer) is layer_class if not attention_only else  # forward: norm, attention, norm, mlp
+                isinstance(layer, layer_class) and type(layer).forward is layer_class.forward)
+        if not same:
             return f"{type(layer).__name__} has its own layer layout"
-        if not layer.mlp.is_silu:
+        if not attention_only and not layer.mlp.is_silu:
             return "the MLP activation is not silu"
         attn = layer.self_attn
-        for lin in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        mlp = () if attention_only else (layer.mlp.gate_up_proj, layer.mlp.down_proj)
+        for lin in (attn.qkv_proj, attn.o_proj, *mlp):
             if lin.quantized is None or "cpu" not in lin.quantized.packed:
                 return f"layer {i} has a linear outside the C layout"
         if (attn.k_cache is None or attn.k_cache.dtype not in CACHE_DTYPES
@@ -38,16 +45,19 @@ def unsupported_reason(model, layer_class) -> str | None:
 
 class FusedDecode:
     """Descriptors of every layer, built once after the weights are packed and the KV cache
-    is allocated; call it on an all-decode batch."""
+    is allocated; call it on an all-decode batch. attention_only (MoE models): one C call per
+    layer for its attention half, the layer's own MLP (router and experts) from Python in
+    between, and no whole-step call."""
 
-    def __init__(self, model):
+    def __init__(self, model, attention_only: bool = False):
         layers = model.layers
         attn0 = layers[0].self_attn
         cfg = model.config
         k_cache = attn0.k_cache
+        self.attention_only, self.mlps = attention_only, [layer.mlp for layer in layers]
         self.dims = cpu_decode.Dims(
             hidden=cfg.hidden_size, num_heads=attn0.num_heads, num_kv_heads=attn0.num_kv_heads,
-            head_dim=attn0.head_dim, rot=0, inter=layers[0].mlp.intermediate,
+            head_dim=attn0.head_dim, rot=0, inter=0 if attention_only else layers[0].mlp.intermediate,
             interleaved=int(attn0.interleaved), block_size=k_cache.shape[1],
             num_blocks=k_cache.shape[0], max_blocks=0, cache_dtype=CACHE_DTYPES[k_cache.dtype],
             eps=layers[0].input_layernorm.eps,
@@ -55,8 +65,9 @@ class FusedDecode:
         descs = []
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
-            lin = [cpu_decode.linear_desc(x.quantized, x.bias)
-                   for x in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)]
+            lin = [cpu_decode.linear_desc(x.quantized, x.bias) for x in (a.qkv_proj, a.o_proj)]
+            lin += ([cpu_decode.LinearDesc(), cpu_decode.LinearDesc()] if attention_only else
+                    [cpu_decode.linear_desc(x.quantized, x.bias) for x in (m.gate_up_proj, m.down_proj)])
             descs.append(cpu_decode.LayerDesc(
                 *lin, layer.input_layernorm.weight.data_ptr(),
                 layer.post_attention_layernorm.weight.data_ptr(),
@@ -67,7 +78,7 @@ class FusedDecode:
                 None if a.v_scale is None else a.v_scale.data_ptr()))
         self.layers = (cpu_decode.LayerDesc * len(descs))(*descs)
         self._scratch = torch.empty(0)
-        self.step_desc = self._step_desc(model)
+        self.step_desc = None if attention_only else self._step_desc(model)
 
     @staticmethod
     def _step_desc(model) -> cpu_decode.StepDesc | None:
@@ -116,8 +127,16 @@ class FusedDecode:
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need)
         h = h.contiguous()  # the embeddings' fresh tensor: overwritten in place
-        residual = cpu_decode.decode_layers(
-            self.layers, self.dims, h, cos.contiguous(), sin.contiguous(),
-            meta.slot_mapping.to(torch.int64).contiguous(), tables,
-            meta.decode_context_lens.to(torch.int32).contiguous(), self._scratch)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        lens = meta.decode_context_lens.to(torch.int32).contiguous()
+        if not self.attention_only:
+            residual = cpu_decode.decode_layers(self.layers, self.dims, h, cos, sin, slots, tables,
+                                                lens, self._scratch)
+            return h, residual
+        residual, normed = torch.empty_like(h), torch.empty_like(h)
+        for i, mlp in enumerate(self.mlps):
+            cpu_decode.decode_attention(self.layers[i], self.dims, h, residual, i == 0, cos, sin,
+                                        slots, tables, lens, normed, self._scratch, i)
+            h = mlp(normed).contiguous()  # a new tensor: normed is rewritten by the next layer
         return h, residual

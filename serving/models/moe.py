@@ -194,7 +194,7 @@ class MoEBlock(nn.Module):
 
 class MoeDecoderLayer(DecoderLayer):
     """A decoder layer whose MLP is an MoEBlock (its own type: the one-call C decode step,
-    which mirrors the dense layer, is not used for it)."""
+    which mirrors the dense layer, runs only its attention half: MoeCausalLM.enable_fused_decode)."""
 
     def __init__(self, cfg, flags: dict):
         super().__init__(cfg, flags)
@@ -217,6 +217,15 @@ class MoeCausalLM(CausalLM):
         if flags["moe"]["sparse"](index):
             return MoeDecoderLayer(cfg, flags)
         return DecoderLayer(cfg, flags)
+
+    def enable_fused_decode(self) -> str | None:
+        """Run each layer's attention half of an all-decode step in one C call (the router
+        and experts between them stay in Python); returns why not, or None."""
+        from graft.serving.models.fused_decode import FusedDecode, unsupported_reason
+
+        reason = unsupported_reason(self, DecoderLayer, attention_only=True)
+        self.fused_decode = FusedDecode(self, attention_only=True) if reason is None else None
+        return reason
 
     def moe_blocks(self) -> list[MoEBlock]:
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoEBlock)]

@@ -31,6 +31,37 @@ def hf_greedy(model_dir, prompt, max_new_tokens, device="cpu"):
     return _HF_CACHE[key]
 
 
+def three_decodes(engine, params):
+    """Prompts of 5, 17 and 40 tokens run through their prefill step (op by op); returns the
+    next scheduled batch: the three sequences decoding one token each."""
+    for i, p in enumerate(make_prompts((5, 17, 40), seed=7)):
+        engine.add_request(str(i), prompt_token_ids=p, sampling_params=params)
+    engine.step()
+    batch, _ = engine.scheduler.schedule()
+    assert batch.num_decodes == len(batch.seqs) == 3
+    return batch
+
+
+def fused_then_per_op(engine, batch):
+    """Execute the all-decode `batch` on the engine's one-call C decode path, then again op by
+    op from the same KV cache: (fused logits, per-op logits, KV pools after the fused run,
+    pools as they were before it). The pools are left as the per-op run wrote them."""
+    runner, model = engine.runner, engine.runner.model
+    pools = [runner.kv_cache] + ([runner.kv_scales] if runner.kv_scales is not None else [])
+    before = [t.clone() for t in pools]
+    fused_logits, _ = runner.execute(batch)
+    fused = [t.clone() for t in pools]
+    for t, b in zip(pools, before):
+        t.copy_(b)
+    keep, model.fused_decode = model.fused_decode, None
+    try:
+        per_op_logits, _ = runner.execute(batch)
+    finally:
+        model.fused_decode = keep
+    assert all(torch.equal(f, t) for f, t in zip(fused, pools)), "the KV caches differ"
+    return fused_logits, per_op_logits, fused, before
+
+
 def written_slots(engine) -> torch.Tensor:
     """[layer, k/v, block, slot] bool: which KV cache slots hold anything."""
     return (engine.runner.kv_cache != 0).flatten(4).any(-1)

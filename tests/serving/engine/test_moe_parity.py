@@ -9,7 +9,7 @@ from graft.kernels import cpu_decode
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.moe import MoEBlock, MoeDecoderLayer, TopKRouter
 from graft.serving.models.quant_config import dequantize_hf_model
-from tests.serving.conftest import hf_greedy, make_prompts
+from tests.serving.conftest import fused_then_per_op, hf_greedy, make_prompts, three_decodes
 from tests.tiny_llm import MOE_FAMILIES
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -213,3 +213,27 @@ def test_the_fused_expert_layout_loads_the_same_model(tiny_llm_factory, tmp_path
     got = Engine.from_pretrained(fused, EngineConfig(num_kv_blocks=32)).generate(
         prompt_token_ids=prompts, sampling_params=GREEDY)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_attention_in_one_c_call_is_the_per_op_path(tiny_moe, kv):
+    """A quantized MoE engine runs each layer's attention half of an all-decode step in one C
+    call (graft_decode_attention; the router and experts from Python between them): the
+    per-op path's logits and KV cache bit for bit, for mixed schemes and context lengths."""
+    config = {"default": "int8", "modules": {"layers.0.self_attn.*": "int4", "layers.1.self_attn.o_proj": "bf16"}}
+    engine = Engine.from_pretrained(tiny_moe, EngineConfig(quantization=config, kv_cache_dtype=kv,
+                                                           num_kv_blocks=64))
+    model = engine.runner.model
+    fused = model.fused_decode
+    assert fused is not None and fused.attention_only and not fused.step_applies(3, 3)
+    batch = three_decodes(engine, GREEDY)  # their prompts ran op by op
+    calls = []
+    attention = cpu_decode.decode_attention
+    cpu_decode.decode_attention = lambda *args: calls.append(args[-1]) or attention(*args)
+    try:
+        fused_logits, per_op_logits, fused_pools, before = fused_then_per_op(engine, batch)
+    finally:
+        cpu_decode.decode_attention = attention
+    assert calls == list(range(len(model.layers)))  # one C call per layer, then none op by op
+    assert torch.equal(fused_logits, per_op_logits)
+    assert not torch.equal(fused_pools[0], before[0])  # the step stored this token's K/V

@@ -11,7 +11,7 @@ from graft.errors import GraftConfigError
 from graft.kernels import cpu_ops, cpu_quant
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.quant_config import QuantConfig, dequantize_hf_model
-from tests.serving.conftest import make_prompts
+from tests.serving.conftest import fused_then_per_op, make_prompts, three_decodes
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
 MIXED = (5, 17, 40, 1, 16)
@@ -121,29 +121,16 @@ def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family, kv):
     config = {"default": "int4", "modules": {"layers.0.*": "int8", "layers.1.mlp.down_proj": "fp32",
                                              "layers.1.self_attn.*": "bf16"}}
     engine = Engine.from_pretrained(model_dir, EngineConfig(quantization=config, kv_cache_dtype=kv))
-    model, runner = engine.runner.model, engine.runner
+    model = engine.runner.model
     assert model.fused_decode is not None
     params = SamplingParams(temperature=0.0, max_tokens=6)
-    for i, p in enumerate(make_prompts((5, 17, 40), seed=7)):
-        engine.add_request(str(i), prompt_token_ids=p, sampling_params=params)
-    engine.step()  # the prompts: the per-op path
-    batch, _ = engine.scheduler.schedule()
-    assert batch.num_decodes == len(batch.seqs) == 3
-    pools = [runner.kv_cache] + ([runner.kv_scales] if runner.kv_scales is not None else [])
-    before = [t.clone() for t in pools]
+    batch = three_decodes(engine, params)  # their prompts ran op by op
     steps = []
     whole_step = model.fused_decode.step
     model.fused_decode.step = lambda *args: steps.append(args) or whole_step(*args)
-    fused_logits, _ = runner.execute(batch)
+    fused_logits, per_op_logits, fused, before = fused_then_per_op(engine, batch)
     assert len(steps) == 1  # the whole step, not the layers alone
-    fused = [t.clone() for t in pools]
-    for t, b in zip(pools, before):
-        t.copy_(b)
-    keep, model.fused_decode = model.fused_decode, None
-    per_op_logits, _ = runner.execute(batch)
-    model.fused_decode = keep
     assert torch.equal(fused_logits, per_op_logits)
-    assert all(torch.equal(f, t) for f, t in zip(fused, pools))
     assert not torch.equal(fused[0], before[0])  # the step stored this token's K/V
 
 

@@ -1,0 +1,49 @@
+"""`graft bench linear-micro` times graft's C linear per format, shape and row count, and
+checks each result against the dequantized reference; --baseline-lib times another build."""
+
+import json
+
+import pytest
+
+from graft.cli import main
+from graft.kernels import cpu_ops
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
+QUICK = ["--repeats", "1", "--min-seconds", "0.001"]
+
+
+def test_linear_micro_writes_rates_and_errors(tmp_path, capsys):
+    out = tmp_path / "micro.json"
+    assert main(["bench", "linear-micro", "--formats", "int8,int4-g64", "--shapes", "64x96,32x128",
+                 "--rows", "1,5", *QUICK, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    # int4-g64 does not divide 96: that shape is skipped with the reason, the rest measured
+    assert [(r["format"], r["out"], r["in"], r["rows"]) for r in rows] == [
+        ("int8", 64, 96, 1), ("int8", 64, 96, 5), ("int8", 32, 128, 1), ("int8", 32, 128, 5),
+        ("int4-g64", 32, 128, 1), ("int4-g64", 32, 128, 5)]
+    for r in rows:
+        assert r["us"] > 0 and r["max_rel_diff"] < 1e-5
+        assert r["gmac_s"] == pytest.approx(r["rows"] * r["out"] * r["in"] / r["us"] / 1e3)
+        assert "speedup_vs_baseline" not in r
+    assert "int4 group size 64 does not divide" in capsys.readouterr().out
+
+
+def test_linear_micro_times_a_baseline_build_beside(tmp_path):
+    out = tmp_path / "micro.json"
+    this_build = cpu_ops._lib()._name  # the same library as its own baseline
+    assert main(["bench", "linear-micro", "--formats", "bf16", "--shapes", "32x64", "--rows", "3",
+                 *QUICK, "--baseline-lib", this_build, "--out", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["baseline_us"] > 0 and r["baseline_max_rel_diff"] < 1e-5
+    assert r["speedup_vs_baseline"] == pytest.approx(r["baseline_us"] / r["us"])
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--shapes", "64by96", "--shapes: '64by96' is not OUTxIN"),
+    ("--baseline-lib", "/nonexistent/lib.so", "--baseline-lib: cannot use /nonexistent/lib.so"),
+    ("--isa", "sse", "--isa: 'sse' is not one of portable"),
+    ("--formats", "int3", "--formats='int3' is not a weight scheme"),
+])
+def test_linear_micro_bad_arguments_say_which(flag, value, message, capsys):
+    assert main(["bench", "linear-micro", "--shapes", "32x64", "--rows", "1", *QUICK, flag, value]) == 2
+    assert message in capsys.readouterr().err
