@@ -99,12 +99,14 @@ def write_serve_config(path: Path, model, options: dict, comment: str) -> Path:
 
 
 def _comment(outcome, slo: dict) -> str:
+    from graft.tune.search import slo_value
+
     best, base = outcome.best["summary"], outcome.default["summary"]
 
     def numbers(s: dict) -> str:
+        bounds = ", ".join(f"{k} {slo_value(s, k) or 0:.0f}" for k in slo)  # the SLO's own metrics
         return (f"{s['capacity_tokens_per_s']:.1f} output tok/s while busy "
-                f"({s['output_tokens_per_s']:.1f} over the replay), TTFT p99 "
-                f"{s['ttft_ms']['p99'] or 0:.0f} ms, TPOT p99 {s['tpot_ms']['p99'] or 0:.0f} ms")
+                f"({s['output_tokens_per_s']:.1f} over the replay), {bounds}")
 
     return (f"graft tune: the configuration meeting {_slo_text(slo)} with the most output "
             f"tokens per second of engine stepping\nchosen:  {numbers(best)}\ndefault: {numbers(base)}"
