@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from graft.benchmarks.report import emit, percentiles
 from graft.cli_types import number_in
 
-_WORDS = ("red green blue circle square triangle left right top bottom small large "
+PROMPT_WORDS = ("red green blue circle square triangle left right top bottom small large "
           "what is shown in the image describe the scene count the objects").split()
 
 
@@ -107,7 +107,7 @@ class Workload:
 
     def body(self, model: str, force_image: str | None = None) -> tuple[dict, bool]:
         a = self.args
-        words = " ".join(self.rng.choice(_WORDS) for _ in range(a.prompt_words))
+        words = " ".join(self.rng.choice(PROMPT_WORDS) for _ in range(a.prompt_words))
         content: list[dict] = [{"type": "text", "text": words}]
         url = force_image
         if url is None and self.rng.random() < a.image_ratio:

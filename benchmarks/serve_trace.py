@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import random
 
+from graft.benchmarks.serve import PROMPT_WORDS
 from graft.tune.trace import TraceRecord
-
-_WORDS = ("red green blue circle square triangle left right top bottom small large what is "
-          "shown in the image describe the scene count the objects").split()
 
 
 def trace_workload(records: list[TraceRecord], model: str, speed: float = 1.0,
@@ -41,11 +39,9 @@ def trace_workload(records: list[TraceRecord], model: str, speed: float = 1.0,
 
 
 def _stand_in(record: TraceRecord, rng: random.Random) -> list[dict]:
-    from graft.tune.synth import stand_in_images
+    from graft.tune.synth import stand_in_images, stand_in_text_tokens
 
-    image_tokens = sum(im.tokens or 0 for im in record.images)
-    # ~8 tokens are the chat template's own; a word here is ~1.3 tokens
-    words = max(1, round((record.prompt_tokens - image_tokens - 8) / 1.3))
-    text = " ".join(rng.choice(_WORDS) for _ in range(words))
+    words = max(1, round(stand_in_text_tokens(record) / 1.3))  # a word here is ~1.3 tokens
+    text = " ".join(rng.choice(PROMPT_WORDS) for _ in range(words))
     return [{"role": "user",
              "content": stand_in_images(record.images) + [{"type": "text", "text": text}]}]

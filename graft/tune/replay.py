@@ -197,11 +197,9 @@ def _shaped_messages(ctx, record: TraceRecord, rng: random.Random) -> list[dict]
     """A chat of the recorded shape for a record without content: random tokens of about the
     recorded prompt length, and a stand-in image per recorded one, the same stand-in for the
     same sha256 (so the encoder cache sees the trace's repeats)."""
-    from graft.tune.synth import stand_in_images
+    from graft.tune.synth import stand_in_images, stand_in_text_tokens
 
-    image_tokens = sum(im.tokens or 0 for im in record.images)
-    n = max(1, record.prompt_tokens - image_tokens - 8)  # ~8: the chat template's own tokens
-    vocab = len(ctx.tokenizer)
+    vocab, n = len(ctx.tokenizer), stand_in_text_tokens(record)
     text = ctx.tokenizer.decode([rng.randrange(vocab) for _ in range(n)],
                                 skip_special_tokens=True)
     parts = stand_in_images(record.images) + [{"type": "text", "text": text or "hello"}]

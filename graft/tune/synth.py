@@ -91,6 +91,12 @@ def _image(rng: random.Random, size: int) -> tuple[str, dict]:
     return url, {"width": size, "height": size, "sha256": pixel_hash(image), "tokens": None}
 
 
+def stand_in_text_tokens(record) -> int:
+    """Text tokens a stand-in prompt for a record without content should have: its prompt
+    less its image tokens and the ~8 the chat template adds itself."""
+    return max(1, record.prompt_tokens - sum(im.tokens or 0 for im in record.images) - 8)
+
+
 def stand_in_images(images) -> list[dict]:
     """Chat image parts for trace images without content: seeded random pixels of each one's
     size, the same picture for the same sha256 (so the encoder cache sees the repeats)."""

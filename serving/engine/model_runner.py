@@ -102,9 +102,13 @@ class ModelRunner:
         self._allocate_kv_cache()
         if self.quant_plan and c_layout:
             why_not = model.enable_fused_decode()
-            log.info("decode steps: %s", f"op by op ({why_not})" if why_not is not None
-                     else "attention in one C call per layer, MoE blocks from Python"
-                     if model.fused_decode.attention_only else "one C call per step")
+            if why_not is not None:
+                how = f"op by op ({why_not})"
+            elif model.fused_decode.attention_only:
+                how = "attention in one C call per layer, MoE blocks from Python"
+            else:
+                how = "one C call per step"
+            log.info("decode steps: %s", how)
         self.decode_graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and model.graph_unsafe_reason:
             log.info("decode steps: eager, no CUDA graphs (%s)", model.graph_unsafe_reason)
