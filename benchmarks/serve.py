@@ -15,12 +15,9 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from graft.benchmarks.prompt_words import random_prompt
 from graft.benchmarks.report import emit, percentiles
 from graft.cli_types import number_in
-
-PROMPT_WORDS = ("red green blue circle square triangle left right top bottom small large "
-          "what is shown in the image describe the scene count the objects").split()
-
 
 _seconds = number_in(float, low=0.0, low_open=True)
 
@@ -107,7 +104,7 @@ class Workload:
 
     def body(self, model: str, force_image: str | None = None) -> tuple[dict, bool]:
         a = self.args
-        words = " ".join(self.rng.choice(PROMPT_WORDS) for _ in range(a.prompt_words))
+        words = random_prompt(self.rng, a.prompt_words)
         content: list[dict] = [{"type": "text", "text": words}]
         url = force_image
         if url is None and self.rng.random() < a.image_ratio:

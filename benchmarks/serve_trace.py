@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from graft.benchmarks.serve import PROMPT_WORDS
+from graft.benchmarks.prompt_words import random_prompt
 from graft.tune.trace import TraceRecord
 
 
@@ -42,6 +42,6 @@ def _stand_in(record: TraceRecord, rng: random.Random) -> list[dict]:
     from graft.tune.synth import stand_in_images, stand_in_text_tokens
 
     words = max(1, round(stand_in_text_tokens(record) / 1.3))  # a word here is ~1.3 tokens
-    text = " ".join(rng.choice(PROMPT_WORDS) for _ in range(words))
+    text = random_prompt(rng, words)
     return [{"role": "user",
              "content": stand_in_images(record.images) + [{"type": "text", "text": text}]}]
