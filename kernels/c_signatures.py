@@ -29,20 +29,20 @@ SIGNATURES: dict[str, tuple[str, list[str]]] = {
     "graft_quant_linear_portable": (VOID, _QUANT + [INT]),
     "graft_quant_isa": (INT, []),
     "graft_quant_cap_isa": (VOID, [INT]),
-    "graft_decode_scratch": (I64, [PTR, I64]),
-    "graft_decode_layers": (I64, [PTR, I64, PTR, I64] + [PTR] * 8 + [INT]),
-    "graft_decode_attention": (I64, [PTR, PTR, I64, PTR, PTR, I64] + [PTR] * 7 + [INT]),
-    "graft_moe_experts": (I64, [PTR, PTR, PTR, PTR, I64, PTR, PTR, PTR, PTR, INT]),
+    "graft_decode_scratch": (I64, [PTR, PTR, I64, PTR, I64]),
+    "graft_decode_layers": (I64, [PTR, PTR, I64, PTR, I64] + [PTR] * 8 + [INT]),
+    "graft_moe_block_scratch": (I64, [PTR, I64, I64]),
+    "graft_moe_block": (I64, [PTR, I64, I64, PTR, PTR, PTR, INT]),
     "graft_argmax_rows": (VOID, [PTR, I64, I64, I64, PTR, INT]),
-    "graft_decode_step_scratch": (I64, [PTR, I64]),
-    "graft_decode_step": (I64, [PTR, I64, PTR, PTR, I64] + [PTR] * 7 + [INT]),
+    "graft_decode_step_scratch": (I64, [PTR, PTR, I64, PTR, I64]),
+    "graft_decode_step": (I64, [PTR, PTR, I64, PTR, PTR, I64] + [PTR] * 7 + [INT]),
 }
 
 
 _ptr, _i64, _f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
-# the descriptors of decode_step_cpu.c; `_c_name_` is the C typedef each mirrors
+# the descriptors of decode_types.h; `_c_name_` is the C typedef each mirrors
 class LinearDesc(ctypes.Structure):
     _c_name_ = "graft_linear_t"
     _fields_ = [("kind", _i64), ("w", _ptr), ("scale8", _ptr), ("scales4", _ptr), ("mins4", _ptr),
@@ -60,7 +60,7 @@ class LayerDesc(ctypes.Structure):
 class Dims(ctypes.Structure):
     _c_name_ = "graft_dims_t"
     _fields_ = [(name, _i64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim", "rot",
-                                          "inter", "interleaved", "block_size", "num_blocks",
+                                          "interleaved", "block_size", "num_blocks",
                                           "max_blocks", "cache_dtype")] + \
                [("eps", _f32), ("qk_eps", _f32), ("scale", _f32)]
 
@@ -71,7 +71,16 @@ class StepDesc(ctypes.Structure):
                 ("head", LinearDesc), ("cos_table", _ptr), ("sin_table", _ptr), ("max_pos", _i64)]
 
 
-STRUCTS = (LinearDesc, LayerDesc, Dims, StepDesc)
+class MoeDesc(ctypes.Structure):
+    _c_name_ = "graft_moe_t"
+    _fields_ = [("router", _ptr), ("router_bias", _ptr)] + \
+               [(name, _i64) for name in ("num_experts", "top_k", "scoring", "norm_topk", "n_group",
+                                          "topk_group")] + \
+               [("routed_scale", _f32), ("gate_up", _ptr), ("down", _ptr),
+                ("shared_gate_up", LinearDesc), ("shared_down", LinearDesc)]
+
+
+STRUCTS = (LinearDesc, LayerDesc, Dims, StepDesc, MoeDesc)
 
 
 class SignatureMismatch(TypeError):

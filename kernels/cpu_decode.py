@@ -1,6 +1,7 @@
 """One C call for every decoder layer of an all-decode step, or for the whole step from token
-ids to logits (kernels/csrc/decode_step_cpu.c): filling the descriptors it reads (ctypes
-structs declared, and checked against the C, in kernels/c_signatures.py) and the calls."""
+ids to logits (kernels/csrc/decode_step_cpu.c), and for an MoE layer's MLP (moe_cpu.c):
+filling the descriptors they read (ctypes structs declared, and checked against the C, in
+kernels/c_signatures.py) and the calls."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from array import array
 import torch
 
 from graft.kernels import cpu_ops, cpu_quant
-from graft.kernels.c_signatures import Dims, LayerDesc, LinearDesc, StepDesc  # noqa: F401
+from graft.kernels.c_signatures import Dims, LayerDesc, LinearDesc, MoeDesc, StepDesc  # noqa: F401
 from graft.kernels.checks import slot_out_of_range
 from graft.kernels.quant_formats import QuantizedWeight
 
@@ -27,43 +28,32 @@ def linear_desc(weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearDes
                       weight.scheme.group_size, _addr(bias), n, k, p.num_blocks)
 
 
-def scratch_floats(dims: Dims, tokens: int) -> int:
-    return int(cpu_ops._lib().graft_decode_scratch(ctypes.byref(dims), tokens))
+def scratch_floats(layers, moes, dims: Dims, tokens: int) -> int:
+    return int(cpu_ops._lib().graft_decode_scratch(layers, moes, len(layers), ctypes.byref(dims),
+                                                   tokens))
 
 
-def step_scratch_floats(dims: Dims, tokens: int) -> int:
-    return int(cpu_ops._lib().graft_decode_step_scratch(ctypes.byref(dims), tokens))
+def step_scratch_floats(layers, moes, dims: Dims, tokens: int) -> int:
+    return int(cpu_ops._lib().graft_decode_step_scratch(layers, moes, len(layers),
+                                                        ctypes.byref(dims), tokens))
 
 
-def decode_layers(layers, dims: Dims, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                  scratch: torch.Tensor) -> torch.Tensor:
+def decode_layers(layers, moes, dims: Dims, h: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
+                  lens: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
     """Run every layer on h [T, hidden] (fp32, contiguous; overwritten with the last MLP
-    output); returns the residual stream [T, hidden]. layers: a ctypes array of LayerDesc."""
+    output); returns the residual stream [T, hidden]. layers: a ctypes array of LayerDesc;
+    moes: None (a dense model) or a ctypes array of MoeDesc pointers, None for a dense layer."""
     residual = torch.empty_like(h)
     bad = cpu_ops._lib().graft_decode_layers(
-        layers, len(layers), ctypes.byref(dims), h.shape[0], h.data_ptr(), residual.data_ptr(),
-        cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-        scratch.data_ptr(), torch.get_num_threads())
+        layers, moes, len(layers), ctypes.byref(dims), h.shape[0], h.data_ptr(),
+        residual.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
+        lens.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
     _raise_for(bad, dims, lambda: max(slots.tolist()))
     return residual
 
 
-def decode_attention(layer: LayerDesc, dims: Dims, h: torch.Tensor, residual: torch.Tensor,
-                     first: bool, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                     tables: torch.Tensor, lens: torch.Tensor, normed: torch.Tensor,
-                     scratch: torch.Tensor, index: int) -> None:
-    """One layer's attention half on h [T, hidden] (fp32, contiguous): the residual stream
-    updated in place (started from h when first), normed [T, hidden] written with the MLP's
-    input. index: the layer's number, for errors."""
-    bad = cpu_ops._lib().graft_decode_attention(
-        ctypes.byref(layer), ctypes.byref(dims), h.shape[0], h.data_ptr(), residual.data_ptr(),
-        int(first), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
-        lens.data_ptr(), normed.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
-    _raise_for(bad + 2 * index if bad > 0 else bad, dims, lambda: max(slots.tolist()))
-
-
-def decode_step(layers, dims: Dims, step: StepDesc, ids: list[int], positions: list[int],
+def decode_step(layers, moes, dims: Dims, step: StepDesc, ids: list[int], positions: list[int],
                 slots: list[int], tables: list[list[int]], lens: list[int],
                 scratch: torch.Tensor) -> torch.Tensor:
     """A whole all-decode step of T sequences (one token each): ids -> logits [T, step.head.n]
@@ -75,7 +65,7 @@ def decode_step(layers, dims: Dims, step: StepDesc, ids: list[int], positions: l
     dims.max_blocks = width
     logits = torch.empty((len(ids), step.head.n), dtype=torch.float32)
     bad = cpu_ops._lib().graft_decode_step(
-        layers, len(layers), ctypes.byref(dims), ctypes.byref(step), len(ids),
+        layers, moes, len(layers), ctypes.byref(dims), ctypes.byref(step), len(ids),
         ids_a.buffer_info()[0], pos_a.buffer_info()[0], slots_a.buffer_info()[0],
         flat.buffer_info()[0], lens_a.buffer_info()[0], logits.data_ptr(), scratch.data_ptr(),
         torch.get_num_threads())
@@ -102,26 +92,36 @@ def _raise_for(bad: int, dims: Dims, max_slot) -> None:
                          f"[0, {dims.num_blocks}) within its context; fix the block table")
 
 
-def moe_expert_descs(experts) -> tuple:
-    """ctypes arrays of the gate_up and down descriptors of every expert (GatedMLPs whose
-    linears are quantized), for moe_experts; the packed tensors must outlive them."""
-    gate_up = [linear_desc(e.gate_up_proj.quantized, e.gate_up_proj.bias) for e in experts]
-    down = [linear_desc(e.down_proj.quantized, e.down_proj.bias) for e in experts]
-    return (LinearDesc * len(gate_up))(*gate_up), (LinearDesc * len(down))(*down)
+def moe_desc(block, keep: list) -> MoeDesc:
+    """The C view of an MoEBlock whose experts (and shared experts) are C-layout silu MLPs;
+    the ctypes arrays it points at are appended to `keep` (they must outlive it)."""
+    gate = block.gate
+
+    def descs(mlps) -> tuple:
+        return tuple((LinearDesc * len(mlps))(*(linear_desc(getattr(m, name).quantized,
+                                                            getattr(m, name).bias) for m in mlps))
+                     for name in ("gate_up_proj", "down_proj"))
+
+    gate_up, down = descs(block.experts)
+    shared = descs([block.shared_experts]) if block.shared_experts is not None else None
+    keep.extend((gate_up, down, shared))
+    return MoeDesc(gate.weight.data_ptr(), _addr(gate.e_score_correction_bias), gate.num_experts,
+                   gate.top_k, int(gate.scoring == "sigmoid"), int(gate.norm_topk_prob),
+                   gate.n_group, gate.topk_group, gate.routed_scaling_factor,
+                   ctypes.addressof(gate_up), ctypes.addressof(down),
+                   *(shared[0][0], shared[1][0]) if shared else (LinearDesc(), LinearDesc()))
 
 
-def moe_experts(descs: tuple, ids: list[int], offsets: list[int], xs: torch.Tensor,
-                slot_weights: torch.Tensor) -> torch.Tensor:
-    """ys [S, hidden] fp32: rows offsets[a] .. offsets[a + 1] of xs [S, hidden] (fp32,
-    contiguous) through expert ids[a]'s MLP, each row times its slot_weights entry [S]."""
-    ids_a, offs_a = array("q", ids), array("q", offsets)
-    down0 = descs[1][0]
-    ys = torch.empty((xs.shape[0], down0.n), dtype=torch.float32)
-    most = max(b - a for a, b in zip(offsets, offsets[1:]))
-    scratch = torch.empty(3 * down0.k * most, dtype=torch.float32)
-    if cpu_ops._lib().graft_moe_experts(
-            descs[0], descs[1], ids_a.buffer_info()[0], offs_a.buffer_info()[0], len(ids),
-            xs.data_ptr(), slot_weights.data_ptr(), ys.data_ptr(), scratch.data_ptr(),
-            torch.get_num_threads()):
-        raise MemoryError("MoE experts (C): no memory for the linears' scratch (activation digits, int4 group sums)")
-    return ys
+def moe_block(desc: MoeDesc, x: torch.Tensor, scratch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [T, hidden] fp32, the scratch, grown if it was too small): an MoE layer's MLP of
+    x [T, hidden] (fp32, contiguous) in one C call (kernels/csrc/moe_cpu.c)."""
+    lib = cpu_ops._lib()
+    T, hidden = x.shape
+    need = lib.graft_moe_block_scratch(ctypes.byref(desc), hidden, T)
+    if scratch.numel() < need:
+        scratch = torch.empty(need)
+    out = torch.empty_like(x)
+    if lib.graft_moe_block(ctypes.byref(desc), hidden, T, x.data_ptr(), out.data_ptr(),
+                           scratch.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("MoE block (C): no memory for the linears' scratch (int4 group sums)")
+    return out, scratch

@@ -31,9 +31,10 @@ SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
                              "quant_vnni_cpu.c", "quant_amx_cpu.c", "quant_avx2_cpu.c",
                              "quant_avx2_int_cpu.c",
-                             "decode_step_cpu.c", "argmax_cpu.c"))
+                             "decode_step_cpu.c", "moe_cpu.c", "argmax_cpu.c"))
 HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
-                for name in ("fast_exp.h", "bf16.h", "quant_epilogue.h", "quant_group_sums.h"))
+                for name in ("fast_exp.h", "bf16.h", "quant_epilogue.h", "quant_group_sums.h",
+                             "decode_types.h"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU).
 # GRAFT_CPU_MARCH=x86-64-v3 (say) builds what a CPU without AVX-512 would, to test it here.
 CFLAGS = ("-O3", f"-march={os.environ.get('GRAFT_CPU_MARCH', '').strip() or 'native'}", "-fopenmp",
@@ -81,7 +82,7 @@ def _build(cc: str) -> Path:
     target = cache_dir() / f"graft_cpu_kernels-{key.hexdigest()[:16]}.so"
     if target.is_file():
         return target
-    check_signatures(SOURCES)
+    check_signatures(SOURCES + HEADERS)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)

@@ -6,40 +6,13 @@
  * int8/int4 linears themselves. Here the same C functions the per-op path calls
  * (norm_rope_cpu.c, paged_decode_cpu.c, quant_linear_cpu.c) run back to back on
  * preallocated scratch, in the per-op path's order: the result is bit-identical to it.
+ * An MoE layer's MLP is graft_moe_block (moe_cpu.c), the call its per-op path makes too.
  */
 #include <stdint.h>
 #include <string.h>
 
-typedef struct {
-    int64_t kind; /* quant_linear_cpu.c KIND_*: 0 int8, 1 int4, 2 bf16, 3 fp32 */
-    const void *w;
-    const float *scale8;
-    const uint16_t *scales4;
-    const uint16_t *mins4; /* int4: fp16 per-group minimums */
-    int64_t group;
-    const float *bias; /* NULL: no bias */
-    int64_t n, k, nb;  /* outputs, inputs, 16-lane blocks */
-} graft_linear_t;
+#include "decode_types.h"
 
-typedef struct {
-    graft_linear_t qkv, o, gate_up, down;
-    const float *in_norm, *post_norm; /* [hidden] */
-    const float *q_norm, *k_norm;     /* [head_dim] or NULL (Qwen3's per-head norms) */
-    void *k_cache, *v_cache;          /* [num_blocks, block_size, Hkv, D] of dims.cache_dtype */
-    float *k_scale, *v_scale;         /* int8 caches: [num_blocks, block_size, Hkv], else NULL */
-} graft_layer_t;
-
-typedef struct {
-    int64_t hidden, num_heads, num_kv_heads, head_dim, rot, inter, interleaved;
-    int64_t block_size, num_blocks, max_blocks;
-    int64_t cache_dtype; /* paged_decode_cpu.c codes: 0 fp32, 1 bf16, 3 int8 */
-    float eps, qk_eps, scale;
-} graft_dims_t;
-
-int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
-                        const float *scale8, const uint16_t *scales4, const uint16_t *mins4,
-                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
-                        int64_t NB, int nthreads);
 void graft_rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t res_stride,
                     const void *weight, void *out, void *sum_out, int64_t rows, int64_t d,
                     float eps, int dtype, int wdtype, int num_threads);
@@ -49,8 +22,6 @@ void graft_rotary(const void *x, int64_t x_stride, const void *cos_t, const void
 int64_t graft_store_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
                        void *k_cache, void *v_cache, const int64_t *slots, int64_t tokens,
                        int64_t width, int64_t num_slots, int dtype, int cache_dtype);
-void graft_silu_mul(const void *gate_up, int64_t stride, void *out, int64_t rows, int64_t inter,
-                    int dtype, int num_threads);
 int64_t graft_store_kv_i8(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
                           int8_t *k_cache, int8_t *v_cache, float *k_scale, float *v_scale,
                           const int64_t *slots, int64_t tokens, int64_t heads, int64_t d,
@@ -63,23 +34,6 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                            const float *v_scale, int dtype, int cache_dtype, int num_threads);
 
 enum { F32 = 0, I8 = 3 };
-
-static int linear(const graft_linear_t *l, const float *x, int64_t rows, float *y, int nt) {
-    return graft_quant_linear((int)l->kind, x, l->k, rows, l->k, l->w, l->scale8, l->scales4,
-                              l->mins4, l->group, l->bias, y, l->n, l->n, l->nb, nt);
-}
-
-/* What a whole decode step needs besides the layers: the embedding table, the final norm,
- * the output head (a C-layout linear) and the RoPE tables of every position. */
-typedef struct {
-    const float *embed;       /* [vocab, hidden] */
-    int64_t vocab;
-    const float *final_norm;  /* [hidden] */
-    float final_eps;
-    graft_linear_t head;      /* head.n logits per row */
-    const float *cos_table, *sin_table; /* [max_pos, rot / 2] */
-    int64_t max_pos;
-} graft_step_t;
 
 /* One layer's attention half, in the per-op path's order: the residual add and input norm
  * of h (first: h is the embeddings, the residual starts as them), qkv, Qwen3's q/k norms,
@@ -138,52 +92,56 @@ static int64_t attention_scratch(const graft_dims_t *d, int64_t tokens) {
     return tokens * (2 * d->hidden + (q + 2 * kv) + 3 * q + 2 * kv);
 }
 
+/* Floats of the MLP half's scratch for `tokens` rows, the most any layer needs: a dense
+ * layer's gate|up and activation, or an MoE layer's (graft_moe_block_scratch). */
+static int64_t mlp_scratch(const graft_layer_t *layers, const graft_moe_t *const *moes,
+                           int64_t num_layers, const graft_dims_t *d, int64_t tokens) {
+    int64_t most = 0;
+    for (int64_t i = 0; i < num_layers; ++i) {
+        const int64_t need = moes && moes[i] ? graft_moe_block_scratch(moes[i], d->hidden, tokens)
+                                             : 3 * tokens * layers[i].down.k;
+        most = need > most ? need : most;
+    }
+    return most;
+}
+
 /* Scratch floats graft_decode_layers needs for `tokens` rows: the attention half's, then the
- * MLP's gate|up and activation. */
-int64_t graft_decode_scratch(const graft_dims_t *d, int64_t tokens) {
-    return attention_scratch(d, tokens) + 3 * tokens * d->inter;
+ * MLP's. */
+int64_t graft_decode_scratch(const graft_layer_t *layers, const graft_moe_t *const *moes,
+                             int64_t num_layers, const graft_dims_t *d, int64_t tokens) {
+    return attention_scratch(d, tokens) + mlp_scratch(layers, moes, num_layers, d, tokens);
 }
 
 /* h [T, hidden]: the embeddings in, the last layer's MLP output out; residual [T, hidden]
  * out: the residual stream before the final norm (the model adds and norms the rows it
- * needs logits for). cos/sin [T, rot/2]; slots [T]; tables [T, max_blocks]; lens [T].
+ * needs logits for). moes: NULL (a dense model), or per layer its MoE block (NULL: that layer
+ * is dense). cos/sin [T, rot/2]; slots [T]; tables [T, max_blocks]; lens [T].
  * Returns 0, or 1 + layer * 2 + (0: a KV slot out of range, 1: a bad block table) on the
  * first failure, or -1 when scratch (attention, int4 group sums) could not be allocated. */
-int64_t graft_decode_layers(const graft_layer_t *layers, int64_t num_layers, const graft_dims_t *d,
-                            int64_t T, float *h, float *residual, const float *cos_t,
-                            const float *sin_t, const int64_t *slots, const int32_t *tables,
-                            const int32_t *lens, float *scratch, int nt) {
-    float *normed = scratch, *gu = scratch + attention_scratch(d, T), *act = gu + 2 * T * d->inter;
+int64_t graft_decode_layers(const graft_layer_t *layers, const graft_moe_t *const *moes,
+                            int64_t num_layers, const graft_dims_t *d, int64_t T, float *h,
+                            float *residual, const float *cos_t, const float *sin_t,
+                            const int64_t *slots, const int32_t *tables, const int32_t *lens,
+                            float *scratch, int nt) {
+    float *normed = scratch, *mlp = scratch + attention_scratch(d, T);
     for (int64_t i = 0; i < num_layers; ++i) {
         const graft_layer_t *L = &layers[i];
         const int64_t bad = attention_block(L, d, T, h, residual, i == 0, cos_t, sin_t, slots,
                                             tables, lens, normed, normed + T * d->hidden, nt);
         if (bad) return bad < 0 ? -1 : bad + 2 * i;
-        if (linear(&L->gate_up, normed, T, gu, nt)) return -1;
-        graft_silu_mul(gu, 2 * d->inter, act, T, d->inter, F32, nt);
-        if (linear(&L->down, act, T, h, nt)) return -1;
+        if (moes && moes[i] ? graft_moe_block(moes[i], d->hidden, T, normed, h, mlp, nt)
+                            : gated_mlp(&L->gate_up, &L->down, normed, T, h, mlp, nt))
+            return -1;
     }
     return 0;
 }
 
-/* One layer's attention half for a model that runs the MLP itself (MoE layers: the router
- * and experts stay in Python, serving/models/moe.py): h [T, hidden] the previous layer's MLP
- * output, or the embeddings when first; residual [T, hidden] updated in place; normed
- * [T, hidden] out, the MLP's input. scratch: graft_decode_scratch(d, T) floats (inter may be
- * 0). Returns 0, -1 (no scratch), 1 (a KV slot out of range) or 2 (a bad block table): the
- * codes of graft_decode_layers for a layer 0. */
-int64_t graft_decode_attention(const graft_layer_t *layer, const graft_dims_t *d, int64_t T,
-                               const float *h, float *residual, int64_t first, const float *cos_t,
-                               const float *sin_t, const int64_t *slots, const int32_t *tables,
-                               const int32_t *lens, float *normed, float *scratch, int nt) {
-    return attention_block(layer, d, T, h, residual, first != 0, cos_t, sin_t, slots, tables,
-                           lens, normed, scratch + T * d->hidden, nt);
-}
-
 /* Floats of scratch graft_decode_step needs for `tokens` rows: the layers' own, plus the
  * embeddings, the residual stream and the rows' cos/sin. */
-int64_t graft_decode_step_scratch(const graft_dims_t *d, int64_t tokens) {
-    return graft_decode_scratch(d, tokens) + tokens * (2 * d->hidden + d->rot);
+int64_t graft_decode_step_scratch(const graft_layer_t *layers, const graft_moe_t *const *moes,
+                                  int64_t num_layers, const graft_dims_t *d, int64_t tokens) {
+    return graft_decode_scratch(layers, moes, num_layers, d, tokens)
+           + tokens * (2 * d->hidden + d->rot);
 }
 
 /* A whole all-decode step, ids in, logits out: embedding rows, every layer
@@ -194,50 +152,28 @@ int64_t graft_decode_step_scratch(const graft_dims_t *d, int64_t tokens) {
  * ids, positions, slots [T]; tables [T, max_blocks]; lens [T]; logits [T, head.n].
  * Returns graft_decode_layers' codes, or -2 for a token id outside the embedding, -3 for a
  * position outside the RoPE tables (nothing is computed then). */
-int64_t graft_decode_step(const graft_layer_t *layers, int64_t num_layers, const graft_dims_t *d,
-                          const graft_step_t *s, int64_t T, const int64_t *ids,
-                          const int64_t *positions, const int64_t *slots, const int32_t *tables,
-                          const int32_t *lens, float *logits, float *scratch, int nt) {
+int64_t graft_decode_step(const graft_layer_t *layers, const graft_moe_t *const *moes,
+                          int64_t num_layers, const graft_dims_t *d, const graft_step_t *s,
+                          int64_t T, const int64_t *ids, const int64_t *positions,
+                          const int64_t *slots, const int32_t *tables, const int32_t *lens,
+                          float *logits, float *scratch, int nt) {
     const int64_t H = d->hidden, half = d->rot / 2;
     for (int64_t t = 0; t < T; ++t) {
         if (ids[t] < 0 || ids[t] >= s->vocab) return -2;
         if (positions[t] < 0 || positions[t] >= s->max_pos) return -3;
     }
-    float *h = scratch + graft_decode_scratch(d, T), *residual = h + T * H;
+    float *h = scratch + graft_decode_scratch(layers, moes, num_layers, d, T), *residual = h + T * H;
     float *cos_t = residual + T * H, *sin_t = cos_t + T * half;
     for (int64_t t = 0; t < T; ++t) {
         memcpy(h + t * H, s->embed + ids[t] * H, sizeof(float) * (size_t)H);
         memcpy(cos_t + t * half, s->cos_table + positions[t] * half, sizeof(float) * (size_t)half);
         memcpy(sin_t + t * half, s->sin_table + positions[t] * half, sizeof(float) * (size_t)half);
     }
-    const int64_t bad = graft_decode_layers(layers, num_layers, d, T, h, residual, cos_t, sin_t,
-                                            slots, tables, lens, scratch, nt);
+    const int64_t bad = graft_decode_layers(layers, moes, num_layers, d, T, h, residual, cos_t,
+                                            sin_t, slots, tables, lens, scratch, nt);
     if (bad) return bad;
     float *normed = scratch; /* the layers' scratch is free again */
     graft_rms_norm(h, H, residual, H, s->final_norm, normed, residual, T, H, s->final_eps, F32,
                    F32, nt);
     return linear(&s->head, normed, T, logits, nt) ? -1 : 0;
-}
-
-/* The routed experts of one MoE layer (serving/models/moe.py), in one call instead of three
- * Python-dispatched ops per active expert (at batch 1 that overhead rivalled the int8 matmuls).
- * xs [S, hidden]: the step's (token, slot) rows grouped by expert; expert ids[a] owns rows
- * offsets[a] .. offsets[a + 1]. ys[r] = slot_w[r] * down(silu(gate) * up) of row r: the same
- * C linears and silu as the per-expert path, so the same bits. gate_up/down: [num_experts]
- * descriptors (experts without rows are not read). scratch: 3 * inter floats per row of the
- * largest expert. Returns 0, or -1 when the linears' scratch could not be allocated. */
-int64_t graft_moe_experts(const graft_linear_t *gate_up, const graft_linear_t *down,
-                          const int64_t *ids, const int64_t *offsets, int64_t num_active,
-                          const float *xs, const float *slot_w, float *ys, float *scratch, int nt) {
-    for (int64_t a = 0; a < num_active; ++a) {
-        const graft_linear_t *gu = &gate_up[ids[a]], *dn = &down[ids[a]];
-        const int64_t r0 = offsets[a], rows = offsets[a + 1] - r0, inter = dn->k, hidden = dn->n;
-        float *act = scratch + rows * 2 * inter, *y = ys + r0 * hidden;
-        if (linear(gu, xs + r0 * gu->k, rows, scratch, nt)) return -1;
-        graft_silu_mul(scratch, 2 * inter, act, rows, inter, F32, nt);
-        if (linear(dn, act, rows, y, nt)) return -1;
-        for (int64_t r = 0; r < rows; ++r)
-            for (int64_t j = 0; j < hidden; ++j) y[r * hidden + j] *= slot_w[r0 + r];
-    }
-    return 0;
 }

@@ -102,12 +102,7 @@ class ModelRunner:
         self._allocate_kv_cache()
         if self.quant_plan and c_layout:
             why_not = model.enable_fused_decode()
-            if why_not is not None:
-                how = f"op by op ({why_not})"
-            elif model.fused_decode.attention_only:
-                how = "attention in one C call per layer, MoE blocks from Python"
-            else:
-                how = "one C call per step"
+            how = "one C call per step" if why_not is None else f"op by op ({why_not})"
             log.info("decode steps: %s", how)
         self.decode_graphs = None
         if self.device.type == "cuda" and not config.enforce_eager and model.graph_unsafe_reason:

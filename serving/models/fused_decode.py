@@ -1,10 +1,12 @@
-"""The CPU decode fast path: an all-decode step of a Llama-style model (Llama, Qwen2, Qwen3)
-whose linears are all in the C layout (a quantized engine) runs every layer in one C call
-(graft.kernels.cpu_decode) instead of ~12 Python-dispatched ops per layer; an MoE model
-(Qwen3-MoE, GLM-4.5) runs each layer's attention half in one C call and its router and
-experts from Python. Same C functions, same order: the same numbers as the per-op path."""
+"""The CPU decode fast path: an all-decode step of a Llama-style model (Llama, Qwen2, Qwen3,
+and the MoE families Qwen3-MoE and GLM-4.5) whose linears are all in the C layout (a
+quantized engine) runs every layer in one C call (graft.kernels.cpu_decode) instead of ~12
+Python-dispatched ops per layer. Same C functions, same order: the same numbers as the per-op
+path."""
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
@@ -15,24 +17,26 @@ from graft.serving.models.layers import AttentionMetadata
 CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 3}  # decode_step_cpu.c codes
 
 
-def unsupported_reason(model, layer_class, attention_only: bool = False) -> str | None:
-    """None when FusedDecode can run `model`, whose layers must all be exactly
-    `layer_class` (the Llama layer layout the C step mirrors), else why not (for the log).
-    attention_only: the model runs each layer's MLP itself (MoE), so a layer may be a subclass
-    of `layer_class` that keeps its forward (another MLP only), with C-layout attention
-    projections."""
+def unsupported_reason(model, layer_class) -> str | None:
+    """None when FusedDecode can run `model`, whose layers must have `layer_class`'s forward
+    (norm, attention, norm, MLP: the layout the C step mirrors), else why not (for the log).
+    A layer's MLP is a silu GatedMLP or an MoE block that runs in C (`c_desc()`), every
+    linear in the C layout."""
     if not cpu_ops.available():
         return f"C kernels unavailable: {cpu_ops.unavailable_reason()}"
     for i, layer in enumerate(model.layers):
-        same = (type(layer) is layer_class if not attention_only else  # forward: norm, attention, norm, mlp
-                isinstance(layer, layer_class) and type(layer).forward is layer_class.forward)
-        if not same:
+        if not (isinstance(layer, layer_class) and type(layer).forward is layer_class.forward):
             return f"{type(layer).__name__} has its own layer layout"
-        if not attention_only and not layer.mlp.is_silu:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = [attn.qkv_proj, attn.o_proj]
+        if hasattr(mlp, "c_desc"):
+            if mlp.c_desc() is None:
+                return f"layer {i}'s MoE block cannot run in C (its experts are not C-layout silu MLPs)"
+        elif not getattr(mlp, "is_silu", False):
             return "the MLP activation is not silu"
-        attn = layer.self_attn
-        mlp = () if attention_only else (layer.mlp.gate_up_proj, layer.mlp.down_proj)
-        for lin in (attn.qkv_proj, attn.o_proj, *mlp):
+        else:
+            linears += [mlp.gate_up_proj, mlp.down_proj]
+        for lin in linears:
             if lin.quantized is None or "cpu" not in lin.quantized.packed:
                 return f"layer {i} has a linear outside the C layout"
         if (attn.k_cache is None or attn.k_cache.dtype not in CACHE_DTYPES
@@ -45,28 +49,26 @@ def unsupported_reason(model, layer_class, attention_only: bool = False) -> str 
 
 class FusedDecode:
     """Descriptors of every layer, built once after the weights are packed and the KV cache
-    is allocated; call it on an all-decode batch. attention_only (MoE models): one C call per
-    layer for its attention half, the layer's own MLP (router and experts) from Python in
-    between, and no whole-step call."""
+    is allocated; call it on an all-decode batch, or step() for ids to logits. An MoE layer's
+    MLP is its block's C descriptor (router, experts, shared experts: kernels/csrc/moe_cpu.c)."""
 
-    def __init__(self, model, attention_only: bool = False):
+    def __init__(self, model):
         layers = model.layers
         attn0 = layers[0].self_attn
         cfg = model.config
         k_cache = attn0.k_cache
-        self.attention_only, self.mlps = attention_only, [layer.mlp for layer in layers]
         self.dims = cpu_decode.Dims(
             hidden=cfg.hidden_size, num_heads=attn0.num_heads, num_kv_heads=attn0.num_kv_heads,
-            head_dim=attn0.head_dim, rot=0, inter=0 if attention_only else layers[0].mlp.intermediate,
-            interleaved=int(attn0.interleaved), block_size=k_cache.shape[1],
-            num_blocks=k_cache.shape[0], max_blocks=0, cache_dtype=CACHE_DTYPES[k_cache.dtype],
-            eps=layers[0].input_layernorm.eps,
+            head_dim=attn0.head_dim, rot=0, interleaved=int(attn0.interleaved),
+            block_size=k_cache.shape[1], num_blocks=k_cache.shape[0], max_blocks=0,
+            cache_dtype=CACHE_DTYPES[k_cache.dtype], eps=layers[0].input_layernorm.eps,
             qk_eps=attn0.q_norm.eps if attn0.q_norm is not None else 0.0, scale=attn0.scale)
-        descs = []
+        descs, moes, self._keep = [], [], []
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
+            moe = m.c_desc() if hasattr(m, "c_desc") else None
             lin = [cpu_decode.linear_desc(x.quantized, x.bias) for x in (a.qkv_proj, a.o_proj)]
-            lin += ([cpu_decode.LinearDesc(), cpu_decode.LinearDesc()] if attention_only else
+            lin += ([cpu_decode.LinearDesc(), cpu_decode.LinearDesc()] if moe is not None else
                     [cpu_decode.linear_desc(x.quantized, x.bias) for x in (m.gate_up_proj, m.down_proj)])
             descs.append(cpu_decode.LayerDesc(
                 *lin, layer.input_layernorm.weight.data_ptr(),
@@ -76,10 +78,12 @@ class FusedDecode:
                 a.k_cache.data_ptr(), a.v_cache.data_ptr(),
                 None if a.k_scale is None else a.k_scale.data_ptr(),
                 None if a.v_scale is None else a.v_scale.data_ptr()))
+            moes.append(None if moe is None else ctypes.addressof(moe))
+            self._keep.append(moe)
         self.layers = (cpu_decode.LayerDesc * len(descs))(*descs)
+        self.moes = (ctypes.c_void_p * len(moes))(*moes) if any(moes) else None
         self._scratch = torch.empty(0)
-        self.step_desc = None if attention_only else self._step_desc(model)
-
+        self.step_desc = self._step_desc(model)
     @staticmethod
     def _step_desc(model) -> cpu_decode.StepDesc | None:
         """The embedding, final norm and head for whole steps, or None when the head is not
@@ -107,11 +111,11 @@ class FusedDecode:
         desc.cos_table, desc.sin_table = cos_table.data_ptr(), sin_table.data_ptr()
         desc.max_pos = cos_table.shape[0]
         self.dims.rot = 2 * cos_table.shape[1]
-        need = cpu_decode.step_scratch_floats(self.dims, len(ids))
+        need = cpu_decode.step_scratch_floats(self.layers, self.moes, self.dims, len(ids))
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need)
-        return cpu_decode.decode_step(self.layers, self.dims, desc, ids, positions, slots, tables,
-                                      lens, self._scratch)
+        return cpu_decode.decode_step(self.layers, self.moes, self.dims, desc, ids, positions,
+                                      slots, tables, lens, self._scratch)
 
     def applies(self, meta: AttentionMetadata, h: torch.Tensor) -> bool:
         return (meta.num_decodes == h.shape[0] > 0 and h.dtype == torch.float32
@@ -123,20 +127,13 @@ class FusedDecode:
         tables = meta.decode_block_tables.to(torch.int32).contiguous()
         self.dims.max_blocks = tables.shape[1]
         self.dims.rot = 2 * cos.shape[1]  # cos/sin [T, R/2]: the first R dims rotate
-        need = cpu_decode.scratch_floats(self.dims, h.shape[0])
+        need = cpu_decode.scratch_floats(self.layers, self.moes, self.dims, h.shape[0])
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need)
         h = h.contiguous()  # the embeddings' fresh tensor: overwritten in place
         cos, sin = cos.contiguous(), sin.contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         lens = meta.decode_context_lens.to(torch.int32).contiguous()
-        if not self.attention_only:
-            residual = cpu_decode.decode_layers(self.layers, self.dims, h, cos, sin, slots, tables,
-                                                lens, self._scratch)
-            return h, residual
-        residual, normed = torch.empty_like(h), torch.empty_like(h)
-        for i, mlp in enumerate(self.mlps):
-            cpu_decode.decode_attention(self.layers[i], self.dims, h, residual, i == 0, cos, sin,
-                                        slots, tables, lens, normed, self._scratch, i)
-            h = mlp(normed).contiguous()  # a new tensor: normed is rewritten by the next layer
+        residual = cpu_decode.decode_layers(self.layers, self.moes, self.dims, h, cos, sin, slots,
+                                            tables, lens, self._scratch)
         return h, residual

@@ -5,6 +5,8 @@ prepacked linears as a dense MLP) and optional shared experts. A step's (token, 
 are grouped by expert and each active expert runs once on its rows, so a batch-1 decode reads
 only the top-k experts' weights. Op order follows transformers' grouped_mm experts forward
 (weight each expert's rows, restore slot order, sum over the k slots) so greedy tokens match.
+On the CPU with C-layout experts the whole block is one C call (kernels/csrc/moe_cpu.c, the
+same order), which also lets the one-call decode step run MoE layers.
 """
 
 from __future__ import annotations
@@ -81,9 +83,14 @@ class MoEBlock(nn.Module):
         self.shared_experts = (GatedMLP(hidden, moe_intermediate * num_shared, act)
                                if num_shared else None)
         self._stacked = None  # the grouped GEMM's stacked expert weights, built on first use
-        self._c_descs = None  # (C descriptors of every expert, the packed weight they point at)
+        self._c_desc = None  # (the packed weight it points at, the C descriptor, what it points at)
+        self._c_scratch = torch.empty(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        desc = self.c_desc() if x.dtype == torch.float32 and x.device.type == "cpu" else None
+        if desc is not None:  # router, experts and shared experts in one C call
+            out, self._c_scratch = cpu_decode.moe_block(desc, x.contiguous(), self._c_scratch)
+            return out
         T, H = x.shape
         weights, ids = self.gate(x)  # [T, k]
         k = ids.shape[1]
@@ -100,12 +107,7 @@ class MoEBlock(nn.Module):
     def _one_token(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Batch-1 decode: the token's k experts in slot order, no sort or scatter (the same
         products as _by_expert, so a token's output does not depend on its batch)."""
-        k, H = ids.shape[1], x.shape[1]
-        descs = self._experts_in_c(x)
-        if descs is not None:
-            return cpu_decode.moe_experts(descs, ids[0].tolist(), list(range(k + 1)),
-                                          x.expand(k, H).contiguous(), weights[0].contiguous())
-        out = torch.empty(k, H, dtype=torch.float32, device=x.device)
+        out = torch.empty(ids.shape[1], x.shape[1], dtype=torch.float32, device=x.device)
         for slot, expert in enumerate(ids[0].tolist()):
             # a [1] weight, not a 0-dim one: bf16 * 0-dim fp32 would stay bf16
             out[slot] = self.experts[expert](x)[0] * weights[0, slot:slot + 1]
@@ -122,16 +124,8 @@ class MoEBlock(nn.Module):
         counts = torch.bincount(flat, minlength=len(self.experts))  # [E]
         xs = x[order // k]  # [T k, H]: each expert's rows one contiguous range
         slot_weights = weights.reshape(-1)[order].unsqueeze(-1)  # [T k, 1] fp32
-        descs = None if grouped else self._experts_in_c(x)
         if grouped:
             ys = self._grouped(xs, counts) * slot_weights
-        elif descs is not None:
-            counts = counts.tolist()
-            active = [e for e, n in enumerate(counts) if n]
-            offsets = [0]
-            for e in active:
-                offsets.append(offsets[-1] + counts[e])
-            ys = cpu_decode.moe_experts(descs, active, offsets, xs, slot_weights.reshape(-1))
         else:
             ys = torch.empty(xs.shape, dtype=torch.float32, device=x.device)
             start = 0
@@ -142,28 +136,28 @@ class MoEBlock(nn.Module):
                     start += n
         return torch.empty_like(ys).index_copy_(0, order, ys)
 
-    def _experts_in_c(self, x: torch.Tensor):
-        """C descriptors of the experts when one C call can run them all (quantized experts,
-        which the engine's C linears hold for every format, fp32 CPU rows, silu), else None."""
+    def c_desc(self):
+        """The C descriptor of this block (kernels/csrc/moe_cpu.c) when one C call can run it:
+        the experts and shared experts are the engine's C linears (any quantization config)
+        with silu, and the C kernels are asked for; else None. Rebuilt when the packed weights
+        move (they go to huge pages on load)."""
         from graft.kernels.dispatch import kernels_mode
 
         first = self.experts[0].gate_up_proj.quantized
-        if first is None or not self.experts[0].is_silu or not cpu_quant.supports(x, first):
+        probe = self.gate.weight
+        if (first is None or kernels_mode() not in ("auto", "cpu")
+                or not cpu_quant.supports(probe, first)):
             return None
-        if x.dtype != torch.float32 or kernels_mode() not in ("auto", "cpu"):
-            # bf16 rows: the per-expert path rounds each expert's output to bf16; the
-            # reference kernels (GRAFT_KERNELS=reference) are asked not to run the C ones
-            return None
-        packed = first.packed.get("cpu")
-        key = None if packed is None else packed.weight.data_ptr()
-        if self._c_descs is None or self._c_descs[1] != key:  # packs move to huge pages on load
-            linears = [lin for e in self.experts for lin in (e.gate_up_proj, e.down_proj)]
-            if not all(lin.quantized is not None and cpu_quant.supports(x, lin.quantized)
-                       for lin in linears):
+        packed = first.packed.get("cpu")  # packed on first use
+        if self._c_desc is None or packed is None or self._c_desc[0] != packed.weight.data_ptr():
+            mlps = [*self.experts, *([self.shared_experts] if self.shared_experts is not None else [])]
+            if not all(m.is_silu and lin.quantized is not None and cpu_quant.supports(probe, lin.quantized)
+                       for m in mlps for lin in (m.gate_up_proj, m.down_proj)):
                 return None
-            descs = cpu_decode.moe_expert_descs(self.experts)
-            self._c_descs = (descs, first.packed["cpu"].weight.data_ptr())
-        return self._c_descs[0]
+            keep = []
+            desc = cpu_decode.moe_desc(self, keep)
+            self._c_desc = (first.packed["cpu"].weight.data_ptr(), desc, keep)
+        return self._c_desc[1]
 
     def _use_grouped_gemm(self, x: torch.Tensor) -> bool:
         """The Triton grouped GEMM (GPU, or GRAFT_KERNELS=triton under the interpreter) takes
@@ -193,8 +187,7 @@ class MoEBlock(nn.Module):
 
 
 class MoeDecoderLayer(DecoderLayer):
-    """A decoder layer whose MLP is an MoEBlock (its own type: the one-call C decode step,
-    which mirrors the dense layer, runs only its attention half: MoeCausalLM.enable_fused_decode)."""
+    """A decoder layer whose MLP is an MoEBlock (the dense layer's forward)."""
 
     def __init__(self, cfg, flags: dict):
         super().__init__(cfg, flags)
@@ -217,15 +210,6 @@ class MoeCausalLM(CausalLM):
         if flags["moe"]["sparse"](index):
             return MoeDecoderLayer(cfg, flags)
         return DecoderLayer(cfg, flags)
-
-    def enable_fused_decode(self) -> str | None:
-        """Run each layer's attention half of an all-decode step in one C call (the router
-        and experts between them stay in Python); returns why not, or None."""
-        from graft.serving.models.fused_decode import FusedDecode, unsupported_reason
-
-        reason = unsupported_reason(self, DecoderLayer, attention_only=True)
-        self.fused_decode = FusedDecode(self, attention_only=True) if reason is None else None
-        return reason
 
     def moe_blocks(self) -> list[MoEBlock]:
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoEBlock)]

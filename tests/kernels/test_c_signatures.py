@@ -12,8 +12,8 @@ from graft.kernels.c_signatures import (I64, INT, PTR, SIGNATURES, SignatureMism
 
 
 def test_the_declarations_match_the_c_sources():
-    check_signatures(cpu_ops.SOURCES)
-    defs = c_signatures.parse_prototypes(cpu_ops.SOURCES)["definitions"]
+    check_signatures(cpu_ops.SOURCES + cpu_ops.HEADERS)
+    defs = c_signatures.parse_prototypes(cpu_ops.SOURCES + cpu_ops.HEADERS)["definitions"]
     assert set(SIGNATURES) <= set(defs)
     assert defs["graft_argmax_rows"][0][:2] == (
         "void", ["float*", "int64_t", "int64_t", "int64_t", "int64_t*", "int"])
@@ -31,7 +31,7 @@ def test_the_declarations_match_the_c_sources():
 ])
 def test_a_mismatch_names_the_function(name, wrong, message):
     with pytest.raises(SignatureMismatch) as err:
-        check_signatures(cpu_ops.SOURCES, {**SIGNATURES, name: wrong})
+        check_signatures(cpu_ops.SOURCES + cpu_ops.HEADERS, {**SIGNATURES, name: wrong})
     assert message in str(err.value)
 
 
@@ -65,7 +65,7 @@ def test_the_build_refuses_a_wrong_declaration(tmp_path, monkeypatch):
 def test_the_ctypes_structs_match_the_c_typedefs():
     import ctypes
 
-    check_signatures(cpu_ops.SOURCES, structs=c_signatures.STRUCTS)
+    check_signatures(cpu_ops.SOURCES + cpu_ops.HEADERS, structs=c_signatures.STRUCTS)
 
     class SwappedDims(ctypes.Structure):  # eps and qk_eps in the wrong order: wrong values read
         _c_name_ = "graft_dims_t"
@@ -78,4 +78,4 @@ def test_the_ctypes_structs_match_the_c_typedefs():
 
     for cls in (SwappedDims, ShortLinear):
         with pytest.raises(SignatureMismatch, match=f"{cls.__name__} .* the C {cls._c_name_} has"):
-            check_signatures(cpu_ops.SOURCES, {}, structs=(cls,))
+            check_signatures(cpu_ops.SOURCES + cpu_ops.HEADERS, {}, structs=(cls,))

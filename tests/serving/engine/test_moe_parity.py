@@ -85,9 +85,10 @@ def test_router_stays_fp32_in_a_bf16_engine(tiny_llm_factory):
     assert len(out.token_ids) == GREEDY.max_tokens
 
 
-def _block(scoring="softmax", num_experts=8, top_k=2, **router):
+def _block(scoring="softmax", num_experts=8, top_k=2, num_shared=0, **router):
     torch.manual_seed(0)
-    block = MoEBlock(16, 32, "silu", TopKRouter(16, num_experts, top_k, scoring, True, **router))
+    block = MoEBlock(16, 32, "silu", TopKRouter(16, num_experts, top_k, scoring, True, **router),
+                     num_shared)
     with torch.no_grad():
         for p in block.parameters():
             p.normal_(0.0, 0.3)
@@ -125,35 +126,61 @@ def test_one_token_path_equals_its_row_in_a_batch(dtype):
     torch.testing.assert_close(alone, batched)
 
 
-@pytest.mark.parametrize("scheme", ["int8", "fp32", "bf16"])
-@pytest.mark.parametrize("tokens", [1, 7])
-def test_experts_in_one_c_call_equal_the_per_expert_linears(scheme, tokens, monkeypatch):
-    """Quantized experts run in one C call (graft_moe_experts): the same bits as each
-    expert's own C linears and silu from Python."""
+def _c_block(scheme, scoring="softmax", num_shared=0, **router):
+    """_block with its experts (and shared experts) in the C layout of `scheme`."""
     from graft.kernels import cpu_ops
     from graft.kernels.quant_formats import QuantScheme
 
     if not cpu_ops.available():
         pytest.skip("the C kernels did not build here")
-    block = _block(num_experts=8, top_k=3)
-    for expert in block.experts:
-        for lin in (expert.gate_up_proj, expert.down_proj):
-            lin.quantize(QuantScheme.parse(scheme))
+    block = _block(scoring, **router, num_shared=num_shared)
+    mlps = [*block.experts, *([block.shared_experts] if num_shared else [])]
+    for lin in (lin for m in mlps for lin in (m.gate_up_proj, m.down_proj)):
+        lin.quantize(QuantScheme.parse(scheme))
+    return block
+
+
+ROUTERS = [dict(num_experts=8, top_k=3),  # Qwen3-MoE: softmax, renormalised top-k
+           dict(scoring="sigmoid", num_experts=16, top_k=4, n_group=4, topk_group=2,
+                routed_scaling_factor=2.5, num_shared=1)]  # GLM-4.5: grouped, shared expert
+
+
+@pytest.mark.parametrize("router", ROUTERS, ids=["softmax", "sigmoid-grouped-shared"])
+@pytest.mark.parametrize("scheme", ["int8", "fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_the_block_in_one_c_call_equals_the_per_expert_path(router, scheme, tokens, monkeypatch):
+    """Quantized experts: router, experts, slot sum and shared experts in one C call
+    (graft_moe_block), close to each expert's own C linears from Python behind torch's router
+    (another summation order and exp in the router: last-bit differences only)."""
+    block = _c_block(scheme, **router)
+    if router.get("scoring") == "sigmoid":
+        with torch.no_grad():
+            block.gate.e_score_correction_bias.normal_(0.0, 0.1)
     x = torch.randn(tokens, 16)
     calls = []
-    real = cpu_decode.moe_experts
-    monkeypatch.setattr(cpu_decode, "moe_experts", lambda *a: calls.append(a[1]) or real(*a))
+    real = cpu_decode.moe_block
+    monkeypatch.setattr(cpu_decode, "moe_block", lambda *a: calls.append(a[1].shape) or real(*a))
     with torch.inference_mode():
         got = block(x)
-        assert len(calls) == 1 and len(calls[0]) == len(set(block.gate(x)[1].flatten().tolist()))
+        assert calls == [x.shape]
         monkeypatch.setenv("GRAFT_KERNELS", "reference")  # the C path stands aside for it
         reference = block(x)
-        assert len(calls) == 1
         monkeypatch.delenv("GRAFT_KERNELS")
-        monkeypatch.setattr(block, "_experts_in_c", lambda x: None)
+        monkeypatch.setattr(block, "c_desc", lambda: None)
         want = block(x)
-    assert torch.equal(got, want)
+    assert len(calls) == 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(reference, want, rtol=2e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("router", ROUTERS, ids=["softmax", "sigmoid-grouped-shared"])
+def test_the_c_block_gives_a_row_the_same_bits_alone_and_in_a_batch(router):
+    block = _c_block("int8", **router)
+    x = torch.randn(9, 16)
+    with torch.inference_mode():
+        batched = block(x)
+        alone = torch.cat([block(x[t:t + 1]) for t in range(9)])
+    assert torch.equal(alone, batched)
 
 
 def test_grouped_router_only_picks_from_the_best_groups():
@@ -216,24 +243,27 @@ def test_the_fused_expert_layout_loads_the_same_model(tiny_llm_factory, tmp_path
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])
-def test_attention_in_one_c_call_is_the_per_op_path(tiny_moe, kv):
-    """A quantized MoE engine runs each layer's attention half of an all-decode step in one C
-    call (graft_decode_attention; the router and experts from Python between them): the
-    per-op path's logits and KV cache bit for bit, for mixed schemes and context lengths."""
-    config = {"default": "int8", "modules": {"layers.0.self_attn.*": "int4", "layers.1.self_attn.o_proj": "bf16"}}
+def test_the_decode_step_in_one_c_call_is_the_per_op_path(tiny_moe, kv):
+    """A quantized MoE engine runs an all-decode step in one C call, ids to logits (attention,
+    routers, experts, shared experts, GLM's dense first layer, head): the per-op path's logits
+    and KV cache bit for bit, for mixed schemes and context lengths."""
+    config = {"default": "int8", "modules": {"layers.0.self_attn.*": "int4", "layers.1.self_attn.o_proj": "bf16",
+                                             "layers.1.mlp.experts.2.*": "int4"}}
     engine = Engine.from_pretrained(tiny_moe, EngineConfig(quantization=config, kv_cache_dtype=kv,
                                                            num_kv_blocks=64))
     model = engine.runner.model
     fused = model.fused_decode
-    assert fused is not None and fused.attention_only and not fused.step_applies(3, 3)
+    assert fused is not None and fused.moes is not None and fused.step_applies(3, 3)
     batch = three_decodes(engine, GREEDY)  # their prompts ran op by op
     calls = []
-    attention = cpu_decode.decode_attention
-    cpu_decode.decode_attention = lambda *args: calls.append(args[-1]) or attention(*args)
+    step, block = cpu_decode.decode_step, cpu_decode.moe_block
+    cpu_decode.decode_step = lambda *args: calls.append("step") or step(*args)
+    cpu_decode.moe_block = lambda *args: calls.append("block") or block(*args)
     try:
         fused_logits, per_op_logits, fused_pools, before = fused_then_per_op(engine, batch)
     finally:
-        cpu_decode.decode_attention = attention
-    assert calls == list(range(len(model.layers)))  # one C call per layer, then none op by op
+        cpu_decode.decode_step, cpu_decode.moe_block = step, block
+    sparse = len(model.moe_blocks())
+    assert calls == ["step"] + ["block"] * sparse  # one C call, then each MoE block op by op
     assert torch.equal(fused_logits, per_op_logits)
     assert not torch.equal(fused_pools[0], before[0])  # the step stored this token's K/V
