@@ -16,7 +16,10 @@
  * Tiles: 4 rows x one block (8 accumulators), or the leftover 1-3 rows x the pair's two blocks
  * (4-12 accumulators: one pass over the pair's interleaved stream, and more independent FMA
  * chains at one row). Each row and lane is one FMA chain over the columns in order (int4: per
- * group), whatever the tile: a row's result does not depend on its batch.
+ * group), whatever the tile: a row's result does not depend on its batch. One row runs about
+ * one FMA a cycle, held there by the widening, not by its 4 chains' FMA latency: a second
+ * chain per lane (K split in halves, in every tile) measured no faster cache-hot and slower
+ * from memory (docs/kernels.md).
  */
 #include <stdint.h>
 #include <stdlib.h>

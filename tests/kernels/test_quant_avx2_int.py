@@ -20,7 +20,8 @@ def _quantized(n, k, seed, scheme="int8"):
 
 
 @pytest.mark.parametrize("scheme,n,k", [("int8", 40, 130), ("int8", 17, 7), ("int8", 64, 1024),
-                                        ("int8", 33, 5), ("int4-g32", 40, 96), ("int4-g64", 17, 512),
+                                        ("int8", 33, 5), ("int8", 9, 3), ("int8", 35, 12),
+                                        ("int4-g32", 40, 96), ("int4-g64", 17, 512),
                                         ("int4-g128", 64, 256)])
 def test_rows_do_not_depend_on_the_batch(scheme, n, k):
     qw, g = _quantized(n, k, seed=n + k, scheme=scheme)
