@@ -111,9 +111,22 @@ def sizes(args, model_dir: Path) -> dict:
                                f"exceed the model's {max_len} positions: use smaller values")
     return {"context": args.context, "decode_tokens": args.decode_tokens, "batch": args.batch,
             "batch_prompt": 64, "prompt_len": prompt_len, "seed": args.seed,
-            "vocab": config["vocab_size"], "max_model_len": min(need + 8, max_len),
+            "vocab": prompt_vocab(model_dir, config["vocab_size"]),
+            "max_model_len": min(need + 8, max_len),
             # a served chat prompt: template + --prompt-words words, well under 512 tokens
             "serve_max_model_len": min(512 + args.decode_tokens, max_len)}
+
+
+def prompt_vocab(model_dir: Path, vocab_size: int) -> int:
+    """Token ids below this make the random prompts: the model's vocab, or the tokenizer's
+    where it is smaller (a `graft models random` checkpoint has a few hundred tokens and a
+    real model's vocab rows), since vLLM refuses ids its tokenizer does not know."""
+    from transformers import AutoTokenizer
+
+    try:
+        return min(vocab_size, len(AutoTokenizer.from_pretrained(model_dir)))
+    except (OSError, ValueError):  # no tokenizer there: every tool then draws from the model's
+        return vocab_size
 
 
 def graft_offline(args, schemes: list[str], size: dict) -> dict[str, dict[str, float]]:

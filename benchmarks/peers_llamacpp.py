@@ -185,9 +185,16 @@ def _check(cmd: list[str], what: str, env: dict | None = None) -> subprocess.Com
     except OSError as err:
         raise PeerUnavailable(f"{what}: {err}") from None
     if res.returncode:
-        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise PeerUnavailable(f"{what} exited {res.returncode}: {tail[0]}")
+        raise PeerUnavailable(f"{what} exited {res.returncode}: {failure_line(res)}")
     return res
+
+
+def failure_line(res: subprocess.CompletedProcess) -> str:
+    """The line of a failed tool's output that says why: its last exception line
+    ("ValueError: ..."), else its last line (warnings printed at exit come after the error)."""
+    lines = [line.strip() for line in (res.stderr or res.stdout or "").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
+    return (errors or lines or ["no output"])[-1]
 
 
 def _raise(message: str):

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from graft.benchmarks.peers_llamacpp import PeerUnavailable
+from graft.benchmarks.peers_llamacpp import PeerUnavailable, failure_line
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("peers_vllm_driver.py")
@@ -40,8 +40,7 @@ class Vllm:
             res = subprocess.run([str(self.python), str(DRIVER), str(job), str(out)],
                                  capture_output=True, text=True, env=self.env(threads))
             if res.returncode or not out.exists():
-                tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise PeerUnavailable(f"vLLM {fmt} exited {res.returncode}: {tail[0]}")
+                raise PeerUnavailable(f"vLLM {fmt} exited {res.returncode}: {failure_line(res)}")
             return json.loads(out.read_text())
 
     def serve_command(self, model_dir: Path, fmt: str, port: int, max_model_len: int) -> list[str]:

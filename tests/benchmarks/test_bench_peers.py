@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from graft.benchmarks import peers_llamacpp, peers_report
+from graft.benchmarks import peers, peers_llamacpp, peers_report
 from graft.benchmarks.peers_vllm import REPO
 from graft.cli import main
 
@@ -97,6 +98,35 @@ def test_ratios_pair_runs_and_need_every_run():
     assert [r["metric"] for r in rows] == ["batch1_decode"]  # prefill lost a peer run
     assert rows[0]["ratio"] == [0.5, 2.0, 3.0]  # 10/5, 30/10, 20/40 paired by run
     assert rows[0]["graft"] == [10.0, 20.0, 30.0] and rows[0]["peer_values"] == [5.0, 10.0, 40.0]
+
+
+def test_random_prompts_stay_inside_the_tokenizer(tmp_path):
+    from graft.benchmarks.random_checkpoint import build_tokenizer
+
+    # a `graft models random` checkpoint: a real model's vocab rows, a small tokenizer (vLLM
+    # refuses prompt ids its tokenizer does not know)
+    from transformers import AutoTokenizer
+
+    build_tokenizer(tmp_path / "ckpt", vocab_size=384)
+    tokens = len(AutoTokenizer.from_pretrained(tmp_path / "ckpt"))
+    assert 100 < tokens <= 384
+    assert peers.prompt_vocab(tmp_path / "ckpt", 151936) == tokens
+    assert peers.prompt_vocab(tmp_path / "ckpt", 100) == 100
+    (tmp_path / "bare").mkdir()
+    assert peers.prompt_vocab(tmp_path / "bare", 151936) == 151936
+
+
+def test_a_failed_tool_is_reported_by_its_error_line():
+    def failed(stderr: str) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess([], 1, stdout="", stderr=stderr)
+
+    crash = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+             "ValueError: Token id 151000 is out of vocabulary\n"
+             "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning\n"
+             "  warnings.warn('resource_tracker: There appear to be %d '\n")
+    assert peers_llamacpp.failure_line(failed(crash)) == "ValueError: Token id 151000 is out of vocabulary"
+    assert peers_llamacpp.failure_line(failed("loading\nout of memory\n\n")) == "out of memory"
+    assert peers_llamacpp.failure_line(failed("")) == "no output"
 
 
 def test_gguf_cache_follows_the_checkpoint(tmp_path):
