@@ -185,14 +185,14 @@ def _check(cmd: list[str], what: str, env: dict | None = None) -> subprocess.Com
     except OSError as err:
         raise PeerUnavailable(f"{what}: {err}") from None
     if res.returncode:
-        raise PeerUnavailable(f"{what} exited {res.returncode}: {failure_line(res)}")
+        raise PeerUnavailable(f"{what} exited {res.returncode}: {failure_line(res.stderr or res.stdout)}")
     return res
 
 
-def failure_line(res: subprocess.CompletedProcess) -> str:
+def failure_line(output: str | None) -> str:
     """The line of a failed tool's output that says why: its last exception line
     ("ValueError: ..."), else its last line (warnings printed at exit come after the error)."""
-    lines = [line.strip() for line in (res.stderr or res.stdout or "").splitlines() if line.strip()]
+    lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b", line)]
     return (errors or lines or ["no output"])[-1]
 

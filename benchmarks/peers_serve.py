@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from graft.benchmarks.peers_llamacpp import PeerUnavailable
+from graft.benchmarks.peers_llamacpp import PeerUnavailable, failure_line
 
 START_TIMEOUT_S = 600  # vLLM on a loaded 2-core machine starts in about a minute
 
@@ -82,5 +82,4 @@ def load(url: str, requests: int, concurrency: int, max_tokens: int, seed: int) 
 
 
 def _last_line(log: Path) -> str:
-    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    return lines[-1].strip()[:200] if lines else "no output"
+    return failure_line(log.read_text(errors="replace"))[:200]

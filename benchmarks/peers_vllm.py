@@ -40,7 +40,7 @@ class Vllm:
             res = subprocess.run([str(self.python), str(DRIVER), str(job), str(out)],
                                  capture_output=True, text=True, env=self.env(threads))
             if res.returncode or not out.exists():
-                raise PeerUnavailable(f"vLLM {fmt} exited {res.returncode}: {failure_line(res)}")
+                raise PeerUnavailable(f"vLLM {fmt} exited {res.returncode}: {failure_line(res.stderr or res.stdout)}")
             return json.loads(out.read_text())
 
     def serve_command(self, model_dir: Path, fmt: str, port: int, max_model_len: int) -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -144,16 +143,13 @@ def test_random_prompts_stay_inside_the_tokenizer(tmp_path):
 
 
 def test_a_failed_tool_is_reported_by_its_error_line():
-    def failed(stderr: str) -> subprocess.CompletedProcess:
-        return subprocess.CompletedProcess([], 1, stdout="", stderr=stderr)
-
     crash = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
              "ValueError: Token id 151000 is out of vocabulary\n"
              "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning\n"
              "  warnings.warn('resource_tracker: There appear to be %d '\n")
-    assert peers_llamacpp.failure_line(failed(crash)) == "ValueError: Token id 151000 is out of vocabulary"
-    assert peers_llamacpp.failure_line(failed("loading\nout of memory\n\n")) == "out of memory"
-    assert peers_llamacpp.failure_line(failed("")) == "no output"
+    assert peers_llamacpp.failure_line(crash) == "ValueError: Token id 151000 is out of vocabulary"
+    assert peers_llamacpp.failure_line("loading\nout of memory\n\n") == "out of memory"
+    assert peers_llamacpp.failure_line("") == "no output"
 
 
 def test_gguf_cache_follows_the_checkpoint(tmp_path):
