@@ -28,8 +28,10 @@ class Vllm:
         return {"python": str(self.python)}
 
     def env(self, threads: int) -> dict:
-        # its OpenMP threads pinned to the first `threads` CPUs: graft's count
+        # its OpenMP threads pinned to the first `threads` CPUs: graft's count (also in
+        # OMP_NUM_THREADS, which graft may have lowered in this process's environment)
         return vllm_env(VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
+                        OMP_NUM_THREADS=str(threads),
                         VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
 
     def offline(self, model_dir: Path, fmt: str, threads: int, sizes: dict) -> dict[str, float]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from graft.benchmarks import peers, peers_llamacpp, peers_report
+from graft.benchmarks import peers, peers_llamacpp, peers_report, peers_vllm
 from graft.benchmarks.peers_vllm import REPO
 from graft.cli import main
 
@@ -208,3 +208,11 @@ def test_vllm_rows(tmp_path_factory, tmp_path):
     rows = {r["metric"]: r for r in result["rows"]}
     assert set(rows) == set(OFFLINE) | set(SERVE)
     assert all(r["peer"] == "vllm" and r["ratio"][1] > 0 for r in rows.values())
+
+
+def test_vllm_gets_the_thread_count_even_where_graft_lowered_it(monkeypatch):
+    # graft lowers OMP_NUM_THREADS in its own environment on a loaded machine; vLLM's
+    # processes must still run --threads threads, pinned to the first CPUs
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    env = peers_vllm.Vllm(Path("python")).env(2)
+    assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
