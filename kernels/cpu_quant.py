@@ -66,8 +66,16 @@ def isa_capped(name: str):
         lib.graft_quant_cap_isa(before)
 
 
+def bf16_dot() -> bool:
+    """Whether bf16 weights under bf16-valued activations (a bf16 engine's) run on AVX512-BF16
+    dot products (kernels/csrc/quant_bf16dot_cpu.c): this build has them and the ISA level
+    allows them (avx512-vnni and up)."""
+    return bool(cpu_ops._lib().graft_quant_bf16_dot_built()) and isa() in ("avx512-vnni", "avx512-amx")
+
+
 def isa_description() -> str:
     """isa() with what runs where, for load logs."""
+    dot = "; bf16 x bf16-valued activations on AVX512-BF16" if bf16_dot() else ""
     return {"avx512-amx": "avx512-amx path: int8/bf16/int4-g64+ on AMX tiles from 8 rows, "
                           "int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F",
             "avx512-vnni": "avx512-vnni path: int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F",
@@ -75,7 +83,7 @@ def isa_description() -> str:
                       "no AVX-512 VNNI",
             "avx2": "avx2 path: every format on AVX2 + FMA, this CPU has no AVX-512",
             "portable": "portable path: no AVX2 + FMA on this CPU, every format on the portable loop",
-            }[isa()]
+            }[isa()] + dot
 
 
 def supports(x: torch.Tensor, weight: QuantizedWeight) -> bool:

@@ -10,7 +10,8 @@
  *
  * Paths: int8 and int4 run on AVX-512 VNNI (quant_vnni_cpu.c, which also documents their
  * layouts); bf16 and fp32 weights are widened to fp32 in registers (exact) and multiplied
- * with fp32 FMAs on AVX-512F. What a CPU lacks runs on AVX2 + FMA (quant_avx2_cpu.c for fp32
+ * with fp32 FMAs on AVX-512F, except bf16 weights under x that holds only bf16 values (a bf16
+ * engine's), which run on AVX512-BF16 dot products (quant_bf16dot_cpu.c). What a CPU lacks runs on AVX2 + FMA (quant_avx2_cpu.c for fp32
  * and bf16, quant_avx2_int_cpu.c for int8 and int4, also calls whose x holds inf or NaN), and without AVX2 on the portable loop below:
  * fp32 products in the same layouts.
  *
@@ -48,6 +49,9 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
                             int64_t ldy, int64_t N, int64_t NB, int nthreads, int amx_runs);
 
 int graft_quant_amx(void);
+int graft_quant_bf16_dot(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                         const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
+                         int nthreads);
 int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
                          const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
                          int nthreads);
@@ -297,6 +301,10 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
     if (kind == KIND_BF16 && level >= 4) {
         const int status = graft_quant_amx_bf16(x, ldx, M, K, w, bias, y, ldy, N, NB, nthreads);
         if (status <= 0) return status; /* else too few rows, K not a multiple of 32, inf/NaN */
+    }
+    if (kind == KIND_BF16 && level >= 3) {
+        const int status = graft_quant_bf16_dot(x, ldx, M, K, w, bias, y, ldy, N, NB, nthreads);
+        if (status <= 0) return status; /* else no AVX512-BF16, or x is not all bf16 values */
     }
     if (!integer && level >= 2) {
         const int64_t pairs = NB / 2, block = kind == KIND_F32 ? K * 64 : (K + 1) / 2 * 64; /* bytes */

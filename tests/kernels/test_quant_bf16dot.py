@@ -1,0 +1,63 @@
+"""The AVX512-BF16 path of the bf16 C linear (kernels/csrc/quant_bf16dot_cpu.c), taken when
+every activation is a bf16 value (a bf16 engine's): both factors bf16, so each product is exact
+and the result must be the FMA path's up to the order of the fp32 sums; any other x must take
+the FMA path unchanged."""
+
+import pytest
+import torch
+
+from graft.kernels import cpu_ops, cpu_quant
+from graft.kernels.quant_formats import QuantScheme, quantize
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available() or not cpu_quant.bf16_dot(),
+                                reason="no AVX512-BF16 dot path on this machine")
+
+
+def _paths(x, qw, bias, threads):
+    """(this machine's path, the FMA path of a CPU without AVX512-BF16), on `threads` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_quant.quant_linear(x, qw, bias)
+        with cpu_quant.isa_capped("avx512"):
+            return got, cpu_quant.quant_linear(x, qw, bias)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", [(40, 64), (100, 577), (64, 1536)])  # N past 32s, odd K
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 97, 200])  # every tile height, chunks of 96
+def test_bf16_rows_match_the_fma_path(m, n, k, threads):
+    g = torch.Generator().manual_seed(m * k + n)
+    qw = quantize(torch.randn(n, k, generator=g) * 0.05, QuantScheme.parse("bf16"))
+    x = torch.randn(m, k, generator=g).bfloat16().float()
+    x[-1] *= 300.0
+    bias = torch.randn(n, generator=g)
+    got, fma = _paths(x, qw, bias, threads)
+    # exact products; fp32 sums of K terms in another order
+    exact = x.double() @ qw.dequantize().double().T + bias.double()
+    bound = 2.0 ** -20 * (x.abs().double() @ qw.dequantize().abs().double().T) + 1e-6
+    assert ((got.double() - exact).abs() <= bound).all()
+    assert ((fma.double() - exact).abs() <= bound).all()
+
+
+def test_the_dot_path_runs_and_flushes_denormals():
+    """VDPBF16PS reads denormal inputs as zero (the FMA path keeps them): a row whose only
+    product is a denormal tells the two paths apart."""
+    qw = quantize(torch.ones(32, 64), QuantScheme.parse("bf16"))
+    x = torch.zeros(3, 64)
+    x[:, 0] = 2.0 ** -130  # a bf16 denormal
+    got, fma = _paths(x, qw, None, 1)
+    assert (fma == 2.0 ** -130).all() and (got == 0).all()
+
+
+def test_other_activations_take_the_fma_path_unchanged():
+    qw = quantize(torch.randn(96, 128) * 0.05, QuantScheme.parse("bf16"))
+    x = torch.randn(33, 128).bfloat16().float()
+    x[20, 5] += 2.0 ** -12  # one value that is not a bf16
+    got, fma = _paths(x, qw, None, 2)
+    assert torch.equal(got, fma)
+    x[20, 5] = float("inf")  # inf is a bf16: the dot path carries it as the FMA path does
+    got, fma = _paths(x, qw, None, 2)
+    assert torch.equal(got.isinf(), fma.isinf()) and torch.equal(got.isnan(), fma.isnan())
