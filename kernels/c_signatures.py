@@ -62,7 +62,7 @@ class Dims(ctypes.Structure):
     _c_name_ = "graft_dims_t"
     _fields_ = [(name, _i64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim", "rot",
                                           "interleaved", "block_size", "num_blocks",
-                                          "max_blocks", "cache_dtype")] + \
+                                          "max_blocks", "cache_dtype", "act_dtype")] + \
                [("eps", _f32), ("qk_eps", _f32), ("scale", _f32)]
 
 

@@ -1,4 +1,4 @@
-/* Every decoder layer of one all-decode step in one call (fp32 activations, CPU).
+/* Every decoder layer of one all-decode step in one call (fp32 or bf16 activations, CPU).
  *
  * Why: at batch 1 a SmolLM2 step is ~12 small ops per layer (norm, linear, rotary, KV store,
  * attention, silu * up...) x 30 layers. Each op costs a few microseconds of Python, dispatch
@@ -7,10 +7,18 @@
  * (norm_rope_cpu.c, paged_decode_cpu.c, quant_linear_cpu.c) run back to back on
  * preallocated scratch, in the per-op path's order: the result is bit-identical to it.
  * An MoE layer's MLP is graft_moe_block (moe_cpu.c), the call its per-op path makes too.
+ *
+ * bf16 activations (a bf16 engine, dims.act_dtype 1): every buffer between the ops holds bf16
+ * as the per-op path's tensors do, and the norm weights and RoPE tables are bf16 too. A linear
+ * widens its rows to fp32, runs the fp32-in, fp32-out C linear and rounds the result to bf16,
+ * as the per-op path's quant_linear does (x.float(), then .to(bfloat16)); the logits are
+ * rounded to bf16 and widened back, as the per-op head's .float() leaves them. Dense layers
+ * and bf16 KV caches only (the MoE block and the int8 cache store take fp32 rows).
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "decode_types.h"
 
 void graft_rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t res_stride,
@@ -33,7 +41,42 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                            int64_t num_blocks, float scale, const float *k_scale,
                            const float *v_scale, int dtype, int cache_dtype, int num_threads);
 
-enum { F32 = 0, I8 = 3 };
+enum { F32 = 0, BF16 = 1, I8 = 3 };
+
+/* Element i of a buffer of activations `es` bytes wide (4: fp32, 2: bf16). */
+#define AT(p, i) ((void *)((char *)(p) + (size_t)(i) * es))
+
+/* n bf16 values rounded from fp32 src into dst (dst may alias src: it is read first). */
+static void narrow_rows(const float *src, uint16_t *dst, int64_t n, int nt) {
+#pragma omp parallel for num_threads(nt) if (n >= (1 << 16))
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+}
+
+/* y [rows, l->n] = x [rows, l->k] through the C-layout linear l, in the activations' dtype:
+ * bf16 rows are widened into stage (rows * (l->k + l->n) floats) and the fp32 product is
+ * rounded into y. Nonzero: no scratch memory. */
+static int act_linear(const graft_linear_t *l, const void *x, int64_t rows, void *y, int act,
+                      float *stage, int nt) {
+    if (act == F32) return linear(l, x, rows, y, nt);
+    float *in = stage, *out = stage + rows * l->k;
+    for (int64_t i = 0; i < rows * l->k; ++i) in[i] = bf16_to_float(((const uint16_t *)x)[i]);
+    if (linear(l, in, rows, out, nt)) return -1;
+    narrow_rows(out, y, rows * l->n, nt);
+    return 0;
+}
+
+/* Floats of the bf16 linears' staging for `tokens` rows: the widest input and output of any
+ * layer's linear (none for fp32 activations). */
+static int64_t stage_floats(const graft_layer_t *layers, int64_t num_layers, const graft_dims_t *d,
+                            int64_t tokens) {
+    if (d->act_dtype == F32) return 0;
+    int64_t most = 0;
+    for (int64_t i = 0; i < num_layers; ++i) {
+        const graft_linear_t *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
+        for (int j = 0; j < 4; ++j) most = ls[j]->k + ls[j]->n > most ? ls[j]->k + ls[j]->n : most;
+    }
+    return tokens * most;
+}
 
 /* One layer's attention half, in the per-op path's order: the residual add and input norm
  * of h (first: h is the embeddings, the residual starts as them), qkv, Qwen3's q/k norms,
@@ -41,48 +84,52 @@ enum { F32 = 0, I8 = 3 };
  * residual add into normed [T, hidden] (the MLP's input). work: the scratch after normed.
  * Returns 0, -1 (no scratch), 1 (a KV slot out of range) or 2 (a bad block table). */
 static int64_t attention_block(const graft_layer_t *L, const graft_dims_t *d, int64_t T,
-                               const float *h, float *residual, int first, const float *cos_t,
-                               const float *sin_t, const int64_t *slots, const int32_t *tables,
-                               const int32_t *lens, float *normed, float *work, int nt) {
+                               const void *h, void *residual, int first, const void *cos_t,
+                               const void *sin_t, const int64_t *slots, const int32_t *tables,
+                               const int32_t *lens, float *normed, float *work, float *stage,
+                               int nt) {
     const int64_t H = d->hidden, D = d->head_dim, qs = d->num_heads * D, kvs = d->num_kv_heads * D;
     const int64_t nqkv = qs + 2 * kvs, num_slots = d->num_blocks * d->block_size;
+    const int act = (int)d->act_dtype;
+    const size_t es = act == F32 ? sizeof(float) : sizeof(uint16_t);
+    /* each buffer is sized in floats, so it holds its bf16 rows too */
     float *o = work, *qkv = o + T * H, *qn = qkv + T * nqkv;
     float *kn = qn + T * qs, *qr = kn + T * kvs, *attn = qr + T * qs, *kr = attn + T * qs;
     if (first) { /* no residual yet: it starts as the embeddings */
-        memcpy(residual, h, sizeof(float) * (size_t)(T * H));
-        graft_rms_norm(h, H, 0, 0, L->in_norm, normed, 0, T, H, d->eps, F32, F32, nt);
+        memcpy(residual, h, es * (size_t)(T * H));
+        graft_rms_norm(h, H, 0, 0, L->in_norm, normed, 0, T, H, d->eps, act, act, nt);
     } else {
-        graft_rms_norm(h, H, residual, H, L->in_norm, normed, residual, T, H, d->eps, F32, F32, nt);
+        graft_rms_norm(h, H, residual, H, L->in_norm, normed, residual, T, H, d->eps, act, act, nt);
     }
-    if (linear(&L->qkv, normed, T, qkv, nt)) return -1;
-    const float *qsrc = qkv, *ksrc = qkv + qs;
+    if (act_linear(&L->qkv, normed, T, qkv, act, stage, nt)) return -1;
+    const void *qsrc = qkv, *ksrc = AT(qkv, qs);
     int64_t qstride = nqkv, kstride = nqkv;
     if (L->q_norm) { /* per-head RMSNorm of q and k before rotary (Qwen3) */
         for (int64_t t = 0; t < T; ++t) {
-            graft_rms_norm(qkv + t * nqkv, D, 0, 0, L->q_norm, qn + t * qs, 0, d->num_heads, D,
-                           d->qk_eps, F32, F32, 1);
-            graft_rms_norm(qkv + t * nqkv + qs, D, 0, 0, L->k_norm, kn + t * kvs, 0,
-                           d->num_kv_heads, D, d->qk_eps, F32, F32, 1);
+            graft_rms_norm(AT(qkv, t * nqkv), D, 0, 0, L->q_norm, AT(qn, t * qs), 0,
+                           d->num_heads, D, d->qk_eps, act, act, 1);
+            graft_rms_norm(AT(qkv, t * nqkv + qs), D, 0, 0, L->k_norm, AT(kn, t * kvs), 0,
+                           d->num_kv_heads, D, d->qk_eps, act, act, 1);
         }
         qsrc = qn, ksrc = kn, qstride = qs, kstride = kvs;
     }
     graft_rotary(qsrc, qstride, cos_t, sin_t, qr, T, d->num_heads, D, d->rot,
-                 (int)d->interleaved, F32, F32, nt);
+                 (int)d->interleaved, act, act, nt);
     graft_rotary(ksrc, kstride, cos_t, sin_t, kr, T, d->num_kv_heads, D, d->rot,
-                 (int)d->interleaved, F32, F32, nt);
+                 (int)d->interleaved, act, act, nt);
     const int64_t stored = d->cache_dtype == I8
         ? graft_store_kv_i8(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, L->k_scale,
                             L->v_scale, slots, T, d->num_kv_heads, D, num_slots)
-        : graft_store_kv(kr, kvs, qkv + qs + kvs, nqkv, L->k_cache, L->v_cache, slots, T, kvs,
-                         num_slots, F32, (int)d->cache_dtype);
+        : graft_store_kv(kr, kvs, AT(qkv, qs + kvs), nqkv, L->k_cache, L->v_cache, slots, T,
+                         kvs, num_slots, act, (int)d->cache_dtype);
     if (stored) return 1;
     const int64_t bad = graft_paged_decode(qr, L->k_cache, L->v_cache, tables, lens, attn, T,
                                            d->num_heads, d->num_kv_heads, D, d->block_size,
                                            d->max_blocks, d->num_blocks, d->scale, L->k_scale,
-                                           L->v_scale, F32, (int)d->cache_dtype, nt);
+                                           L->v_scale, act, (int)d->cache_dtype, nt);
     if (bad) return bad < 0 ? -1 : 2;
-    if (linear(&L->o, attn, T, o, nt)) return -1;
-    graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, F32, F32, nt);
+    if (act_linear(&L->o, attn, T, o, act, stage, nt)) return -1;
+    graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, act, act, nt);
     return 0;
 }
 
@@ -90,6 +137,18 @@ static int64_t attention_block(const graft_layer_t *L, const graft_dims_t *d, in
 static int64_t attention_scratch(const graft_dims_t *d, int64_t tokens) {
     const int64_t q = d->num_heads * d->head_dim, kv = d->num_kv_heads * d->head_dim;
     return tokens * (2 * d->hidden + (q + 2 * kv) + 3 * q + 2 * kv);
+}
+
+/* The dense MLP in the activations' dtype: gate|up, silu(gate) * up, down, as gated_mlp
+ * (decode_types.h) runs it for fp32 rows; work: 3 * inter floats per row. */
+static int act_gated_mlp(const graft_layer_t *L, const void *x, int64_t rows, void *y, int act,
+                         float *work, float *stage, int nt) {
+    if (act == F32) return gated_mlp(&L->gate_up, &L->down, x, rows, y, work, nt);
+    const int64_t inter = L->down.k;
+    float *act_rows = work + rows * 2 * inter;
+    if (act_linear(&L->gate_up, x, rows, work, act, stage, nt)) return -1;
+    graft_silu_mul(work, 2 * inter, act_rows, rows, inter, act, nt);
+    return act_linear(&L->down, act_rows, rows, y, act, stage, nt);
 }
 
 /* Floats of the MLP half's scratch for `tokens` rows, the most any layer needs: a dense
@@ -105,43 +164,49 @@ static int64_t mlp_scratch(const graft_layer_t *layers, const graft_moe_t *const
     return most;
 }
 
-/* Scratch floats graft_decode_layers needs for `tokens` rows: the attention half's, then the
- * MLP's. */
+/* Scratch floats graft_decode_layers needs for `tokens` rows: the attention half's, the
+ * MLP's, then the bf16 linears' staging. */
 int64_t graft_decode_scratch(const graft_layer_t *layers, const graft_moe_t *const *moes,
                              int64_t num_layers, const graft_dims_t *d, int64_t tokens) {
-    return attention_scratch(d, tokens) + mlp_scratch(layers, moes, num_layers, d, tokens);
+    return attention_scratch(d, tokens) + mlp_scratch(layers, moes, num_layers, d, tokens)
+           + stage_floats(layers, num_layers, d, tokens);
 }
 
 /* h [T, hidden]: the embeddings in, the last layer's MLP output out; residual [T, hidden]
  * out: the residual stream before the final norm (the model adds and norms the rows it
- * needs logits for). moes: NULL (a dense model), or per layer its MoE block (NULL: that layer
- * is dense). cos/sin [T, rot/2]; slots [T]; tables [T, max_blocks]; lens [T].
+ * needs logits for); both, and cos/sin, of dims.act_dtype. moes: NULL (a dense model), or
+ * per layer its MoE block (NULL: that layer is dense; fp32 activations only). cos/sin
+ * [T, rot/2]; slots [T]; tables [T, max_blocks]; lens [T].
  * Returns 0, or 1 + layer * 2 + (0: a KV slot out of range, 1: a bad block table) on the
  * first failure, or -1 when scratch (attention, int4 group sums) could not be allocated. */
 int64_t graft_decode_layers(const graft_layer_t *layers, const graft_moe_t *const *moes,
-                            int64_t num_layers, const graft_dims_t *d, int64_t T, float *h,
-                            float *residual, const float *cos_t, const float *sin_t,
+                            int64_t num_layers, const graft_dims_t *d, int64_t T, void *h,
+                            void *residual, const void *cos_t, const void *sin_t,
                             const int64_t *slots, const int32_t *tables, const int32_t *lens,
                             float *scratch, int nt) {
+    const int act = (int)d->act_dtype;
     float *normed = scratch, *mlp = scratch + attention_scratch(d, T);
+    float *stage = mlp + mlp_scratch(layers, moes, num_layers, d, T);
     for (int64_t i = 0; i < num_layers; ++i) {
         const graft_layer_t *L = &layers[i];
         const int64_t bad = attention_block(L, d, T, h, residual, i == 0, cos_t, sin_t, slots,
-                                            tables, lens, normed, normed + T * d->hidden, nt);
+                                            tables, lens, normed, normed + T * d->hidden, stage,
+                                            nt);
         if (bad) return bad < 0 ? -1 : bad + 2 * i;
         if (moes && moes[i] ? graft_moe_block(moes[i], d->hidden, T, normed, h, mlp, nt)
-                            : gated_mlp(&L->gate_up, &L->down, normed, T, h, mlp, nt))
+                            : act_gated_mlp(L, normed, T, h, act, mlp, stage, nt))
             return -1;
     }
     return 0;
 }
 
 /* Floats of scratch graft_decode_step needs for `tokens` rows: the layers' own, plus the
- * embeddings, the residual stream and the rows' cos/sin. */
+ * embeddings, the residual stream, the rows' cos/sin and, for bf16 activations, the final
+ * norm's rows widened for the head. */
 int64_t graft_decode_step_scratch(const graft_layer_t *layers, const graft_moe_t *const *moes,
                                   int64_t num_layers, const graft_dims_t *d, int64_t tokens) {
     return graft_decode_scratch(layers, moes, num_layers, d, tokens)
-           + tokens * (2 * d->hidden + d->rot);
+           + tokens * (2 * d->hidden + d->rot) + (d->act_dtype == F32 ? 0 : tokens * d->hidden);
 }
 
 /* A whole all-decode step, ids in, logits out: embedding rows, every layer
@@ -158,22 +223,29 @@ int64_t graft_decode_step(const graft_layer_t *layers, const graft_moe_t *const 
                           const int64_t *slots, const int32_t *tables, const int32_t *lens,
                           float *logits, float *scratch, int nt) {
     const int64_t H = d->hidden, half = d->rot / 2;
+    const int act = (int)d->act_dtype;
+    const size_t es = act == F32 ? sizeof(float) : sizeof(uint16_t);
     for (int64_t t = 0; t < T; ++t) {
         if (ids[t] < 0 || ids[t] >= s->vocab) return -2;
         if (positions[t] < 0 || positions[t] >= s->max_pos) return -3;
     }
     float *h = scratch + graft_decode_scratch(layers, moes, num_layers, d, T), *residual = h + T * H;
-    float *cos_t = residual + T * H, *sin_t = cos_t + T * half;
+    float *cos_t = residual + T * H, *sin_t = cos_t + T * half, *wide = sin_t + T * half;
     for (int64_t t = 0; t < T; ++t) {
-        memcpy(h + t * H, s->embed + ids[t] * H, sizeof(float) * (size_t)H);
-        memcpy(cos_t + t * half, s->cos_table + positions[t] * half, sizeof(float) * (size_t)half);
-        memcpy(sin_t + t * half, s->sin_table + positions[t] * half, sizeof(float) * (size_t)half);
+        memcpy(AT(h, t * H), AT(s->embed, ids[t] * H), es * (size_t)H);
+        memcpy(AT(cos_t, t * half), AT(s->cos_table, positions[t] * half), es * (size_t)half);
+        memcpy(AT(sin_t, t * half), AT(s->sin_table, positions[t] * half), es * (size_t)half);
     }
     const int64_t bad = graft_decode_layers(layers, moes, num_layers, d, T, h, residual, cos_t,
                                             sin_t, slots, tables, lens, scratch, nt);
     if (bad) return bad;
     float *normed = scratch; /* the layers' scratch is free again */
-    graft_rms_norm(h, H, residual, H, s->final_norm, normed, residual, T, H, s->final_eps, F32,
-                   F32, nt);
-    return linear(&s->head, normed, T, logits, nt) ? -1 : 0;
+    graft_rms_norm(h, H, residual, H, s->final_norm, normed, residual, T, H, s->final_eps, act,
+                   act, nt);
+    if (act == F32) return linear(&s->head, normed, T, logits, nt) ? -1 : 0;
+    for (int64_t i = 0; i < T * H; ++i) wide[i] = bf16_to_float(((const uint16_t *)normed)[i]);
+    if (linear(&s->head, wide, T, logits, nt)) return -1;
+#pragma omp parallel for num_threads(nt) if (T * s->head.n >= (1 << 16))
+    for (int64_t i = 0; i < T * s->head.n; ++i) logits[i] = bf16_round(logits[i]);
+    return 0;
 }

@@ -17,8 +17,8 @@ typedef struct {
 
 typedef struct {
     graft_linear_t qkv, o, gate_up, down;
-    const float *in_norm, *post_norm; /* [hidden] */
-    const float *q_norm, *k_norm;     /* [head_dim] or NULL (Qwen3's per-head norms) */
+    const void *in_norm, *post_norm; /* [hidden] of dims.act_dtype */
+    const void *q_norm, *k_norm;     /* [head_dim] or NULL (Qwen3's per-head norms) */
     void *k_cache, *v_cache;          /* [num_blocks, block_size, Hkv, D] of dims.cache_dtype */
     float *k_scale, *v_scale;         /* int8 caches: [num_blocks, block_size, Hkv], else NULL */
 } graft_layer_t;
@@ -27,18 +27,20 @@ typedef struct {
     int64_t hidden, num_heads, num_kv_heads, head_dim, rot, interleaved;
     int64_t block_size, num_blocks, max_blocks;
     int64_t cache_dtype; /* paged_decode_cpu.c codes: 0 fp32, 1 bf16, 3 int8 */
+    int64_t act_dtype;   /* of the activations, norm weights, embeddings, RoPE: 0 fp32, 1 bf16 */
     float eps, qk_eps, scale;
 } graft_dims_t;
 
 /* What a whole decode step needs besides the layers: the embedding table, the final norm,
- * the output head (a C-layout linear) and the RoPE tables of every position. */
+ * the output head (a C-layout linear) and the RoPE tables of every position (the tables and
+ * norm of dims.act_dtype; the logits fp32). */
 typedef struct {
-    const float *embed;       /* [vocab, hidden] */
+    const void *embed;        /* [vocab, hidden] */
     int64_t vocab;
-    const float *final_norm;  /* [hidden] */
+    const void *final_norm;   /* [hidden] */
     float final_eps;
     graft_linear_t head;      /* head.n logits per row */
-    const float *cos_table, *sin_table; /* [max_pos, rot / 2] */
+    const void *cos_table, *sin_table; /* [max_pos, rot / 2] */
     int64_t max_pos;
 } graft_step_t;
 

@@ -100,7 +100,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
-        if self.quant_plan and c_layout:
+        if (self.quant_plan and self.device.type == "cpu" and cpu_ops.available()
+                and self.dtype in (torch.float32, torch.bfloat16)):
             why_not = model.enable_fused_decode()
             how = "one C call per step" if why_not is None else f"op by op ({why_not})"
             log.info("decode steps: %s", how)

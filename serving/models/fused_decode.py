@@ -2,7 +2,7 @@
 and the MoE families Qwen3-MoE and GLM-4.5) whose linears are all in the C layout (a
 quantized engine) runs every layer in one C call (graft.kernels.cpu_decode) instead of ~12
 Python-dispatched ops per layer. Same C functions, same order: the same numbers as the per-op
-path."""
+path. Activations fp32, or bf16 (a bf16 engine: dense layers over a bf16 KV cache)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from graft.kernels.dispatch import kernels_mode
 from graft.serving.models.layers import AttentionMetadata
 
 CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 3}  # decode_step_cpu.c codes
+ACT_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def unsupported_reason(model, layer_class) -> str | None:
@@ -24,12 +25,17 @@ def unsupported_reason(model, layer_class) -> str | None:
     linear in the C layout."""
     if not cpu_ops.available():
         return f"C kernels unavailable: {cpu_ops.unavailable_reason()}"
+    act = model.embed_tokens.weight.dtype
+    if act not in ACT_DTYPES:
+        return f"activations are {act}, not fp32 or bf16"
     for i, layer in enumerate(model.layers):
         if not (isinstance(layer, layer_class) and type(layer).forward is layer_class.forward):
             return f"{type(layer).__name__} has its own layer layout"
         attn, mlp = layer.self_attn, layer.mlp
         linears = [attn.qkv_proj, attn.o_proj]
         if hasattr(mlp, "c_desc"):
+            if act != torch.float32:
+                return "the C MoE block takes fp32 activations"
             if mlp.c_desc() is None:
                 return f"layer {i}'s MoE block cannot run in C (its experts are not C-layout silu MLPs)"
         elif not getattr(mlp, "is_silu", False):
@@ -42,8 +48,8 @@ def unsupported_reason(model, layer_class) -> str | None:
         if (attn.k_cache is None or attn.k_cache.dtype not in CACHE_DTYPES
                 or not attn.k_cache.is_contiguous()):
             return "the KV cache is not a contiguous fp32, bf16 or int8 pool"
-    if model.embed_tokens.weight.dtype != torch.float32:
-        return "activations are not fp32"
+        if act != torch.float32 and attn.k_cache.dtype != act:
+            return "bf16 activations need a bf16 KV cache"
     return None
 
 
@@ -55,21 +61,23 @@ class FusedDecode:
     def __init__(self, model):
         layers = model.layers
         attn0 = layers[0].self_attn
+        self.dtype = model.embed_tokens.weight.dtype
         cfg = model.config
         k_cache = attn0.k_cache
         self.dims = cpu_decode.Dims(
             hidden=cfg.hidden_size, num_heads=attn0.num_heads, num_kv_heads=attn0.num_kv_heads,
             head_dim=attn0.head_dim, rot=0, interleaved=int(attn0.interleaved),
             block_size=k_cache.shape[1], num_blocks=k_cache.shape[0], max_blocks=0,
-            cache_dtype=CACHE_DTYPES[k_cache.dtype], eps=layers[0].input_layernorm.eps,
+            cache_dtype=CACHE_DTYPES[k_cache.dtype], act_dtype=ACT_DTYPES[self.dtype],
+            eps=layers[0].input_layernorm.eps,
             qk_eps=attn0.q_norm.eps if attn0.q_norm is not None else 0.0, scale=attn0.scale)
         descs, moes, self._keep = [], [], []
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
             moe = m.c_desc() if hasattr(m, "c_desc") else None
-            lin = [cpu_decode.linear_desc(x.quantized, x.bias) for x in (a.qkv_proj, a.o_proj)]
+            lin = [self._linear(x) for x in (a.qkv_proj, a.o_proj)]
             lin += ([cpu_decode.LinearDesc(), cpu_decode.LinearDesc()] if moe is not None else
-                    [cpu_decode.linear_desc(x.quantized, x.bias) for x in (m.gate_up_proj, m.down_proj)])
+                    [self._linear(x) for x in (m.gate_up_proj, m.down_proj)])
             descs.append(cpu_decode.LayerDesc(
                 *lin, layer.input_layernorm.weight.data_ptr(),
                 layer.post_attention_layernorm.weight.data_ptr(),
@@ -84,6 +92,16 @@ class FusedDecode:
         self.moes = (ctypes.c_void_p * len(moes))(*moes) if any(moes) else None
         self._scratch = torch.empty(0)
         self.step_desc = self._step_desc(model)
+
+    def _linear(self, lin) -> cpu_decode.LinearDesc:
+        """The C view of a linear; a bf16 bias as an fp32 copy, which the C adds before the
+        rounding, as the per-op path adds bias.float()."""
+        bias = lin.bias
+        if bias is not None and bias.dtype != torch.float32:
+            bias = bias.float()
+            self._keep.append(bias)
+        return cpu_decode.linear_desc(lin.quantized, bias)
+
     @staticmethod
     def _step_desc(model) -> cpu_decode.StepDesc | None:
         """The embedding, final norm and head for whole steps, or None when the head is not
@@ -118,7 +136,7 @@ class FusedDecode:
                                       slots, tables, lens, self._scratch)
 
     def applies(self, meta: AttentionMetadata, h: torch.Tensor) -> bool:
-        return (meta.num_decodes == h.shape[0] > 0 and h.dtype == torch.float32
+        return (meta.num_decodes == h.shape[0] > 0 and h.dtype == self.dtype
                 and kernels_mode() in ("auto", "cpu"))
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -134,6 +134,33 @@ def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family, kv):
     assert not torch.equal(fused[0], before[0])  # the step stored this token's K/V
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_bf16_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family):
+    """A bf16 engine's one-call decode step (bf16 rows between the ops, each linear's fp32
+    product rounded to bf16) gives its per-op path's logits and bf16 KV cache bit for bit:
+    Qwen2's qkv bias (added in fp32 before the rounding) and Qwen3's q/k norms included."""
+    model_dir = tiny_llm_factory(family)
+    config = {"default": "int4", "modules": {"layers.0.*": "int8", "layers.1.self_attn.*": "bf16"}}
+    engine = Engine.from_pretrained(model_dir, EngineConfig(dtype="bfloat16", quantization=config))
+    model = engine.runner.model
+    assert model.fused_decode is not None and engine.runner.kv_cache.dtype == torch.bfloat16
+    batch = three_decodes(engine, SamplingParams(temperature=0.0, max_tokens=6))
+    steps = []
+    whole_step = model.fused_decode.step
+    model.fused_decode.step = lambda *args: steps.append(args) or whole_step(*args)
+    fused_logits, per_op_logits, fused, before = fused_then_per_op(engine, batch)
+    assert len(steps) == 1
+    assert torch.equal(fused_logits, per_op_logits)
+    assert torch.equal(fused_logits, fused_logits.bfloat16().float())  # the head's bf16 rounding
+    assert not torch.equal(fused[0], before[0])
+
+
+def test_bf16_fused_decode_is_off_for_an_int8_cache(tiny_llm_factory):
+    engine = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(
+        dtype="bfloat16", quantization="int8", kv_cache_dtype="int8"))
+    assert engine.runner.model.fused_decode is None
+
+
 def test_whole_decode_step_only_for_sampled_one_token_rows(tiny_llm_factory):
     """A one-token chunk that is not a prompt's last token is a decode row without logits:
     such steps take the per-op path, and the tokens are the same as with larger chunks."""
