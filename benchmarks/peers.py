@@ -23,7 +23,7 @@ from pathlib import Path
 
 from graft.benchmarks import peers_llamacpp, peers_report, peers_serve, peers_vllm
 from graft.benchmarks.peers_llamacpp import PeerUnavailable
-from graft.benchmarks.peers_report import FORMATS, MATCH
+from graft.benchmarks.peers_report import FORMATS, GRAFT_DTYPE, MATCH
 from graft.cli_types import number_in
 from graft.io import atomic_write_json, atomic_write_text
 
@@ -131,23 +131,27 @@ def prompt_vocab(model_dir: Path, vocab_size: int) -> int:
         return vocab_size
 
 
-def graft_offline(args, schemes: list[str], size: dict) -> dict[str, dict[str, float]]:
-    """scheme -> tok/s, from `graft bench engine --quantization` in a fresh process."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "graft.cli", "bench", "engine", str(args.model_dir),
-               "--quantization", ",".join(schemes), "--decode-tokens", str(size["decode_tokens"]),
-               "--context", str(size["context"]), "--batch", str(size["batch"]),
-               "--prefill-len", str(size["prompt_len"]), "--bandwidth-mb", str(args.bandwidth_mb),
-               "--threads", str(args.threads), "--out", str(out)]
-        res = subprocess.run(cmd, capture_output=True, text=True,
-                             env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
-        if res.returncode:
-            raise RuntimeError(f"graft bench engine exited {res.returncode}:\n{res.stderr[-2000:]}")
-        formats = json.loads(out.read_text())["formats"]
+def graft_offline(args, schemes: list[tuple[str, str]], size: dict) -> dict[str, dict[str, float]]:
+    """scheme -> tok/s, from `graft bench engine --quantization` in a fresh process per
+    engine dtype (schemes: (scheme, dtype) pairs)."""
+    found = {}
+    for dtype in dict.fromkeys(d for _, d in schemes):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "r.json"
+            cmd = [sys.executable, "-m", "graft.cli", "bench", "engine", str(args.model_dir),
+                   "--quantization", ",".join(s for s, d in schemes if d == dtype),
+                   "--dtype", dtype, "--decode-tokens", str(size["decode_tokens"]),
+                   "--context", str(size["context"]), "--batch", str(size["batch"]),
+                   "--prefill-len", str(size["prompt_len"]), "--bandwidth-mb", str(args.bandwidth_mb),
+                   "--threads", str(args.threads), "--out", str(out)]
+            res = subprocess.run(cmd, capture_output=True, text=True,
+                                 env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+            if res.returncode:
+                raise RuntimeError(f"graft bench engine exited {res.returncode}:\n{res.stderr[-2000:]}")
+            found.update(json.loads(out.read_text())["formats"])
     return {name: {"batch1_decode": f["batch1_decode_tokens_per_s"],
                    "batch_decode": f["batch32_decode_tokens_per_s"],
-                   "prefill": f["prefill512_tokens_per_s"]} for name, f in formats.items()}
+                   "prefill": f["prefill512_tokens_per_s"]} for name, f in found.items()}
 
 
 def setup_peers(args, formats: list[str], out_dir: Path) -> tuple[dict, dict[str, str]]:
@@ -196,7 +200,7 @@ def run(args) -> int:
         if unmatched:
             print(f"vllm: no row for {', '.join(unmatched)} (vLLM-CPU runs those only from "
                   "checkpoints quantized beforehand, not the same weights)", flush=True)
-    schemes = list(dict.fromkeys(FORMATS[f] for f in formats))
+    schemes = list(dict.fromkeys((FORMATS[f], GRAFT_DTYPE.get(f, "float32")) for f in formats))
     # a kill (SIGTERM) unwinds like Ctrl-C: the servers and tool processes are stopped
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
@@ -228,7 +232,8 @@ def _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped) -> d
                   "read_bandwidth_bytes_per_s": bandwidth, "sizes": size, "runs": i + 1,
                   "peers": {name: tool.describe() for name, (tool, _) in peers.items()},
                   "skipped": skipped, "serve_format": serve_fmt,
-                  "formats": {f: {"graft": FORMATS[f], "match": MATCH[f]} for f in formats},
+                  "formats": {f: {"graft": FORMATS[f], "graft_dtype": GRAFT_DTYPE.get(f, "float32"),
+                                  "match": MATCH[f]} for f in formats},
                   "values": values, "summary": peers_report.summary(values),
                   "rows": peers_report.rows(values, peers, formats, serve_fmt, i + 1),
                   **peers_report.provenance(args)}
@@ -262,7 +267,8 @@ def _measure(tool, peers, args, formats, schemes, size, values, skipped) -> None
 def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
     max_len = size["serve_max_model_len"]
     servers = [("graft", lambda port: peers_serve.graft_serve_command(
-        args.model_dir, FORMATS[fmt], port, max_len), dict(os.environ, OMP_NUM_THREADS=str(args.threads)))]
+        args.model_dir, FORMATS[fmt], port, max_len, GRAFT_DTYPE.get(fmt, "float32")),
+                             dict(os.environ, OMP_NUM_THREADS=str(args.threads)))]
     if "vllm" in peers and fmt in peers_vllm.DTYPES and "vllm serve" not in skipped:
         vllm = peers["vllm"][0]
         servers.append(("vllm", lambda port: vllm.serve_command(args.model_dir, fmt, port, max_len),

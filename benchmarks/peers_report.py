@@ -12,7 +12,10 @@ from pathlib import Path
 
 # peer format -> graft's scheme holding the same bits per weight
 FORMATS = {"f32": "fp32", "bf16": "bf16", "q8_0": "int8", "q4_0": "int4-g32", "q4_1": "int4-g32"}
-MATCH = {"f32": "same weights", "bf16": "same weights",
+# the graft engine dtype a format runs under: bf16 peers compute in bf16 (vLLM's bfloat16,
+# llama.cpp's BF16 matmuls), so graft's bf16 row is its bf16 engine; the rest run fp32
+GRAFT_DTYPE = {"bf16": "bfloat16"}
+MATCH = {"f32": "same weights", "bf16": "same weights, bf16 activations (graft --dtype bfloat16)",
          "q8_0": "graft int8: one fp32 scale per output row; Q8_0: one fp16 scale per 32 weights",
          "q4_0": "graft int4-g32: scale + min per 32 weights; Q4_0: scale only (symmetric)",
          "q4_1": "graft int4-g32 and Q4_1: scale + min per 32 weights (the same layout)"}

@@ -24,10 +24,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def graft_serve_command(model_dir: Path, scheme: str, port: int, max_model_len: int) -> list[str]:
+def graft_serve_command(model_dir: Path, scheme: str, port: int, max_model_len: int,
+                        dtype: str = "float32") -> list[str]:
     return [sys.executable, "-m", "graft.cli", "serve", str(model_dir), "--host", "127.0.0.1",
             "--port", str(port), "--served-model-name", "graft", "--quantization", scheme,
-            "--max-model-len", str(max_model_len)]
+            "--dtype", dtype, "--max-model-len", str(max_model_len)]
 
 
 @contextlib.contextmanager

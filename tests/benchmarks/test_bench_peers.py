@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from graft.benchmarks import peers, peers_llamacpp, peers_report, peers_vllm
+from graft.benchmarks import peers, peers_llamacpp, peers_report, peers_serve, peers_vllm
 from graft.cli import main
 
 TINY = ["--runs", "1", "--threads", "1", "--prompt-len", "48", "--context", "8",
@@ -22,12 +22,17 @@ OFFLINE = ("batch1_decode", "batch_decode", "prefill")
 SERVE = ("serve_output_tok_s", "serve_ttft_p50_ms", "serve_ttft_p99_ms")
 
 
-def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path, capsys):
+def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path, capsys,
+                                                            monkeypatch):
+    commands = []
+    command = peers_serve.graft_serve_command
+    monkeypatch.setattr(peers_serve, "graft_serve_command",
+                        lambda *a: commands.append(command(*a)) or commands[-1])
     empty = tmp_path / "empty"
     empty.mkdir()
     out, md = tmp_path / "peers.json", tmp_path / "peers.md"
     rc = main(["bench", "peers", str(tiny_llama), "--llama-cpp", str(empty), "--no-build",
-               "--vllm-venv", str(empty), "--formats", "f32,q8_0", "--serve-format", "f32",
+               "--vllm-venv", str(empty), "--formats", "f32,bf16,q8_0", "--serve-format", "bf16",
                "--out", str(out), "--markdown", str(md), *TINY])
     assert rc == 0
     printed = capsys.readouterr().out
@@ -37,12 +42,16 @@ def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path
     assert "is not a built vLLM venv" in result["skipped"]["vllm"]
     assert f"skipping llama.cpp: --llama-cpp {empty}" in printed
     assert f"skipping vllm: {empty} is not a built vLLM venv" in printed
-    for scheme in ("fp32", "int8"):
+    for scheme in ("fp32", "bf16", "int8"):
         for metric in OFFLINE:
             lo, mid, hi = result["summary"][f"graft {scheme} {metric}"]
             assert 0 < lo <= mid <= hi
     for metric in SERVE:
-        assert result["summary"][f"graft fp32 {metric}"][1] > 0
+        assert result["summary"][f"graft bf16 {metric}"][1] > 0
+    # bf16 peers compute in bf16: graft's bf16 row is its bf16 engine, offline and served
+    assert [result["formats"][f]["graft_dtype"] for f in ("f32", "bf16", "q8_0")] == \
+        ["float32", "bfloat16", "float32"]
+    assert len(commands) == 1 and " --dtype bfloat16 " in " ".join(commands[0])
     machine = result["machine"]
     assert machine["threads"] == 1 and set(machine["cpu_flags"]) >= {"avx2", "avx512f", "amx_tile"}
     assert len(result["read_bandwidth_bytes_per_s"]) == 1 and result["read_bandwidth_bytes_per_s"][0] > 0
@@ -50,7 +59,7 @@ def test_missing_peers_are_skipped_and_graft_still_measured(tiny_llama, tmp_path
     assert "graft int8" in printed and "prefill-48" in printed and "batch-3 decode" in printed
     # the command that reproduces it, as the docs record figures
     assert result["command"].startswith(f"graft bench peers {tiny_llama} --peers llama.cpp,vllm "
-                                        "--formats f32,q8_0 --runs 1 --threads 1")
+                                        "--formats f32,bf16,q8_0 --runs 1 --threads 1")
     assert result["command"].endswith("--no-build") and result["date"].endswith("UTC")
     text = md.read_text()
     assert result["command"] in text and machine["cpu_model"] in text
