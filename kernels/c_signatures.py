@@ -30,6 +30,7 @@ SIGNATURES: dict[str, tuple[str, list[str]]] = {
     "graft_quant_isa": (INT, []),
     "graft_quant_cap_isa": (VOID, [INT]),
     "graft_quant_bf16_dot_built": (INT, []),
+    "graft_quant_bf16_io": (INT, [PTR, I64, I64, I64, PTR, PTR, PTR, I64, I64, I64, INT]),
     "graft_decode_scratch": (I64, [PTR, PTR, I64, PTR, I64]),
     "graft_decode_layers": (I64, [PTR, PTR, I64, PTR, I64] + [PTR] * 8 + [INT]),
     "graft_moe_block_scratch": (I64, [PTR, I64, I64]),

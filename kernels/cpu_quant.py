@@ -244,6 +244,9 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
 
     if not supports(x, weight):
         return quant.quant_linear(x, weight, bias)
+    if (x.dtype == torch.bfloat16 and weight.scheme.kind == "bf16" and not portable
+            and bf16_dot() and isa() != "avx512-amx"):  # AMX takes bf16 calls of 8+ rows
+        return _bf16_io(x, weight, bias)
     if x.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
         # the reference's contract: fp32 products, the result in x's dtype
         out = quant_linear(x.float(), weight, None if bias is None else bias.float(), portable)
@@ -268,4 +271,25 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
             lib.graft_quant_linear_portable(*args, torch.get_num_threads())
         elif lib.graft_quant_linear(*args, p.num_blocks, torch.get_num_threads()):
             raise MemoryError(f"quant_linear (C): no memory for the scratch of {rows} rows (activation digits, int4 group sums)")
+    return y.reshape(*lead, n)
+
+
+def _bf16_io(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """bf16 x through bf16 weights on the AVX512-BF16 dot products, bf16 out: the fp32 route's
+    numbers (x.float(), the C linear, .to(bfloat16)) without its two conversions."""
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
+    p = pack(weight)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty((x2.shape[0], n), dtype=torch.bfloat16)
+    bias_c = None if bias is None else bias.float().contiguous()
+    if x2.shape[0] and cpu_ops._lib().graft_quant_bf16_io(
+            x2.data_ptr(), x2.stride(0), x2.shape[0], k, p.weight.data_ptr(),
+            None if bias_c is None else bias_c.data_ptr(), y.data_ptr(), n, n, p.num_blocks,
+            torch.get_num_threads()):
+        raise MemoryError(f"quant_linear (C): no memory for the scratch of {x2.shape[0]} rows")
     return y.reshape(*lead, n)

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include "bf16.h"
 #include "quant_epilogue.h"
 
 #define MR 6       /* rows per tile: 6 rows x 2 blocks = 12 accumulators */
@@ -48,12 +49,12 @@ static void pair_rows(const float *x, int64_t ldx, int64_t M, int64_t K, uint32_
     }
 }
 
-/* R rows of words against one pair of blocks (w0: block 0's first step; block 1's steps are
- * 64 bytes after each of block 0's) over `steps` column pairs; S accumulator sets split the
- * steps so that few rows still have independent chains. */
+/* R rows of words (`ws` apart) against one pair of blocks (w0: block 0's first step; block
+ * 1's steps are 64 bytes after each of block 0's) over `steps` column pairs; S accumulator
+ * sets split the steps so that few rows still have independent chains. */
 #define DOT_TILE(NAME, R, S)                                                                   \
-    static void NAME(const uint32_t *words, int64_t steps, const uint16_t *w0, const float *bias, \
-                     int64_t o0, float *y, int64_t ldy, int64_t N) {                          \
+    static void NAME(const uint32_t *words, int64_t ws, int64_t steps, const uint16_t *w0,    \
+                     const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {       \
         __m512 acc[S][R][2];                                                                    \
         for (int s = 0; s < S; ++s)                                                             \
             for (int m = 0; m < R; ++m) acc[s][m][0] = acc[s][m][1] = _mm512_setzero_ps();     \
@@ -63,7 +64,7 @@ static void pair_rows(const float *x, int64_t ldx, int64_t M, int64_t K, uint32_
                 const __m512bh b0 = (__m512bh)_mm512_loadu_si512(w0 + (j + s) * 64);           \
                 const __m512bh b1 = (__m512bh)_mm512_loadu_si512(w0 + (j + s) * 64 + 32);      \
                 _Pragma("GCC unroll 6") for (int m = 0; m < R; ++m) {                           \
-                    const __m512bh a = (__m512bh)_mm512_set1_epi32((int)words[m * steps + j + s]); \
+                    const __m512bh a = (__m512bh)_mm512_set1_epi32((int)words[m * ws + j + s]); \
                     acc[s][m][0] = _mm512_dpbf16_ps(acc[s][m][0], a, b0);                       \
                     acc[s][m][1] = _mm512_dpbf16_ps(acc[s][m][1], a, b1);                       \
                 }                                                                               \
@@ -73,7 +74,7 @@ static void pair_rows(const float *x, int64_t ldx, int64_t M, int64_t K, uint32_
             const __m512bh b0 = (__m512bh)_mm512_loadu_si512(w0 + j * 64);                      \
             const __m512bh b1 = (__m512bh)_mm512_loadu_si512(w0 + j * 64 + 32);                 \
             for (int m = 0; m < R; ++m) {                                                       \
-                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)words[m * steps + j]);      \
+                const __m512bh a = (__m512bh)_mm512_set1_epi32((int)words[m * ws + j]);      \
                 acc[0][m][0] = _mm512_dpbf16_ps(acc[0][m][0], a, b0);                           \
                 acc[0][m][1] = _mm512_dpbf16_ps(acc[0][m][1], a, b1);                           \
             }                                                                                   \
@@ -93,10 +94,9 @@ DOT_TILE(dot_4, 4, 2)
 DOT_TILE(dot_5, 5, 1)
 DOT_TILE(dot_6, 6, 1)
 
-typedef void (*dot_fn)(const uint32_t *, int64_t, const uint16_t *, const float *, int64_t,
-                       float *, int64_t, int64_t);
+typedef void (*dot_fn)(const uint32_t *, int64_t, int64_t, const uint16_t *, const float *,
+                       int64_t, float *, int64_t, int64_t);
 static const dot_fn DOTS[MR + 1] = {0, dot_1, dot_2, dot_3, dot_4, dot_5, dot_6};
-#endif
 
 /* 1 when this build has the VDPBF16PS path (-march names a CPU with AVX512-BF16). */
 int graft_quant_bf16_dot_built(void) {
@@ -107,6 +107,36 @@ int graft_quant_bf16_dot_built(void) {
 #endif
 }
 
+/* The tiles over rows of words (`ws` words apart, steps = (K + 1) / 2 of them used) into
+ * fp32 y; with out (bf16, `ldo` apart) each chunk of rows is then rounded into it as torch's
+ * .to(bfloat16) rounds (y: a chunk's scratch, rows restarting at 0 every chunk). */
+static void dot_rows(const uint32_t *words, int64_t ws, int64_t M, int64_t K, const void *w,
+                     const float *bias, float *y, int64_t ldy, uint16_t *out, int64_t ldo,
+                     int64_t N, int64_t NB, int nthreads) {
+    const int64_t steps = (K + 1) / 2, pairs = NB / 2;
+    for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
+        const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
+        float *yc = out ? y : y + mc * ldy;
+#pragma omp parallel num_threads(nthreads) if (pairs > 1 && nthreads > 1)
+        {
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < pairs; ++p) {
+                const uint16_t *wp = (const uint16_t *)w + p * steps * 64;
+                for (int64_t m0 = mc; m0 < mend; m0 += MR) {
+                    const int r = (int)(mend - m0 < MR ? mend - m0 : MR);
+                    DOTS[r](words + m0 * ws, ws, steps, wp, bias, p * 32, yc + (m0 - mc) * ldy, ldy, N);
+                }
+            }
+            if (out) {
+#pragma omp for schedule(static)
+                for (int64_t m = mc; m < mend; ++m)
+                    for (int64_t o = 0; o < N; ++o) out[m * ldo + o] = float_to_bf16(yc[(m - mc) * ldy + o]);
+            }
+        }
+    }
+}
+#endif
+
 /* y [M, ldy] = x @ W^T + bias for bf16 W in the C layout (NB blocks of 16, even). Returns 0;
  * 1 when this path does not apply (not built with AVX512-BF16, or x holds a value that is
  * not a bf16: the caller runs the FMA path); -1 when the words could not be allocated. */
@@ -115,21 +145,47 @@ int graft_quant_bf16_dot(const float *x, int64_t ldx, int64_t M, int64_t K, cons
                          int nthreads) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
     if (!all_bf16(x, ldx, M, K)) return 1;
-    const int64_t steps = (K + 1) / 2, pairs = NB / 2;
+    const int64_t steps = (K + 1) / 2;
     uint32_t *words = malloc(sizeof(uint32_t) * (size_t)(M * steps));
     if (!words) return -1;
     pair_rows(x, ldx, M, K, words);
-    for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
-        const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
-        for (int64_t p = 0; p < pairs; ++p) {
-            const uint16_t *wp = (const uint16_t *)w + p * steps * 64;
-            for (int64_t m0 = mc; m0 < mend; m0 += MR) {
-                const int r = (int)(mend - m0 < MR ? mend - m0 : MR);
-                DOTS[r](words + m0 * steps, steps, wp, bias, p * 32, y + m0 * ldy, ldy, N);
-            }
-        }
+    dot_rows(words, steps, M, K, w, bias, y, ldy, 0, 0, N, NB, nthreads);
+    free(words);
+    return 0;
+#else
+    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;
+    (void)NB; (void)nthreads;
+    return 1;
+#endif
+}
+
+/* bf16 x [M, ldx] in, bf16 y [M, ldy] out (the fp32 sums plus bias, rounded), for a bf16
+ * engine's calls: the same numbers as widening x, graft_quant_bf16_dot and rounding, without
+ * the two conversions around the call. With K even and ldx even the rows are the words as
+ * they stand. Returns 0; 1 when not built with AVX512-BF16 (the caller converts and takes the
+ * fp32 route); -1 when scratch could not be allocated. */
+int graft_quant_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                        const float *bias, uint16_t *y, int64_t ldy, int64_t N, int64_t NB,
+                        int nthreads) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    const int64_t steps = (K + 1) / 2, direct = K % 2 == 0 && ldx % 2 == 0;
+    const int64_t np = NB * 16, rows = M < M_CHUNK ? M : M_CHUNK;
+    float *scratch = malloc(sizeof(float) * (size_t)(rows * np));
+    uint32_t *words = direct ? 0 : malloc(sizeof(uint32_t) * (size_t)(M * steps));
+    if (!scratch || (!direct && !words)) {
+        free(scratch);
+        free(words);
+        return -1;
     }
+    if (!direct)
+        for (int64_t m = 0; m < M; ++m) {
+            for (int64_t j = 0; j < K / 2; ++j)
+                words[m * steps + j] = x[m * ldx + 2 * j] | (uint32_t)x[m * ldx + 2 * j + 1] << 16;
+            if (K & 1) words[m * steps + steps - 1] = x[m * ldx + K - 1];
+        }
+    dot_rows(direct ? (const uint32_t *)x : words, direct ? ldx / 2 : steps, M, K, w, bias,
+             scratch, np, y, ldy, N, NB, nthreads);
+    free(scratch);
     free(words);
     return 0;
 #else

@@ -61,3 +61,18 @@ def test_other_activations_take_the_fma_path_unchanged():
     x[20, 5] = float("inf")  # inf is a bf16: the dot path carries it as the FMA path does
     got, fma = _paths(x, qw, None, 2)
     assert torch.equal(got.isinf(), fma.isinf()) and torch.equal(got.isnan(), fma.isnan())
+
+
+@pytest.mark.parametrize("k,stride", [(128, 128), (577, 577), (64, 130), (64, 67)])
+@pytest.mark.parametrize("m", [1, 7, 97, 200])
+def test_bf16_in_bf16_out_is_the_fp32_route_bit_for_bit(m, k, stride):
+    """A bf16 engine's call (bf16 rows in, bf16 out, the rows read in place where K and the
+    row stride are even) gives x.float() -> the C linear -> .to(bfloat16) exactly, bias too."""
+    g = torch.Generator().manual_seed(m + k)
+    qw = quantize(torch.randn(72, k, generator=g) * 0.05, QuantScheme.parse("bf16"))
+    x = torch.randn(m, stride, generator=g).bfloat16()[:, :k]
+    bias = torch.randn(72, generator=g).bfloat16()
+    got = cpu_quant.quant_linear(x, qw, bias)
+    assert got.dtype == torch.bfloat16
+    want = cpu_quant.quant_linear(x.float(), qw, bias.float()).to(torch.bfloat16)
+    assert torch.equal(got, want)
