@@ -68,13 +68,16 @@ def _gather_tokens(cache: torch.Tensor, block_row: torch.Tensor, n: int) -> torc
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention of the last q_len positions of a sequence over its n cached tokens.
 
-    q: [q_len, Hq, D]; k, v: [n, Hkv, D]. Runs in fp32 through torch's fused SDPA (2-3x
-    faster on CPU than einsum + mask + softmax, and the same kernel HF's default "sdpa"
-    attention uses); the causal mask is aligned to the end (query i sits at n - q_len + i).
+    q: [q_len, Hq, D]; k, v: [n, Hkv, D], or [B, ...] of each for B sequences of the same
+    q_len and n (one call; each sequence's result is the one it gets alone). Runs in fp32
+    through torch's fused SDPA (2-3x faster on CPU than einsum + mask + softmax, and the same
+    kernel HF's default "sdpa" attention uses); the causal mask is aligned to the end (query i
+    sits at n - q_len + i).
     """
-    q_len, num_q_heads, head_dim = q.shape
-    n = k.shape[0]
-    qh, kh, vh = (t.float().transpose(0, 1)[None] for t in (q, k, v))  # [1, H, len, D]
+    if q.dim() == 3:
+        return _attend(q[None], k[None], v[None], scale)[0]
+    q_len, n = q.shape[1], k.shape[1]
+    qh, kh, vh = (t.float().transpose(1, 2) for t in (q, k, v))  # [B, H, len, D]
     if q_len == n:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
                                              enable_gqa=True)
@@ -83,7 +86,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
                    <= torch.arange(n - q_len, n, device=q.device)[:, None])
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, scale=scale,
                                              enable_gqa=True)
-    return out[0].transpose(0, 1).to(q.dtype)  # [q_len, Hq, D]
+    return out.transpose(1, 2).to(q.dtype)  # [B, q_len, Hq, D]
 
 
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -136,6 +139,10 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     check_kv_scales("paged_attention_prefill", k_cache, k_scale, v_scale)
     out = torch.zeros_like(q)  # [total_q, Hq, D]
     starts = cu_seqlens_q.tolist()
+    # sequences of the same chunk and context length go through one SDPA call: a step that
+    # prefills many prompts of one length (a burst of requests) made one call per sequence
+    # and layer, whose Python cost outweighed the products
+    groups: dict[tuple[int, int], list[int]] = {}
     for i, n in enumerate(context_lens.tolist()):
         lo, hi = starts[i], starts[i + 1]
         if hi == lo:
@@ -144,10 +151,15 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             raise ValueError(f"paged_attention_prefill: sequence {i} has {hi - lo} queries but "
                              f"context_lens[{i}]={n}; context_lens must count the tokens in the cache "
                              f"after this chunk was stored (>= the chunk length)")
-        k, v = (dequantize_kv(_gather_tokens(cache, block_tables[i], n),
-                              None if sc is None else _gather_tokens(sc, block_tables[i], n))
+        groups.setdefault((hi - lo, n), []).append(i)
+    for (m, n), seqs in groups.items():
+        k, v = (dequantize_kv(torch.stack([_gather_tokens(cache, block_tables[i], n) for i in seqs]),
+                              None if sc is None else
+                              torch.stack([_gather_tokens(sc, block_tables[i], n) for i in seqs]))
                 for cache, sc in ((k_cache, k_scale), (v_cache, v_scale)))
-        out[lo:hi] = _attend(q[lo:hi], k, v, scale)
+        rows = torch.tensor([r for i in seqs for r in range(starts[i], starts[i] + m)], device=q.device)
+        got = _attend(q[rows].view(len(seqs), m, *q.shape[1:]), k, v, scale)
+        out[rows] = got.reshape(len(seqs) * m, *q.shape[1:])
     return out
 
 

@@ -16,6 +16,25 @@ def test_prefill_matches_dense(block_size, group, head_dim):
     torch.testing.assert_close(out.double(), dense_attention(case), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_of_equal_lengths_is_each_sequence_alone(dtype):
+    """Sequences of one chunk and context length share one SDPA call (a burst of same-length
+    prompts, fresh and after a cached prefix); each gets the bits it gets alone."""
+    case = make_case([30, 30, 12, 30, 30, 12, 7], [30, 30, 5, 30, 30, 5, 7], 16, 2, 3, 64, dtype=dtype)
+    out = ref.paged_attention_prefill(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                      case.cu_seqlens_q, case.context_lens, case.scale)
+    torch.testing.assert_close(out.double(), dense_attention(case), atol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                               rtol=2e-2 if dtype == torch.bfloat16 else 1e-5)
+    starts = case.cu_seqlens_q.tolist()
+    for i in range(len(starts) - 1):
+        lo, hi = starts[i], starts[i + 1]
+        alone = ref.paged_attention_prefill(case.q[lo:hi], case.k_cache, case.v_cache,
+                                            case.block_tables[i:i + 1],
+                                            torch.tensor([0, hi - lo], dtype=torch.int32),
+                                            case.context_lens[i:i + 1], case.scale)
+        assert torch.equal(out[lo:hi], alone), f"sequence {i}"
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_decode_matches_dense_and_zero_context(dtype, tol):
     case = make_case([33, 0, 1, 64], [1, 1, 1, 1], 16, 2, 3, 64, dtype=dtype, unused_fill=0)
