@@ -17,7 +17,8 @@ SPECULATIVE_MODES = ("off", "ngram", "suffix")
 LINEAR_DISPATCH_MODES = ("measure", "cached", "c", "torch")  # = graft.kernels.linear_dispatch.MODES
 QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | "
                      "int4-g32/-g64/-g128, or a quant.json per module (graft quantize); none: "
-                     "the torch linears; default: fp32 on the C kernels on CPU in fp32, else none")
+                     "the torch linears; default: fp32 on the C kernels on CPU in fp32 "
+                     "(AVX-512), bf16 on them in bf16 (AVX512-BF16 without AMX), else none")
 
 
 def option(default, help: str, choices: tuple | None = None, **cli):
@@ -66,7 +67,8 @@ class EngineConfig:
     seed: int = option(0, "generator seed for sampled requests that give no seed of their own",
                        min=0)
     # a scheme name, a quant.json path, the JSON as a dict, "none" (the torch linears), or None:
-    # fp32 on the C kernels on CPU in fp32, else none (see model_runner.default_quantization)
+    # fp32 / bf16 on the C kernels on CPU in fp32 / bf16, else none (see
+    # model_runner.default_quantization)
     quantization: str | dict | None = option(None, QUANTIZATION_HELP, metavar="SCHEME|quant.json")
     linear_dispatch: str | None = option(
         None, "CPU linears held in the C layout (quantized, or fp32 by default): which path runs "

@@ -38,14 +38,20 @@ def quant_backend(device: torch.device) -> str:
 
 
 def default_quantization(config: EngineConfig, device: torch.device) -> str | None:
-    """What quantization=None means: on CPU in fp32 with the C kernels built, every linear
-    in fp32 on them ("fp32": measured faster than the oneDNN-prepacked torch linears at
-    batch 1, batch 32 and prefill, and all-decode steps run as one C call); else (GPU, other
-    dtypes, GRAFT_KERNELS=reference, a CPU without AVX-512, where the C fp32 linear was not
-    measured against MKL's) the model's own linears."""
-    if (device.type == "cpu" and config.dtype == "float32" and kernels_mode() in ("auto", "cpu")
-            and cpu_ops.available() and cpu_quant.isa().startswith("avx512")):
+    """What quantization=None means on CPU with the C kernels built (kernels mode auto/cpu):
+    in fp32 on an AVX-512 CPU every linear in fp32 on them ("fp32": measured faster than the
+    oneDNN-prepacked torch linears at batch 1, batch 32 and prefill, and all-decode steps run
+    as one C call); in bf16 where the bf16 dot products run and AMX does not (AVX512-BF16:
+    AMD Zen 4, Intel Cooper Lake) every linear in bf16 on them ("bf16", the weights as loaded:
+    measured faster than torch's bf16 linears at the same three sizes). Else (GPU, fp16,
+    GRAFT_KERNELS=reference, other CPUs, where the C path was not measured against torch's)
+    the model's own linears."""
+    if device.type != "cpu" or kernels_mode() not in ("auto", "cpu") or not cpu_ops.available():
+        return None
+    if config.dtype == "float32" and cpu_quant.isa().startswith("avx512"):
         return "fp32"
+    if config.dtype == "bfloat16" and cpu_quant.bf16_dot() and cpu_quant.isa() == "avx512-vnni":
+        return "bf16"
     return None
 
 
