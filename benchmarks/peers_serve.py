@@ -65,14 +65,17 @@ def server(cmd: list[str], env: dict, port: int, log: Path, name: str):
 
 def load(url: str, requests: int, concurrency: int, max_tokens: int, seed: int) -> dict:
     """Output tok/s and TTFT p50/p99 (ms) of `graft bench serve` against `url`: text only, no
-    encoder-cache probe, every answer `max_tokens` long (ignore_eos)."""
+    encoder-cache probe, every answer `max_tokens` long (ignore_eos), after one warm-up request
+    per client (whichever server a run measured first took this client's and its own
+    first-call costs in its first wave: its p99 was the worst of the runs every time)."""
     from graft.benchmarks import serve
 
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)
     args = parser.parse_args([url, "--model", "graft", "--num-requests", str(requests),
                               "--concurrency", str(concurrency), "--max-tokens", str(max_tokens),
-                              "--image-ratio", "0", "--cache-probe", "0", "--seed", str(seed)])
+                              "--image-ratio", "0", "--cache-probe", "0", "--seed", str(seed),
+                              "--warmup", str(concurrency)])
     report = asyncio.run(serve.run_load(args))
     if report["completed"] < report["requests"]:
         raise PeerUnavailable(f"{url}: {report['completed']}/{report['requests']} requests "

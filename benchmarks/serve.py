@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of the generated workload")
     p.add_argument("--speed", type=_seconds, default=1.0,
                    help="--trace: divide the arrival gaps by this (2: twice the load)")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="short requests sent at once before the measured load and left out of "
+                        "the report: the server's and this client's first-call costs (chat "
+                        "template, one connection per client) then fall on no measured request")
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--out", default=None, help="write the JSON report here")
     p.add_argument("--chaos", action="store_true",
@@ -194,6 +198,10 @@ async def run_load(args: argparse.Namespace) -> dict:
         model = args.model
         if model is None:
             model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        if args.warmup > 0:
+            body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}],
+                    "max_tokens": 2, "temperature": 0.0, "stream": True, "ignore_eos": True}
+            await asyncio.gather(*(send(client, url, body, False) for _ in range(args.warmup)))
         work = Workload(args)
         probe = await cache_probe(client, url, model, work, args.cache_probe) \
             if args.cache_probe and args.image_ratio > 0 and not args.trace else None
