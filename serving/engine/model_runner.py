@@ -43,9 +43,9 @@ def default_quantization(config: EngineConfig, device: torch.device) -> str | No
     oneDNN-prepacked torch linears at batch 1, batch 32 and prefill, and all-decode steps run
     as one C call); in bf16 where the bf16 dot products run and AMX does not (AVX512-BF16:
     AMD Zen 4, Intel Cooper Lake) every linear in bf16 on them ("bf16", the weights as loaded:
-    measured faster than torch's bf16 linears at the same three sizes). Else (GPU, fp16,
-    GRAFT_KERNELS=reference, other CPUs, where the C path was not measured against torch's)
-    the model's own linears."""
+    measured faster than torch's bf16 linears at batch 1 and 32, level at prefill, the decode
+    steps in one C call). Else (GPU, fp16, GRAFT_KERNELS=reference, other CPUs, where the C
+    path was not measured against torch's) the model's own linears."""
     if device.type != "cpu" or kernels_mode() not in ("auto", "cpu") or not cpu_ops.available():
         return None
     if config.dtype == "float32" and cpu_quant.isa().startswith("avx512"):
