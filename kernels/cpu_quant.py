@@ -252,13 +252,8 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
         out = quant_linear(x.float(), weight, None if bias is None else bias.float(), portable)
         return out.to(x.dtype)
     n, k = weight.shape
-    if x.shape[-1] != k:
-        raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
+    lead, x2 = _rows(x, k)
     p = pack(weight)
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
     rows = x2.shape[0]
     y = torch.empty((rows, n), dtype=torch.float32)
     if rows:
@@ -278,13 +273,8 @@ def _bf16_io(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
     """bf16 x through bf16 weights on the AVX512-BF16 dot products, bf16 out: the fp32 route's
     numbers (x.float(), the C linear, .to(bfloat16)) without its two conversions."""
     n, k = weight.shape
-    if x.shape[-1] != k:
-        raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
+    lead, x2 = _rows(x, k)
     p = pack(weight)
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
     y = torch.empty((x2.shape[0], n), dtype=torch.bfloat16)
     bias_c = None if bias is None else bias.float().contiguous()
     if x2.shape[0] and cpu_ops._lib().graft_quant_bf16_io(
@@ -293,3 +283,12 @@ def _bf16_io(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None
             torch.get_num_threads()):
         raise MemoryError(f"quant_linear (C): no memory for the scratch of {x2.shape[0]} rows")
     return y.reshape(*lead, n)
+
+
+def _rows(x: torch.Tensor, k: int) -> tuple[torch.Size, torch.Tensor]:
+    """(x's leading shape, x as [rows, k] with unit column stride), or a ValueError when x's
+    last dim is not the weight's input size."""
+    if x.shape[-1] != k:
+        raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
+    x2 = x.reshape(-1, k)
+    return x.shape[:-1], x2 if x2.stride(1) == 1 else x2.contiguous()

@@ -41,12 +41,12 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                            int64_t num_blocks, float scale, const float *k_scale,
                            const float *v_scale, int dtype, int cache_dtype, int num_threads);
 
-enum { F32 = 0, BF16 = 1, I8 = 3 };
+enum { F32 = 0, I8 = 3 }; /* dtype codes; 1 is bf16 */
 
 /* Element i of a buffer of activations `es` bytes wide (4: fp32, 2: bf16). */
 #define AT(p, i) ((void *)((char *)(p) + (size_t)(i) * es))
 
-/* n bf16 values rounded from fp32 src into dst (dst may alias src: it is read first). */
+/* n bf16 values rounded from fp32 src into dst, as torch's .to(bfloat16) rounds. */
 static void narrow_rows(const float *src, uint16_t *dst, int64_t n, int nt) {
 #pragma omp parallel for num_threads(nt) if (n >= (1 << 16))
     for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);

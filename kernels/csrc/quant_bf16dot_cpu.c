@@ -153,8 +153,6 @@ int graft_quant_bf16_dot(const float *x, int64_t ldx, int64_t M, int64_t K, cons
     free(words);
     return 0;
 #else
-    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;
-    (void)NB; (void)nthreads;
     return 1;
 #endif
 }
@@ -189,8 +187,6 @@ int graft_quant_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, co
     free(words);
     return 0;
 #else
-    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;
-    (void)NB; (void)nthreads;
     return 1;
 #endif
 }
