@@ -34,9 +34,9 @@ class EngineBackend:
             self.identity = f"engine-llm:{weights_sha256(path)[:32]}"
             self.base_llm = str(path)
         plan = self.engine.runner.quant_plan
-        if any(s.kind != "fp32" for s in plan.values()):  # other weights, other answers: own cache keys
-            from graft.serving.models.quant_config import plan_digest
+        from graft.serving.models.quant_config import changes_weights, plan_digest
 
+        if changes_weights(plan, self.engine.runner.dtype):  # other weights, other answers: own cache keys
             self.identity += f"+quant:{plan_digest(plan)}"
         # activations or a KV cache in other precisions give other answers too (the defaults,
         # fp32 throughout, add nothing: identities from before these options stay valid)

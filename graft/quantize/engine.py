@@ -129,11 +129,11 @@ class PlanBackend:
     identity as EngineBackend gives it, so response-cache keys match `graft eval`'s."""
 
     def __init__(self, qe: QuantEngine, plan: dict):
-        from graft.serving.models.quant_config import plan_digest
+        from graft.serving.models.quant_config import changes_weights, plan_digest
 
         self.qe, self.plan = qe, plan
         self.identity = qe.base_identity
-        if any(s.kind != "fp32" for s in plan.values()):
+        if changes_weights(plan, qe.runner.dtype):
             self.identity += f"+quant:{plan_digest(plan)}"
 
     def generate(self, requests):

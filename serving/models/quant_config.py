@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from graft.errors import GraftConfigError
@@ -201,6 +202,14 @@ def _dequantize_fused_experts(name: str, module: nn.Module, plan: dict[str, Quan
                 value = quantize(weight, scheme).dequantize().to(param.dtype)
                 deq[e] = value.t() if transposed else value
         setattr(module, pname, nn.Parameter(deq, requires_grad=False))
+
+
+def changes_weights(plan: dict[str, QuantScheme], dtype: torch.dtype) -> bool:
+    """Whether the plan holds any linear in values other than the engine's own weights in
+    `dtype`: `fp32` keeps every engine's weights as loaded, `bf16` a bf16 engine's. Results
+    under a plan that does are cached under their own keys (plan_digest)."""
+    as_loaded = {"fp32", "bf16"} if dtype == torch.bfloat16 else {"fp32"}
+    return any(s.kind not in as_loaded for s in plan.values())
 
 
 def plan_digest(plan: dict[str, QuantScheme]) -> str:
