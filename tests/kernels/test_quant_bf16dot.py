@@ -8,21 +8,17 @@ import torch
 
 from graft.kernels import cpu_ops, cpu_quant
 from graft.kernels.quant_formats import QuantScheme, quantize
+from tests.kernels.isa_paths import this_and_capped
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available() or not cpu_quant.bf16_dot(),
                                 reason="no AVX512-BF16 dot path on this machine")
 
 
 def _paths(x, qw, bias, threads):
-    """(this machine's path, the FMA path of a CPU without AVX512-BF16), on `threads` threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = cpu_quant.quant_linear(x, qw, bias)
-        with cpu_quant.isa_capped("avx512"):
-            return got, cpu_quant.quant_linear(x, qw, bias)
-    finally:
-        torch.set_num_threads(before)
+    """(the dot path, the FMA path of a CPU without AVX512-BF16), on `threads` threads; capped
+    at VNNI so that an AMX CPU's tiles do not take the rows instead."""
+    with cpu_quant.isa_capped("avx512-vnni"):
+        return this_and_capped(x, qw, bias, "avx512", threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -72,7 +68,8 @@ def test_bf16_in_bf16_out_is_the_fp32_route_bit_for_bit(m, k, stride):
     qw = quantize(torch.randn(72, k, generator=g) * 0.05, QuantScheme.parse("bf16"))
     x = torch.randn(m, stride, generator=g).bfloat16()[:, :k]
     bias = torch.randn(72, generator=g).bfloat16()
-    got = cpu_quant.quant_linear(x, qw, bias)
+    with cpu_quant.isa_capped("avx512-vnni"):  # an AMX CPU's bf16 calls take its tiles instead
+        got = cpu_quant.quant_linear(x, qw, bias)
+        want = cpu_quant.quant_linear(x.float(), qw, bias.float()).to(torch.bfloat16)
     assert got.dtype == torch.bfloat16
-    want = cpu_quant.quant_linear(x.float(), qw, bias.float()).to(torch.bfloat16)
     assert torch.equal(got, want)
