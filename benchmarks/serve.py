@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of the generated workload")
     p.add_argument("--speed", type=_seconds, default=1.0,
                    help="--trace: divide the arrival gaps by this (2: twice the load)")
-    p.add_argument("--warmup", type=int, default=0,
+    p.add_argument("--warmup", type=number_in(int, low=0), default=0,
                    help="short requests sent at once before the measured load and left out of "
                         "the report: the server's and this client's first-call costs (chat "
                         "template, one connection per client) then fall on no measured request")

@@ -9,6 +9,7 @@ import torch
 
 from graft.kernels import cpu_ops, cpu_quant
 from graft.kernels.quant_formats import QuantScheme, quant_linear, quantize
+from tests.kernels.isa_paths import this_and_capped
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available() or cpu_quant.isa() != "avx512-amx",
                                 reason="no AMX path on this machine (cpu_quant.isa() != 'avx512-amx')")
@@ -21,14 +22,7 @@ def _weight(n, k, seed=0):
 
 def _both(x, qw, bias, threads=None):
     """(AMX path, the vector path of a CPU without AMX), on `threads` torch threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
-        got = cpu_quant.quant_linear(x, qw, bias)
-        with cpu_quant.isa_capped("avx512-vnni"):
-            return got, cpu_quant.quant_linear(x, qw, bias)
-    finally:
-        torch.set_num_threads(before)
+    return this_and_capped(x, qw, bias, "avx512-vnni", threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
