@@ -98,15 +98,6 @@ typedef void (*dot_fn)(const uint32_t *, int64_t, int64_t, const uint16_t *, con
                        int64_t, float *, int64_t, int64_t);
 static const dot_fn DOTS[MR + 1] = {0, dot_1, dot_2, dot_3, dot_4, dot_5, dot_6};
 
-/* 1 when this build has the VDPBF16PS path (-march names a CPU with AVX512-BF16). */
-int graft_quant_bf16_dot_built(void) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-    return 1;
-#else
-    return 0;
-#endif
-}
-
 /* The tiles over rows of words (`ws` words apart, steps = (K + 1) / 2 of them used) into
  * fp32 y; with out (bf16, `ldo` apart) each chunk of rows is then rounded into it as torch's
  * .to(bfloat16) rounds (y: a chunk's scratch, rows restarting at 0 every chunk). */
@@ -136,6 +127,15 @@ static void dot_rows(const uint32_t *words, int64_t ws, int64_t M, int64_t K, co
     }
 }
 #endif
+
+/* 1 when this build has the VDPBF16PS path (-march names a CPU with AVX512-BF16). */
+int graft_quant_bf16_dot_built(void) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* y [M, ldy] = x @ W^T + bias for bf16 W in the C layout (NB blocks of 16, even). Returns 0;
  * 1 when this path does not apply (not built with AVX512-BF16, or x holds a value that is
