@@ -10,6 +10,7 @@ what this CPU lacks on AVX2 + FMA, and without AVX2 a portable loop (`isa()` say
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -66,11 +67,18 @@ def isa_capped(name: str):
         lib.graft_quant_cap_isa(before)
 
 
-def bf16_dot() -> bool:
+@functools.cache
+def _bf16_dot_built() -> bool:
+    return bool(cpu_ops._lib().graft_quant_bf16_dot_built())  # fixed for the loaded library
+
+
+def bf16_dot(all_rows: bool = False) -> bool:
     """Whether bf16 weights under bf16-valued activations (a bf16 engine's) run on AVX512-BF16
     dot products (kernels/csrc/quant_bf16dot_cpu.c): this build has them and the ISA level
-    allows them (avx512-vnni and up)."""
-    return bool(cpu_ops._lib().graft_quant_bf16_dot_built()) and isa() in ("avx512-vnni", "avx512-amx")
+    allows them (avx512-vnni and up). all_rows: at every row count, i.e. without AMX, whose
+    tiles take the calls of 8 rows or more."""
+    allowed = ("avx512-vnni",) if all_rows else ("avx512-vnni", "avx512-amx")
+    return isa() in allowed and _bf16_dot_built()
 
 
 def isa_description() -> str:
@@ -245,7 +253,7 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     if not supports(x, weight):
         return quant.quant_linear(x, weight, bias)
     if (x.dtype == torch.bfloat16 and weight.scheme.kind == "bf16" and not portable
-            and bf16_dot() and isa() != "avx512-amx"):  # AMX takes bf16 calls of 8+ rows
+            and bf16_dot(all_rows=True)):
         return _bf16_io(x, weight, bias)
     if x.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
         # the reference's contract: fp32 products, the result in x's dtype

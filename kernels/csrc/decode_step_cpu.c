@@ -46,6 +46,11 @@ enum { F32 = 0, I8 = 3 }; /* dtype codes; 1 is bf16 */
 /* Element i of a buffer of activations `es` bytes wide (4: fp32, 2: bf16). */
 #define AT(p, i) ((void *)((char *)(p) + (size_t)(i) * es))
 
+/* n bf16 values widened into fp32 dst (exact). */
+static void widen_rows(const void *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(((const uint16_t *)src)[i]);
+}
+
 /* n bf16 values rounded from fp32 src into dst, as torch's .to(bfloat16) rounds. */
 static void narrow_rows(const float *src, uint16_t *dst, int64_t n, int nt) {
 #pragma omp parallel for num_threads(nt) if (n >= (1 << 16))
@@ -59,7 +64,7 @@ static int act_linear(const graft_linear_t *l, const void *x, int64_t rows, void
                       float *stage, int nt) {
     if (act == F32) return linear(l, x, rows, y, nt);
     float *in = stage, *out = stage + rows * l->k;
-    for (int64_t i = 0; i < rows * l->k; ++i) in[i] = bf16_to_float(((const uint16_t *)x)[i]);
+    widen_rows(x, in, rows * l->k);
     if (linear(l, in, rows, out, nt)) return -1;
     narrow_rows(out, y, rows * l->n, nt);
     return 0;
@@ -243,7 +248,7 @@ int64_t graft_decode_step(const graft_layer_t *layers, const graft_moe_t *const 
     graft_rms_norm(h, H, residual, H, s->final_norm, normed, residual, T, H, s->final_eps, act,
                    act, nt);
     if (act == F32) return linear(&s->head, normed, T, logits, nt) ? -1 : 0;
-    for (int64_t i = 0; i < T * H; ++i) wide[i] = bf16_to_float(((const uint16_t *)normed)[i]);
+    widen_rows(normed, wide, T * H);
     if (linear(&s->head, wide, T, logits, nt)) return -1;
 #pragma omp parallel for num_threads(nt) if (T * s->head.n >= (1 << 16))
     for (int64_t i = 0; i < T * s->head.n; ++i) logits[i] = bf16_round(logits[i]);

@@ -17,6 +17,12 @@
 #include <stdlib.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define GRAFT_BF16DOT 1
+#else
+#define GRAFT_BF16DOT 0
+#endif
+
+#if GRAFT_BF16DOT
 #include "bf16.h"
 #include "quant_epilogue.h"
 
@@ -38,14 +44,21 @@ static int all_bf16(const float *x, int64_t ldx, int64_t M, int64_t K) {
     return 1;
 }
 
+/* The bf16 bits of element i of x: bf16 itself (bf16_in), or an fp32 copy of a bf16 value. */
+static inline uint32_t bits_at(const void *x, int bf16_in, int64_t i) {
+    return bf16_in ? ((const uint16_t *)x)[i] : ((const uint32_t *)x)[i] >> 16;
+}
+
 /* words[m][j] = x[m][2j] (low half) | x[m][2j + 1] (high half), the odd K's last column 0. */
-static void pair_rows(const float *x, int64_t ldx, int64_t M, int64_t K, uint32_t *words) {
+static void pair_rows(const void *x, int bf16_in, int64_t ldx, int64_t M, int64_t K,
+                      uint32_t *words) {
     const int64_t steps = (K + 1) / 2;
     for (int64_t m = 0; m < M; ++m) {
-        const uint32_t *row = (const uint32_t *)(x + m * ldx);
         uint32_t *out = words + m * steps;
-        for (int64_t j = 0; j < K / 2; ++j) out[j] = (row[2 * j] >> 16) | (row[2 * j + 1] & 0xffff0000u);
-        if (K & 1) out[steps - 1] = row[K - 1] >> 16;
+        const int64_t r = m * ldx;
+        for (int64_t j = 0; j < K / 2; ++j)
+            out[j] = bits_at(x, bf16_in, r + 2 * j) | bits_at(x, bf16_in, r + 2 * j + 1) << 16;
+        if (K & 1) out[steps - 1] = bits_at(x, bf16_in, r + K - 1);
     }
 }
 
@@ -129,13 +142,7 @@ static void dot_rows(const uint32_t *words, int64_t ws, int64_t M, int64_t K, co
 #endif
 
 /* 1 when this build has the VDPBF16PS path (-march names a CPU with AVX512-BF16). */
-int graft_quant_bf16_dot_built(void) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-    return 1;
-#else
-    return 0;
-#endif
-}
+int graft_quant_bf16_dot_built(void) { return GRAFT_BF16DOT; }
 
 /* y [M, ldy] = x @ W^T + bias for bf16 W in the C layout (NB blocks of 16, even). Returns 0;
  * 1 when this path does not apply (not built with AVX512-BF16, or x holds a value that is
@@ -143,12 +150,12 @@ int graft_quant_bf16_dot_built(void) {
 int graft_quant_bf16_dot(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
                          const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
                          int nthreads) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if GRAFT_BF16DOT
     if (!all_bf16(x, ldx, M, K)) return 1;
     const int64_t steps = (K + 1) / 2;
     uint32_t *words = malloc(sizeof(uint32_t) * (size_t)(M * steps));
     if (!words) return -1;
-    pair_rows(x, ldx, M, K, words);
+    pair_rows(x, 0, ldx, M, K, words);
     dot_rows(words, steps, M, K, w, bias, y, ldy, 0, 0, N, NB, nthreads);
     free(words);
     return 0;
@@ -165,7 +172,7 @@ int graft_quant_bf16_dot(const float *x, int64_t ldx, int64_t M, int64_t K, cons
 int graft_quant_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, const void *w,
                         const float *bias, uint16_t *y, int64_t ldy, int64_t N, int64_t NB,
                         int nthreads) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if GRAFT_BF16DOT
     const int64_t steps = (K + 1) / 2, direct = K % 2 == 0 && ldx % 2 == 0;
     const int64_t np = NB * 16, rows = M < M_CHUNK ? M : M_CHUNK;
     float *scratch = malloc(sizeof(float) * (size_t)(rows * np));
@@ -175,12 +182,7 @@ int graft_quant_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, co
         free(words);
         return -1;
     }
-    if (!direct)
-        for (int64_t m = 0; m < M; ++m) {
-            for (int64_t j = 0; j < K / 2; ++j)
-                words[m * steps + j] = x[m * ldx + 2 * j] | (uint32_t)x[m * ldx + 2 * j + 1] << 16;
-            if (K & 1) words[m * steps + steps - 1] = x[m * ldx + K - 1];
-        }
+    if (!direct) pair_rows(x, 1, ldx, M, K, words);
     dot_rows(direct ? (const uint32_t *)x : words, direct ? ldx / 2 : steps, M, K, w, bias,
              scratch, np, y, ldy, N, NB, nthreads);
     free(scratch);

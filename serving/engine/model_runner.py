@@ -50,7 +50,7 @@ def default_quantization(config: EngineConfig, device: torch.device) -> str | No
         return None
     if config.dtype == "float32" and cpu_quant.isa().startswith("avx512"):
         return "fp32"
-    if config.dtype == "bfloat16" and cpu_quant.bf16_dot() and cpu_quant.isa() == "avx512-vnni":
+    if config.dtype == "bfloat16" and cpu_quant.bf16_dot(all_rows=True):
         return "bf16"
     return None
 
