@@ -149,6 +149,20 @@ def summarize(results: list[dict]) -> dict:
             "prefix_cache_hit_rate": [r["prefix_cache_hit_rate"] for r in results]}
 
 
+def _work_dir(path: str | None) -> str | None:
+    """--work-dir, made if missing (its parents too); a one-line error where it cannot be."""
+    from graft.errors import GraftConfigError
+
+    if path is None:
+        return None
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GraftConfigError(f"--work-dir {path}: cannot be used as a folder ({e.strerror}); "
+                               "pass a folder, or leave it out for a temporary one") from None
+    return path
+
+
 def run(args) -> int:
     from graft.errors import GraftConfigError
     from graft.serving.multimodal.grafts import parse_graft_arg
@@ -172,7 +186,7 @@ def run(args) -> int:
                                    "`graft models prepare` for the default SmolLM2")
         if args.synthetic < 1:
             raise GraftConfigError("--synthetic must be >= 1 (or pass --graft NAME=RUN_DIR)")
-        tmp = tempfile.TemporaryDirectory(dir=args.work_dir)
+        tmp = tempfile.TemporaryDirectory(dir=_work_dir(args.work_dir))
         grafts = make_synthetic_grafts(llm, args.synthetic, Path(tmp.name), args.shared_encoder,
                                        args.image_size)
     names = list(grafts)

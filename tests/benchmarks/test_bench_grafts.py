@@ -48,7 +48,9 @@ def test_bench_grafts_command(tiny_llama, tmp_path):
     out = tmp_path / "bench.json"
     assert main(["bench", "grafts", "--llm", str(tiny_llama), "--synthetic", "2",
                  "--num-requests", "4", "--max-tokens", "2", "--image-size", "32",
-                 "--num-kv-blocks", "32", "--cores", "1", "--out", str(out)]) == 0
+                 "--num-kv-blocks", "32", "--cores", "1", "--out", str(out),
+                 "--work-dir", str(tmp_path / "new" / "work")]) == 0  # made, parents too
+    assert (tmp_path / "new" / "work").is_dir()
     r = json.loads(out.read_text())
     assert r["shared"]["processes"] == 1 and r["separate"]["processes"] == 2
     for setup in ("shared", "separate"):
@@ -69,6 +71,9 @@ def test_bench_grafts_bad_input(tmp_path, tiny_llama):
         bench_multigraft.run(_args(["--llm", str(tmp_path)]))
     with pytest.raises(GraftConfigError, match="image-ratio"):
         bench_multigraft.run(_args(["--image-ratio", "2"]))
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(GraftConfigError, match="--work-dir .*a_file: cannot be used as a folder"):
+        bench_multigraft.run(_args(["--llm", str(tiny_llama), "--work-dir", str(tmp_path / "a_file")]))
     with pytest.raises(GraftConfigError, match="--cores 999"):
         bench_multigraft.run(_args(["--llm", str(tiny_llama), "--cores", "999"]))
 
