@@ -11,7 +11,10 @@
  * Paths: int8 and int4 run on AVX-512 VNNI (quant_vnni_cpu.c, which also documents their
  * layouts); bf16 and fp32 weights are widened to fp32 in registers (exact) and multiplied
  * with fp32 FMAs on AVX-512F, except bf16 weights under x that holds only bf16 values (a bf16
- * engine's), which run on AVX512-BF16 dot products (quant_bf16dot_cpu.c). What a CPU lacks runs on AVX2 + FMA (quant_avx2_cpu.c for fp32
+ * engine's), which run on AVX512-BF16 dot products (quant_bf16dot_cpu.c). From WIDEN_ROWS
+ * rows (prefill) a bf16 pair of blocks is widened once per call into fp32 scratch and run on
+ * the fp32 tiles: the fp32 tiles run near the FMA peak, and widening in every tile costs a
+ * shift or mask per weight vector beside the FMAs. What a CPU lacks runs on AVX2 + FMA (quant_avx2_cpu.c for fp32
  * and bf16, quant_avx2_int_cpu.c for int8 and int4, also calls whose x holds inf or NaN), and without AVX2 on the portable loop below:
  * fp32 products in the same layouts.
  *
@@ -41,6 +44,8 @@
 enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2, KIND_F32 = 3 };
 #define MAX_MR 6     /* rows per tile: 6 rows x 2 blocks = 12 accumulators */
 #define M_CHUNK 96   /* rows whose x stays in L2 while every block of W passes over them */
+#define WIDEN_ROWS 128 /* bf16 under fp32 x: from here widening once per call pays (1-thread
+                        * microbenchmark, SmolLM2 shapes: level at 128 rows, 0-10% faster at 512) */
 
 int graft_quant_vnni(void);
 int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
@@ -272,6 +277,18 @@ DEFINE_DENSE_TILE(tile_f32_4, float, load_f32, 4, 1)
 DEFINE_DENSE_TILE(tile_f32_5, float, load_f32, 5, 1)
 DEFINE_DENSE_TILE(tile_f32_6, float, load_f32, 6, 1)
 
+/* A pair of bf16 blocks ([K2/2][2][16][2] words) widened to the fp32 pair layout ([K][2][16]). */
+static void widen_pair(const uint16_t *w, int64_t K, float *out) {
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int64_t j = 0; j < (K + 1) / 2; ++j)
+        for (int b = 0; b < 2; ++b) {
+            const __m512i v = _mm512_loadu_si512(w + (j * 2 + b) * 32);
+            _mm512_storeu_ps(out + (2 * j * 2 + b) * 16, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+            if (2 * j + 1 < K)
+                _mm512_storeu_ps(out + ((2 * j + 1) * 2 + b) * 16, _mm512_castsi512_ps(_mm512_and_si512(v, high)));
+        }
+}
+
 typedef void (*dense_tile_fn)(const float *, int64_t, int64_t, const void *, const float *,
                               int64_t, float *, int64_t, int64_t);
 static const dense_tile_fn BF_TILES[MAX_MR + 1] = {
@@ -280,6 +297,35 @@ static const dense_tile_fn BF_TILES[MAX_MR + 1] = {
 static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
     0, (dense_tile_fn)tile_f32_1, (dense_tile_fn)tile_f32_2, (dense_tile_fn)tile_f32_3,
     (dense_tile_fn)tile_f32_4, (dense_tile_fn)tile_f32_5, (dense_tile_fn)tile_f32_6};
+
+/* bf16 weights under fp32 rows, each thread widening its pairs into its own scratch and
+ * running every row over it: the outputs are the fp32 path's on the dequantized weight, bit
+ * for bit. Returns 1 (nothing written that counts) when scratch could not be allocated. */
+static int bf16_widened(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                        const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
+                        int nthreads) {
+    const int64_t pairs = NB / 2, block = (K + 1) / 2 * 64; /* bytes of a bf16 pair */
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads) if (pairs > 1 && nthreads > 1)
+    {
+        float *scratch = aligned_alloc(64, (size_t)K * 32 * sizeof(float));
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; ++p) {
+            if (!scratch) continue;
+            widen_pair((const uint16_t *)((const uint8_t *)w + 2 * p * block), K, scratch);
+            for (int64_t m0 = 0; m0 < M; m0 += MAX_MR) {
+                const int mr = (int)(M - m0 < MAX_MR ? M - m0 : MAX_MR);
+                F32_TILES[mr](x + m0 * ldx, ldx, K, scratch, bias, p * 32, y + m0 * ldy, ldy, N);
+            }
+        }
+        free(scratch);
+    }
+    return failed;
+}
 
 #endif
 
@@ -306,6 +352,9 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
         const int status = graft_quant_bf16_dot(x, ldx, M, K, w, bias, y, ldy, N, NB, nthreads);
         if (status <= 0) return status; /* else no AVX512-BF16, or x is not all bf16 values */
     }
+    if (kind == KIND_BF16 && level >= 2 && M >= WIDEN_ROWS &&
+        bf16_widened(x, ldx, M, K, w, bias, y, ldy, N, NB, nthreads) == 0)
+        return 0;
     if (!integer && level >= 2) {
         const int64_t pairs = NB / 2, block = kind == KIND_F32 ? K * 64 : (K + 1) / 2 * 64; /* bytes */
         /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */

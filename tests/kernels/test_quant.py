@@ -101,6 +101,32 @@ def test_c_linear_equals_reference(scheme, n, k, threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.skipif("avx512" not in PATHS, reason="the widened bf16 path is AVX-512F's")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", [(40, 577), (96, 256)])  # N past 32s, odd K
+@pytest.mark.parametrize("m", [127, 128, 200, 301])  # below, at and past the widening rows
+def test_bf16_prefill_rows_are_the_fp32_path_on_the_dequantized_weight(m, n, k, threads):
+    """From 128 fp32 rows the bf16 linear widens each pair of weight blocks once and runs the
+    fp32 tiles on it: bit for bit the fp32 linear of the dequantized weight; below, its own
+    tiles (equal up to the order of the sums)."""
+    g = torch.Generator().manual_seed(m + k)
+    qw = quantize(torch.randn(n, k, generator=g) * 0.05, QuantScheme.parse("bf16"))
+    fp32 = quantize(qw.dequantize(), QuantScheme.parse("fp32"))
+    x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with cpu_quant.isa_capped("avx512-vnni"):  # an AMX CPU's bf16 tiles would take the rows
+            got, want = cpu_quant.quant_linear(x, qw, bias), cpu_quant.quant_linear(x, fp32, bias)
+    finally:
+        torch.set_num_threads(before)
+    if m >= 128:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, quant_linear(x, qw, bias), rtol=1e-5, atol=1e-5)
+
+
 @needs_c
 def test_c_linear_takes_leading_dims_and_strided_rows():
     qw = quantize(_weight(64, 128), QuantScheme.parse("int8"))
