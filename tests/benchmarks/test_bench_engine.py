@@ -43,6 +43,8 @@ def test_bench_engine_formats(tiny_llama, tmp_path, capsys):
     for f in (fp32, int8, int4):
         assert f["batch1_decode_tokens_per_s"] > 0 and f["batch32_decode_tokens_per_s"] > 0
         assert f["prefill_tokens"] == 511 and 0 < f["batch1_roofline_fraction"]
+        passes = sorted(f["prefill_pass_seconds"])  # 3 fresh prompts after a warm-up: the median
+        assert len(passes) == 3 and f["prefill512_tokens_per_s"] == pytest.approx(511 / passes[1])
         assert f["batch1_roofline_fraction"] == pytest.approx(
             f["batch1_decode_tokens_per_s"] * f["weight_bytes_per_decode_step"]
             / f["read_bandwidth_bytes_per_s"])  # against the bandwidth read around its own run
