@@ -44,8 +44,9 @@
 enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2, KIND_F32 = 3 };
 #define MAX_MR 6     /* rows per tile: 6 rows x 2 blocks = 12 accumulators */
 #define M_CHUNK 96   /* rows whose x stays in L2 while every block of W passes over them */
-#define WIDEN_ROWS 128 /* bf16 under fp32 x: from here widening once per call pays (1-thread
-                        * microbenchmark, SmolLM2 shapes: level at 128 rows, 0-10% faster at 512) */
+#define WIDEN_ROWS 128 /* bf16 under fp32 x: from here widening once per call pays (one thread,
+                        * SmolLM2's MLP shapes: level at 128 rows, 13-19% faster at 512; slower
+                        * at 32 and below, where few rows share the widened copy) */
 
 int graft_quant_vnni(void);
 int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
