@@ -22,6 +22,7 @@ TOOLS = ("llama-bench", "llama-batched-bench", "llama-quantize")
 # peer format -> how it is made: by the converter (--outtype) or by llama-quantize from F32
 CONVERTED = {"f32": "f32", "bf16": "bf16"}
 QUANTIZED = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1"}
+REPEATS = 3  # llama-bench repetitions after its own warm-up (graft's prefill: median of 3)
 # ggml's AMX kernels crash on some AMX machines; the AVX-512/AVX2 paths are what we compare
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_AMX_TILE=OFF",
                "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF", "-DLLAMA_CURL=OFF",
@@ -94,7 +95,7 @@ class LlamaCpp:
         sequences (`batch_prompt`-token prompts, decode_tokens // 2 new tokens each), as
         graft bench engine --quantization measures them."""
         res = _check([str(self.bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads),
-                      "-p", str(prompt_len), "-n", str(decode_tokens), "-r", "1", "-o", "json"],
+                      "-p", str(prompt_len), "-n", str(decode_tokens), "-r", str(REPEATS), "-o", "json"],
                      what="llama-bench")
         rows = json.loads(res.stdout)
         out = {("prefill" if r["n_prompt"] else "batch1_decode"): r["avg_ts"] for r in rows}
