@@ -299,13 +299,25 @@ static const dense_tile_fn F32_TILES[MAX_MR + 1] = {
     0, (dense_tile_fn)tile_f32_1, (dense_tile_fn)tile_f32_2, (dense_tile_fn)tile_f32_3,
     (dense_tile_fn)tile_f32_4, (dense_tile_fn)tile_f32_5, (dense_tile_fn)tile_f32_6};
 
+/* Rows [m0, mend) of x through one pair of blocks (wp, outputs o0..o0+31), MAX_MR rows a tile:
+ * the chunked path and the widened bf16 path share it, so a row meets the same tile height
+ * (and sum order) in both when their chunks start at multiples of MAX_MR. */
+static inline void tile_rows(const dense_tile_fn *tiles, const float *x, int64_t ldx, int64_t m0,
+                             int64_t mend, int64_t K, const void *wp, const float *bias,
+                             int64_t o0, float *y, int64_t ldy, int64_t N) {
+    for (; m0 < mend; m0 += MAX_MR) {
+        const int mr = (int)(mend - m0 < MAX_MR ? mend - m0 : MAX_MR);
+        tiles[mr](x + m0 * ldx, ldx, K, wp, bias, o0, y + m0 * ldy, ldy, N);
+    }
+}
+
 /* bf16 weights under fp32 rows, each thread widening its pairs into its own scratch and
  * running every row over it: the outputs are the fp32 path's on the dequantized weight, bit
  * for bit. Returns 1 (nothing written that counts) when scratch could not be allocated. */
 static int bf16_widened(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
                         const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
                         int nthreads) {
-    const int64_t pairs = NB / 2, block = (K + 1) / 2 * 64; /* bytes of a bf16 pair */
+    const int64_t pairs = NB / 2, block = (K + 1) / 2 * 64; /* bytes of one bf16 block */
     int failed = 0;
 #pragma omp parallel num_threads(nthreads) if (pairs > 1 && nthreads > 1)
     {
@@ -318,10 +330,7 @@ static int bf16_widened(const float *x, int64_t ldx, int64_t M, int64_t K, const
         for (int64_t p = 0; p < pairs; ++p) {
             if (!scratch) continue;
             widen_pair((const uint16_t *)((const uint8_t *)w + 2 * p * block), K, scratch);
-            for (int64_t m0 = 0; m0 < M; m0 += MAX_MR) {
-                const int mr = (int)(M - m0 < MAX_MR ? M - m0 : MAX_MR);
-                F32_TILES[mr](x + m0 * ldx, ldx, K, scratch, bias, p * 32, y + m0 * ldy, ldy, N);
-            }
+            tile_rows(F32_TILES, x, ldx, 0, M, K, scratch, bias, p * 32, y, ldy, N);
         }
         free(scratch);
     }
@@ -362,14 +371,9 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
         for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
             const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
-            for (int64_t p = 0; p < pairs; ++p) {
-                const uint8_t *wp = (const uint8_t *)w + 2 * p * block;
-                for (int64_t m0 = mc; m0 < mend; m0 += MAX_MR) {
-                    const int mr = (int)(mend - m0 < MAX_MR ? mend - m0 : MAX_MR);
-                    (kind == KIND_BF16 ? BF_TILES : F32_TILES)[mr](x + m0 * ldx, ldx, K, wp, bias, p * 32,
-                                                                  y + m0 * ldy, ldy, N);
-                }
-            }
+            for (int64_t p = 0; p < pairs; ++p)
+                tile_rows(kind == KIND_BF16 ? BF_TILES : F32_TILES, x, ldx, mc, mend, K,
+                          (const uint8_t *)w + 2 * p * block, bias, p * 32, y, ldy, N);
         }
         return 0;
     }
