@@ -120,7 +120,7 @@ def launch_config(m: int, n: int, k: int, scheme: QuantScheme, x_dtype: torch.dt
                   device: torch.device, **tuning) -> dict:
     """Block sizes, split-K and warps for an [m, k] x [k, n] product; tuning overrides any of
     block_m, block_n, block_k, split_k, num_warps, num_stages. The defaults are chosen from
-    sm_90 register/spill counts of the compiled kernels, not from GPU timings (none yet)."""
+    sm_90 register/spill counts of the compiled kernels; the int4 128-row tile from an H200 sweep."""
     gemv = m <= GEMV_MAX_ROWS
     if gemv:  # 4 rows hold 4x the products in registers: narrower tiles
         cfg = dict(block_m=triton.next_power_of_2(max(m, 1)), block_n=64 if m <= 2 else 32, block_k=128,
@@ -134,7 +134,9 @@ def launch_config(m: int, n: int, k: int, scheme: QuantScheme, x_dtype: torch.dt
                    num_warps=8 if block_m == 128 else 4, num_stages=3)
     group = scheme.group_size
     if scheme.kind == "int4":  # a K tile must lie inside one group
-        block_k = min(cfg["block_k"], group, 32 if cfg["block_m"] == 128 else group)  # 128x128x64 spills
+        if not gemv and cfg["block_m"] == 128:  # 128x128 int4 tiles spill; 128x64 at 4 warps took
+            cfg.update(block_n=64, num_warps=4)  # half the time at 512 rows on an H200 (--sweep)
+        block_k = min(cfg["block_k"], group)
         if gemv:  # as many weights per tile as int8's: wider in N when the group narrows K
             cfg["block_n"] = cfg["block_n"] * cfg["block_k"] // block_k
         cfg["block_k"] = block_k
