@@ -13,6 +13,12 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 status=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+# HF parity is claimed against the pinned transformers; an older one lacks APIs the tests use
+# (generate's `cache=`), so its failures there say nothing about graft: say so up front.
+pinned=$(sed -n 's/^transformers==//p' requirements-lock.txt)
+"$PY" -c "import sys, transformers as t; v = t.__version__; sys.exit(0 if v == '$pinned' else print(
+    f'warning: transformers {v} here, requirements-lock.txt pins $pinned: install that for the HF-parity tests'))" \
+    | tee -a "$OUT/gpu.txt"
 
 echo "== tests on CUDA"
 TRITON_INTERPRET=0 timeout "$LIMIT" "$PY" -m pytest -q -p no:cacheprovider tests/kernels/triton_cases.py \
