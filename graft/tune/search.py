@@ -72,6 +72,9 @@ def search_space(fixed: dict, images: bool, device: str, quant: list[dict]) -> d
     space = {
         "speculative": [{"speculative": "ngram", "num_speculative_tokens": k} for k in (2, 4, 8)],
         "max_num_batched_tokens": [{"max_num_batched_tokens": n} for n in (256, 512, 8192)],
+        # the default: 256 on CPU, the step budget elsewhere
+        "max_prefill_tokens": [{"max_prefill_tokens": n}
+                               for n in ((128, 1024) if device == "cpu" else (256, 1024))],
         "max_num_seqs": [{"max_num_seqs": n} for n in (8, 256)],
         "block_size": [{"block_size": 32}],
         # a bf16/int8 KV cache on CUDA needs matching activations: CPU only

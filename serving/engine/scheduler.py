@@ -2,8 +2,9 @@
 
 Each step: running decodes first (never starved by prefills), then running prefill
 chunks, then new requests in earliest-deadline-first order while budget, sequence slots
-and KV blocks last. When a running sequence needs a block and none is free, the most
-recently admitted unscheduled sequence is preempted (its blocks freed; it recomputes later).
+and KV blocks last and the step's prompt tokens are under max_prefill_tokens. When a
+running sequence needs a block and none is free, the most recently admitted unscheduled
+sequence is preempted (its blocks freed; it recomputes later).
 """
 
 from __future__ import annotations
@@ -108,9 +109,11 @@ class Scheduler:
                     (decodes if n == 1 else chunks).append((seq, n))
                     scheduled.add(id(seq))
                     budget -= n
-        # admit waiting requests, unless this step already had to preempt (would thrash)
+        # admit waiting requests, unless this step already had to preempt (would thrash), while
+        # its prompt tokens stay under max_prefill_tokens (the one crossing it runs whole)
+        prefill = sum(n for s, n in chunks if not s.spec_tokens)  # (not a decode's proposals)
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
-               and not self._preempted_now):
+               and prefill < self.config.max_prefill_tokens and not self._preempted_now):
             seq = self.waiting[0]
             if self.bm.blocks_for(len(seq) + 1) > self.bm.num_blocks:
                 self.finish(seq, "length" if seq.num_output_tokens else "error",
@@ -134,6 +137,7 @@ class Scheduler:
             (decodes if n == 1 else chunks).append((seq, n))
             scheduled.add(id(seq))
             budget -= n
+            prefill += n
 
         entries = decodes + chunks
         batch = ScheduledBatch([s for s, _ in entries], [n for _, n in entries], len(decodes))

@@ -111,12 +111,14 @@ class StepCostModel:
             self._refit()
             return tuple(float(c) for c in self._coef)  # type: ignore[return-value]
 
-    def prefill_seconds(self, tokens: int, decode_seqs: int, token_budget: int) -> float:
-        """Time to push `tokens` prompt tokens through steps shared with `decode_seqs` decodes."""
+    def prefill_seconds(self, tokens: int, decode_seqs: int, token_budget: int,
+                        prefill_tokens: int | None = None) -> float:
+        """Time to push `tokens` prompt tokens through steps shared with `decode_seqs` decodes,
+        at most `prefill_tokens` (EngineConfig.max_prefill_tokens) of them a step."""
         if tokens <= 0:
             return 0.0
         c0, c1, c2 = self.coefficients
-        per_step = max(token_budget - decode_seqs, 1)
+        per_step = max(min(token_budget - decode_seqs, prefill_tokens or token_budget), 1)
         steps = math.ceil(tokens / per_step)
         return steps * (c0 + c2 * decode_seqs) + c1 * tokens
 

@@ -28,9 +28,10 @@ class AdmissionController:
     encode + prefill) fits its budget; otherwise raise a 429 with a Retry-After."""
 
     def __init__(self, cost: StepCostModel, token_budget: int, slack: float = 1.0,
-                 quantile: float = 0.9):
+                 quantile: float = 0.9, prefill_tokens: int | None = None):
         self.cost = cost
         self.token_budget = token_budget
+        self.prefill_tokens = prefill_tokens  # EngineConfig.max_prefill_tokens (None: the budget)
         self.slack = slack  # multiply estimates (>1: conservative)
         self.quantile = quantile  # of measured/estimated TTFT that scales decisions
         self._ratios: deque[float] = deque(maxlen=64)
@@ -56,8 +57,9 @@ class AdmissionController:
         encode = item.encode_tokens + sum(q.encode_tokens for q in ahead)
         c0, _, c2 = self.cost.coefficients
         in_flight = c0 + c2 * decode_seqs  # the step running now must end before ours starts
-        return (in_flight + self.cost.prefill_seconds(prefill, decode_seqs, self.token_budget)
-                + encode * self.cost.encode_s_per_token)
+        prefill_s = self.cost.prefill_seconds(prefill, decode_seqs, self.token_budget,
+                                              self.prefill_tokens)
+        return in_flight + prefill_s + encode * self.cost.encode_s_per_token
 
     def admit(self, item: QueueItem, budget_s: float | None, queue: list[QueueItem],
               decode_seqs: int) -> float:

@@ -55,7 +55,8 @@ class EngineWorker:
         self.encoder_tokens_per_step = encoder_tokens_per_step
         self.cost = engine.cost  # the engine fits it on every step; encodes are added here
         self.admission = AdmissionController(self.cost, engine.config.max_num_batched_tokens,
-                                             admission_slack)
+                                             admission_slack,
+                                             prefill_tokens=engine.config.max_prefill_tokens)
         self.limits = QueueLimits(self.admission, max_queued, max_queued_tokens)
         self.pending: list[Job] = []  # admitted, images not yet encoded: EDF order
         self.active: dict[str, Job] = {}  # inside the engine

@@ -107,6 +107,7 @@ def test_nothing_meets_the_slo_writes_nothing(tiny_llama, copy_trace, tmp_path):
 def test_search_space_and_candidates():
     space = search_space({"block_size": 16}, images=False, device="cpu", quant=[])
     assert "block_size" not in space and "encoder_cache_mb" not in space
+    assert space["max_prefill_tokens"] == [{"max_prefill_tokens": 128}, {"max_prefill_tokens": 1024}]
     cands = candidates(space, 20, seed=0)
     assert cands[0] == {} and NGRAM in cands and len(cands) == 20
     assert len({label(c) for c in cands}) == 20
