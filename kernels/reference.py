@@ -54,15 +54,16 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         scales.view(num_slots, -1).index_copy_(0, slots, s)
 
 
-def _gather_tokens(cache: torch.Tensor, block_row: torch.Tensor, n: int) -> torch.Tensor:
-    """The first n tokens of one sequence from the paged cache: [n, Hkv, D]."""
+def _gather_tokens(cache: torch.Tensor, block_rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n tokens of each sequence whose block table row is in block_rows [S, *] from
+    the paged cache: [S, n, Hkv, D], one index op for all S."""
     block_size = cache.shape[1]
     n_blocks = -(-n // block_size)
-    blocks = block_row[:n_blocks].long()
-    if n_blocks and (int(blocks.min()) < 0 or int(blocks.max()) >= cache.shape[0]):
-        raise ValueError(f"paged attention: block_tables row holds block ids {blocks.tolist()} outside "
+    blocks = block_rows[:, :n_blocks].long()
+    if n_blocks and bool(((blocks < 0) | (blocks >= cache.shape[0])).any()):
+        raise ValueError(f"paged attention: block_tables rows hold block ids {blocks.tolist()} outside "
                          f"[0, {cache.shape[0]}) for the first {n} tokens; fix the block table")
-    return cache[blocks].reshape(n_blocks * block_size, *cache.shape[2:])[:n]
+    return cache[blocks].reshape(len(blocks), n_blocks * block_size, *cache.shape[2:])[:, :n]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -153,10 +154,12 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                              f"after this chunk was stored (>= the chunk length)")
         groups.setdefault((hi - lo, n), []).append(i)
     for (m, n), seqs in groups.items():
-        k, v = (dequantize_kv(torch.stack([_gather_tokens(cache, block_tables[i], n) for i in seqs]),
-                              None if sc is None else
-                              torch.stack([_gather_tokens(sc, block_tables[i], n) for i in seqs]))
+        table = block_tables[seqs]
+        k, v = (dequantize_kv(_gather_tokens(cache, table, n),
+                              None if sc is None else _gather_tokens(sc, table, n))
                 for cache, sc in ((k_cache, k_scale), (v_cache, v_scale)))
+        if len(groups) == 1 and len(seqs) * m == q.shape[0]:  # every row, in order: no scatter
+            return _attend(q.view(len(seqs), m, *q.shape[1:]), k, v, scale).reshape(q.shape)
         rows = torch.tensor([r for i in seqs for r in range(starts[i], starts[i] + m)], device=q.device)
         got = _attend(q[rows].view(len(seqs), m, *q.shape[1:]), k, v, scale)
         out[rows] = got.reshape(len(seqs) * m, *q.shape[1:])

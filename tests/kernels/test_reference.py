@@ -35,6 +35,15 @@ def test_prefill_of_equal_lengths_is_each_sequence_alone(dtype):
         assert torch.equal(out[lo:hi], alone), f"sequence {i}"
 
 
+def test_prefill_names_a_block_id_outside_the_cache():
+    case = make_case([30, 30], [30, 30], 16, 2, 3, 64)
+    tables = case.block_tables.clone()
+    tables[1, 1] = case.k_cache.shape[0]  # one past the last block, inside the context
+    with pytest.raises(ValueError, match="outside .*fix the block table"):
+        ref.paged_attention_prefill(case.q, case.k_cache, case.v_cache, tables,
+                                    case.cu_seqlens_q, case.context_lens, case.scale)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_decode_matches_dense_and_zero_context(dtype, tol):
     case = make_case([33, 0, 1, 64], [1, 1, 1, 1], 16, 2, 3, 64, dtype=dtype, unused_fill=0)
