@@ -73,7 +73,7 @@ def load_engine(model, options: dict):
     from graft.serving import Engine, EngineConfig
 
     engine_options, cache_bytes = split_options(options)
-    return Engine.from_pretrained(model, EngineConfig(**engine_options), cache_bytes)
+    return Engine.from_pretrained(model, EngineConfig.for_serving(**engine_options), cache_bytes)
 
 
 def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,

@@ -12,10 +12,10 @@ from graft.errors import GraftConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 # a CPU step's cost is linear in its rows from ~128 on (the C tiles and oneDNN are FMA-bound),
-# so a wave of prompts gains nothing from one big step: served in steps of this many tokens,
-# the first ones answer sooner (#34: TTFT p50 0.6x on 16 chat prompts at once, p99 and tok/s
-# unchanged)
-CPU_PREFILL_TOKENS = 256
+# so a wave of prompts gains little from one big step: a server prefills it in turns of this
+# many tokens and the first ones answer sooner (TTFT p50 about 0.6x on 16 chat prompts at once).
+# Offline runs keep one step: turns cost an offline batch 2-4% of its tokens/s.
+CPU_SERVE_PREFILL_TOKENS = 256
 # auto: the activations' dtype; int8: one fp32 scale per cached token and KV head
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 SPECULATIVE_MODES = ("off", "ngram", "suffix")
@@ -56,9 +56,8 @@ class EngineConfig:
     max_prefill_tokens: int | None = option(
         None, "prompt tokens one step takes before it admits no more waiting requests; the prompt "
         "that crosses it still runs whole, up to --max-num-batched-tokens. Requests arriving "
-        "together then get first tokens in turns, the first ones sooner (default: "
-        f"{CPU_PREFILL_TOKENS} on CPU, where a prefill runs at full speed from about 128 rows; "
-        "elsewhere the step budget)")
+        "together then get first tokens in turns, the first ones sooner (default: the step "
+        f"budget; graft serve on CPU: {CPU_SERVE_PREFILL_TOKENS})")
     enable_prefix_caching: bool = option(True, "reuse the KV of identical full prompt "
                                          "blocks (--no-prefix-caching: never)",
                                          flag="--no-prefix-caching")
@@ -100,8 +99,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.max_prefill_tokens is None:
-            self.max_prefill_tokens = (CPU_PREFILL_TOKENS if self.device == "cpu"
-                                       else self.max_num_batched_tokens)
+            self.max_prefill_tokens = self.max_num_batched_tokens
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens",
                      "num_speculative_tokens", "ngram_min", "ngram_max", "suffix_cache_tokens"):
             value = getattr(self, name)
@@ -142,6 +140,15 @@ class EngineConfig:
         """The options a command's parser declared through `add_engine_args` (those left
         unset keep this dataclass's defaults), then `overrides` (what the command fixes)."""
         return cls(**{**engine_values(args), **overrides})
+
+    @classmethod
+    def for_serving(cls, **values) -> "EngineConfig":
+        """The config of a server (graft serve, graft tune's replays): on CPU, prompts that
+        arrive together are prefilled in turns of CPU_SERVE_PREFILL_TOKENS unless
+        max_prefill_tokens is given. (A GPU gains from big steps: there the budget stands.)"""
+        if values.get("max_prefill_tokens") is None and values.get("device", "cpu") == "cpu":
+            values["max_prefill_tokens"] = CPU_SERVE_PREFILL_TOKENS
+        return cls(**values)
 
     def to_dict(self) -> dict:
         """The options as given (what a results file records beside its numbers)."""

@@ -113,12 +113,13 @@ def build(args: argparse.Namespace):
     """Engine + app from parsed arguments (also used by tests)."""
     from graft.serving import EngineConfig
     from graft.serving import Engine
+    from graft.serving.engine.config import engine_values
     from graft.serving.multimodal.media import MediaConfig
     from graft.serving.http.request_guard import allowed_host_names
     from graft.serving.http.server import ServerSettings, build_app
 
     keys = api_keys(args)  # a bad key is refused before minutes of loading
-    config = EngineConfig.from_args(args)
+    config = EngineConfig.for_serving(**engine_values(args))
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
     path = Path(args.path) if args.path else None
     if args.graft:
