@@ -98,14 +98,12 @@ class EngineConfig:
     quant_config: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.max_prefill_tokens is None:
-            self.max_prefill_tokens = self.max_num_batched_tokens
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens",
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",
                      "num_speculative_tokens", "ngram_min", "ngram_max", "suffix_cache_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise GraftConfigError(f"EngineConfig.{name} must be a positive int, got {value!r}")
-        for name in ("num_kv_blocks", "kv_cache_memory", "max_model_len"):
+        for name in ("num_kv_blocks", "kv_cache_memory", "max_model_len", "max_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise GraftConfigError(
@@ -140,6 +138,12 @@ class EngineConfig:
         """The options a command's parser declared through `add_engine_args` (those left
         unset keep this dataclass's defaults), then `overrides` (what the command fixes)."""
         return cls(**{**engine_values(args), **overrides})
+
+    @property
+    def step_prefill_tokens(self) -> int:
+        """Prompt tokens after which a step admits no more waiting requests (None given: the
+        step budget, read here so that a config copied with another budget follows it)."""
+        return self.max_prefill_tokens or self.max_num_batched_tokens
 
     @classmethod
     def for_serving(cls, **values) -> "EngineConfig":

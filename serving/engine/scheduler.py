@@ -113,7 +113,7 @@ class Scheduler:
         # its prompt tokens stay under max_prefill_tokens (the one crossing it runs whole)
         prefill = sum(n for s, n in chunks if not s.spec_tokens)  # (not a decode's proposals)
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
-               and prefill < self.config.max_prefill_tokens and not self._preempted_now):
+               and prefill < self.config.step_prefill_tokens and not self._preempted_now):
             seq = self.waiting[0]
             if self.bm.blocks_for(len(seq) + 1) > self.bm.num_blocks:
                 self.finish(seq, "length" if seq.num_output_tokens else "error",

@@ -56,7 +56,7 @@ class EngineWorker:
         self.cost = engine.cost  # the engine fits it on every step; encodes are added here
         self.admission = AdmissionController(self.cost, engine.config.max_num_batched_tokens,
                                              admission_slack,
-                                             prefill_tokens=engine.config.max_prefill_tokens)
+                                             prefill_tokens=engine.config.step_prefill_tokens)
         self.limits = QueueLimits(self.admission, max_queued, max_queued_tokens)
         self.pending: list[Job] = []  # admitted, images not yet encoded: EDF order
         self.active: dict[str, Job] = {}  # inside the engine

@@ -2,6 +2,8 @@
 tokens (the crossing prompt whole), so the first ones answer sooner; tokens stay HF's. A server
 on CPU does so by default, an offline engine runs one step."""
 
+import dataclasses
+
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.engine.step_cost import StepCostModel
 from tests.serving.conftest import hf_greedy, make_prompts
@@ -56,14 +58,15 @@ def test_a_server_on_cpu_prefills_in_turns_an_offline_engine_in_one_step(tiny_ll
 
     from graft.serving.http import serve_cli
 
-    assert EngineConfig().max_prefill_tokens == 2048  # offline: the step budget
-    assert EngineConfig.for_serving().max_prefill_tokens == 256
-    assert EngineConfig.for_serving(device="cuda", max_num_batched_tokens=4096).max_prefill_tokens == 4096
+    assert EngineConfig().step_prefill_tokens == 2048  # offline: the step budget
+    assert dataclasses.replace(EngineConfig(), max_num_batched_tokens=4096).step_prefill_tokens == 4096
+    assert EngineConfig.for_serving().step_prefill_tokens == 256
+    assert EngineConfig.for_serving(device="cuda", max_num_batched_tokens=4096).step_prefill_tokens == 4096
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
     for flags, want in (([], 256), (["--max-prefill-tokens", "1024"], 1024)):
         app = serve_cli.build(parser.parse_args([str(tiny_llama), "--num-kv-blocks", "16", *flags]))
-        assert app.state.ctx.engine.config.max_prefill_tokens == want
+        assert app.state.ctx.engine.config.step_prefill_tokens == want
 
 
 def test_latency_estimate_counts_the_turns():
