@@ -27,6 +27,11 @@ from graft.serving.engine.step_cost import StepCostModel
 LOSS_STEPS = 1
 CREDIT_STEPS = 2
 FIRST_PAUSE, MAX_PAUSE = 16, 512
+# engine-wide: once GATE_FAILS sequences in a row paused on their first probe, a sequence that
+# has not probed yet starts paused (FIRST_PAUSE times the batch), as if its own probe had
+# failed: in a batch each first probe is a whole-batch verify step, and sequences that arrive
+# together probe at different steps. Any sequence whose speculation clearly pays reopens it.
+GATE_FAILS = 2
 # proposal length: a sequence proposes at most one token more than it has been accepting
 # lately (a moving average, EMA weight on the newest step): unaccepted rows cost time
 EMA = 0.5
@@ -70,6 +75,8 @@ class SpecDecoder:
         # tokens to another graft's requests, and each table has its own token bound
         self.suffixes: dict[str | None, SuffixIndex] = {}
         self.proposed = self.accepted = self.steps = 0  # engine-wide, for /metrics
+        self.first_probe_fails = 0  # sequences in a row that paused on their first probe
+        self.last_batch = 1  # sequences decoding in the last verify step
 
     def suffix_table(self, graft: str | None = None) -> SuffixIndex:
         """The suffix table of `graft`'s requests (made on first use)."""
@@ -97,13 +104,15 @@ class SpecDecoder:
         if not self.enabled(seq):
             return []
         state = seq.spec
+        if state is None and self.first_probe_fails >= GATE_FAILS:
+            state = seq.spec = SpecState(resume_at=seq.num_output_tokens + FIRST_PAUSE * self.last_batch)
         if state is not None and seq.num_output_tokens < state.resume_at:
             return []
         # more tokens than the request may still emit (or the context holds) would be wasted:
         # a step emits up to len(proposal) + 1 tokens
         left = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq))
         limit = min(budget, left) - 1
-        if state is not None:
+        if state is not None and state.steps:
             limit = min(limit, int(state.recent_accepted + 0.5) + 1)  # rounded, so it can grow
         own = self.ngram.propose(seq.token_ids, limit)
         if self.mode(seq) != "suffix" or len(own) >= min(limit, self.ngram.num_tokens):
@@ -139,9 +148,13 @@ class SpecDecoder:
         self.proposed += proposed
         self.accepted += accepted
         self.steps += 1
+        self.last_batch = b
         if state.balance < -LOSS_STEPS * unit:
+            if state.pause == FIRST_PAUSE and state.resume_at == 0:  # its first probe failed
+                self.first_probe_fails += 1
             state.resume_at = seq.num_output_tokens + state.pause * b
             state.pause = min(2 * state.pause, MAX_PAUSE)
             state.balance = 0.0
         elif state.balance >= CREDIT_STEPS * unit:  # clearly paying: the back-off starts over
             state.pause = FIRST_PAUSE
+            self.first_probe_fails = 0

@@ -108,3 +108,25 @@ def test_engine_feeds_its_step_costs_to_the_controller(tiny_llama):
     params = SamplingParams(temperature=0.0, max_tokens=24, speculative="ngram", ignore_eos=True)
     engine.generate(prompt_token_ids=[[5, 6, 7, 8] * 6], sampling_params=params)
     assert engine.spec.steps > 0 and len(engine.cost._verify._points) == engine.spec.steps
+
+
+def test_failed_first_probes_close_the_gate_for_new_sequences_until_one_pays():
+    spec = SpecDecoder(EngineConfig(speculative="ngram"), 4096, DEAR)
+
+    def fresh(name):  # a sequence whose own tokens repeat: it has proposals to make
+        return Sequence(name, [1, 2, 3, 4] * 4, SamplingParams(max_tokens=4096), 0)
+
+    for name in ("a", "b"):  # two sequences in a row pause on their first probe, at batch 8
+        seq = fresh(name)
+        assert spec.propose(seq, budget=100)
+        for _ in range(controller.LOSS_STEPS + 1):
+            spec.record(seq, 4, 0, num_decoding=8)
+        assert seq.spec.resume_at > 0
+    late = fresh("c")  # has not probed: starts paused, as if its own first probe had failed
+    assert spec.propose(late, budget=100) == []
+    assert late.spec.resume_at == controller.FIRST_PAUSE * 8
+    payer = Sequence("d", [1, 2, 3, 4] * 4, SamplingParams(max_tokens=4096), 0)
+    payer.spec = controller.SpecState()  # one that probed before the gate closed
+    for _ in range(controller.CREDIT_STEPS + 2):
+        spec.record(payer, 4, 4)  # copies: its speculation pays, the gate opens again
+    assert spec.propose(fresh("e"), budget=100)
