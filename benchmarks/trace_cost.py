@@ -17,7 +17,7 @@ def _job(with_image: bool):
     from PIL import Image
 
     from graft.serving.engine.sampling_params import SamplingParams
-    from graft.serving.http import openai_chat as P
+    from graft.serving.http.openai import openai_chat as P
     from graft.serving.http.engine_worker import Job
     from graft.serving.multimodal.front import PreparedImage, PreparedPrompt
 
@@ -36,7 +36,7 @@ def _job(with_image: bool):
 
 def measure(with_image: bool, n: int) -> dict:
     from graft.serving.engine.outputs import RequestOutput
-    from graft.serving.http.trace_log import TraceWriter
+    from graft.serving.http.plumbing.trace_log import TraceWriter
 
     job = _job(with_image)
     out = RequestOutput("bench", [], list(range(32)), "", finished=True, finish_reason="length")

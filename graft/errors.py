@@ -19,7 +19,7 @@ class GraftDataError(GraftError, ValueError):
 class RequestError(GraftError, ValueError):
     """One request cannot be served as sent. `param` names the request field, `code` is a
     stable reason for programs, `reason` says what kind of refusal it is; the serving HTTP
-    layer maps reasons to status codes (graft.serving.http.openai_chat.APIError.from_request)."""
+    layer maps reasons to status codes (graft.serving.http.openai.openai_chat.APIError.from_request)."""
 
     REASONS = ("invalid", "forbidden", "too_large", "overloaded", "unavailable")
 

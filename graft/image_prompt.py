@@ -1,6 +1,6 @@
 """Where images go in a user's text: one `<image>` marker per image, each on its own line
 before the question (`<image>\\n<image>\\nQ`), as LLaVA-style data is written. `graft chat`,
-`graft eval`, the server (serving/http/openai_chat.py joins image and text parts with "\\n")
+`graft eval`, the server (serving/http/openai/openai_chat.py joins image and text parts with "\\n")
 and the exported HF processor's chat template all build this same text, so the same images
 and question give the same prompt everywhere (tests/graft/test_image_prompt.py)."""
 

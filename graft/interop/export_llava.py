@@ -91,7 +91,7 @@ def _llm_tensors(llm_path: Path, lora_dir: Path | None) -> dict:
 
 
 # Put in front of the LLM's own template: messages whose content is a list of parts become
-# the text graft builds for them (serving/http/openai_chat.py to_chat_messages): parts joined
+# the text graft builds for them (serving/http/openai/openai_chat.py to_chat_messages): parts joined
 # with "\n", each image part an <image> marker, so the template below only sees strings.
 _PARTS_TO_TEXT = """{%- set graft = namespace(messages=[]) -%}
 {%- for message in messages -%}

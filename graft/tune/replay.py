@@ -180,7 +180,7 @@ def _engine_request(ctx, front, record: TraceRecord, index: int, rng: random.Ran
     """The server's EngineRequest for one record: its messages (or synthesized ones of the
     recorded shape), forced to the recorded output length (ignore_eos) so every candidate
     generates the same number of tokens."""
-    from graft.serving.http import openai_chat as P
+    from graft.serving.http.openai import openai_chat as P
 
     messages = record.messages or _shaped_messages(ctx, record, rng)
     body = {"model": MODEL_NAME, "messages": messages, "temperature": record.temperature,

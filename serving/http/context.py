@@ -1,5 +1,5 @@
 """Server settings and the per-app context the routes share: the served models, the engine
-worker, metrics wiring. (A request's way to the engine is serving/http/chat_request.py.)"""
+worker, metrics wiring. (A request's way to the engine is serving/http/openai/chat_request.py.)"""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from graft.errors import GraftError
-from graft.serving.http import openai_chat as P
+from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.engine_worker import EngineWorker
-from graft.serving.http.metrics import ServerMetrics, speculation_gauges
+from graft.serving.http.plumbing.metrics import ServerMetrics, speculation_gauges
 from graft.serving.multimodal.media import MediaConfig
 
 
@@ -112,8 +112,8 @@ class ServerContext:
         """The EngineRequest of a parsed chat (chat_request.to_engine_request) or text
         completion (completions_request.to_completion_request), in a worker thread: the one
         seam per app on the request path, where tests inject failures."""
-        from graft.serving.http.chat_request import to_engine_request
-        from graft.serving.http.completions_request import (CompletionRequest,
+        from graft.serving.http.openai.chat_request import to_engine_request
+        from graft.serving.http.openai.completions_request import (CompletionRequest,
                                                              to_completion_request)
 
         if isinstance(req, CompletionRequest):

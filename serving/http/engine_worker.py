@@ -14,8 +14,8 @@ from typing import Callable
 
 from graft.errors import GraftError
 from graft.kernels.omp_threads import release_thread_pool
-from graft.serving.http.admission import AdmissionController, QueueItem, QueueLimits
-from graft.serving.http.openai_chat import APIError
+from graft.serving.http.plumbing.admission import AdmissionController, QueueItem, QueueLimits
+from graft.serving.http.openai.openai_chat import APIError
 
 log = logging.getLogger("graft.serving")
 

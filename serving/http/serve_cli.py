@@ -8,7 +8,7 @@ from pathlib import Path
 
 from graft.cli_types import number_in
 from graft.serving.engine.engine_args import add_engine_args
-from graft.serving.http import stats_log
+from graft.serving.http.plumbing import stats_log
 from graft.serving.http.serve_config import parse_args  # noqa: F401  (graft.cli's parse hook)
 
 
@@ -115,7 +115,7 @@ def build(args: argparse.Namespace):
     from graft.serving import Engine
     from graft.serving.engine.config import engine_values
     from graft.serving.multimodal.media import MediaConfig
-    from graft.serving.http.request_guard import allowed_host_names
+    from graft.serving.http.plumbing.request_guard import allowed_host_names
     from graft.serving.http.server import ServerSettings, build_app
 
     keys = api_keys(args)  # a bad key is refused before minutes of loading
@@ -156,7 +156,7 @@ def build(args: argparse.Namespace):
         request_timeout_s=args.request_timeout_s)
     app = build_app(engine, settings)
     if args.trace:
-        from graft.serving.http.trace_log import TraceWriter
+        from graft.serving.http.plumbing.trace_log import TraceWriter
 
         app.state.ctx.worker.tracer = TraceWriter(args.trace, args.trace_content,
                                                   args.trace_max_bytes)
@@ -199,7 +199,7 @@ def _graft_engine(specs: list[str], llm: Path | None, config, cache_bytes: int):
 def uvicorn_options(args: argparse.Namespace) -> dict:
     """Connection limits for uvicorn.Config: header deadline, keep-alive, concurrency and
     header size (also used by tests)."""
-    from graft.serving.http.uvicorn_protocol import with_header_timeout
+    from graft.serving.http.plumbing.uvicorn_protocol import with_header_timeout
 
     return {"http": with_header_timeout(args.header_timeout_s),
             "timeout_keep_alive": args.timeout_keep_alive,

@@ -3,7 +3,7 @@
 One background thread (EngineWorker) steps the engine; each request reads its outputs from
 its own asyncio queue. Image fetching, decoding, hashing and tokenizing run off the loop.
 `build_app` wires the parts: the context, the error handlers, and the routers of
-serving/http/routes (a request's path to the engine is serving/http/chat_request.py).
+serving/http/routes (a request's path to the engine is serving/http/openai/chat_request.py).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from graft.serving.http import openai_chat as P
-from graft.serving.http import openapi_schema
-from graft.serving.http.auth import APIKeys
+from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai import openapi_schema
+from graft.serving.http.plumbing.auth import APIKeys
 from graft.serving.http.context import ServerContext, ServerSettings
-from graft.serving.http.request_guard import RequestGuard
-from graft.serving.http.responses import error_response
+from graft.serving.http.plumbing.request_guard import RequestGuard
+from graft.serving.http.openai.responses import error_response
 from graft.serving.http.routes import ops, page, v1
 
 __all__ = ["ServerSettings", "build_app"]

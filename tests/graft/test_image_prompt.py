@@ -37,7 +37,7 @@ def _parts(n):
 def _serve(n):
     import json
 
-    from graft.serving.http.openai_chat import parse_chat_request, to_chat_messages
+    from graft.serving.http.openai.openai_chat import parse_chat_request, to_chat_messages
 
     req = parse_chat_request(json.dumps({"model": "m", "messages": [
         {"role": "user", "content": _parts(n)}]}).encode())

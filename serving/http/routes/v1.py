@@ -8,13 +8,13 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from graft.serving.http import openai_chat as P
-from graft.serving.http.chat_answer import ChatAnswer
-from graft.serving.http.chat_request import read_chat_request, submit_chat
-from graft.serving.http.completions_answer import CompletionAnswer
-from graft.serving.http.completions_request import parse_completion_request
-from graft.serving.http.openapi_schema import CHAT_PATH, COMPLETIONS_PATH
-from graft.serving.http.responses import answer
+from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai.chat_answer import ChatAnswer
+from graft.serving.http.openai.chat_request import read_chat_request, submit_chat
+from graft.serving.http.openai.completions_answer import CompletionAnswer
+from graft.serving.http.openai.completions_request import parse_completion_request
+from graft.serving.http.openai.openapi_schema import CHAT_PATH, COMPLETIONS_PATH
+from graft.serving.http.openai.responses import answer
 
 router = APIRouter()
 

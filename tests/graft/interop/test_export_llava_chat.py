@@ -5,7 +5,7 @@ import torch
 
 from graft.inject import IMAGE_PLACEHOLDER
 from graft.interop.export_llava import export_llava
-from graft.serving.http.openai_chat import ChatMessage, to_chat_messages
+from graft.serving.http.openai.openai_chat import ChatMessage, to_chat_messages
 from tests.graft.interop.test_export_llava import _image
 from tests.run_dirs import write_run_dir
 

@@ -6,7 +6,7 @@ import threading
 import httpx
 import pytest
 
-from graft.serving.http.auth import APIKeys
+from graft.serving.http.plumbing.auth import APIKeys
 from tests.serving.http.conftest import LiveServer
 
 URL = "/v1/chat/completions"
@@ -108,7 +108,7 @@ def test_405_carries_allow(server):
 
 
 def test_openapi_describes_the_chat_route(server):
-    from graft.serving.http.openapi_schema import ChatCompletion
+    from graft.serving.http.openai.openapi_schema import ChatCompletion
 
     for path in ("/openapi.json", "/docs", "/redoc"):  # the API's map is behind the key too
         assert httpx.get(server.url + path).status_code == 401
@@ -129,9 +129,9 @@ def test_openapi_describes_the_chat_route(server):
 
 
 def test_queue_limits_on_requests_and_tokens():
-    from graft.serving.http.admission import (AdmissionController, QueueItem, QueueLimits,
+    from graft.serving.http.plumbing.admission import (AdmissionController, QueueItem, QueueLimits,
                                               StepCostModel)
-    from graft.serving.http.openai_chat import APIError
+    from graft.serving.http.openai.openai_chat import APIError
 
     admission = AdmissionController(StepCostModel(), token_budget=64)
     item = lambda n: QueueItem(float("inf"), n, 0)  # noqa: E731

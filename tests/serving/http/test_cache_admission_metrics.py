@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from graft.serving.http.admission import AdmissionController, QueueItem, StepCostModel
+from graft.serving.http.plumbing.admission import AdmissionController, QueueItem, StepCostModel
 from graft.serving.multimodal.encoder_cache import EncoderCache, cache_key
-from graft.serving.http.metrics import Histogram, ServerMetrics
-from graft.serving.http.openai_chat import APIError
+from graft.serving.http.plumbing.metrics import Histogram, ServerMetrics
+from graft.serving.http.openai.openai_chat import APIError
 
 
 def _rows(n):  # n rows of 4 float32 = 16 n bytes

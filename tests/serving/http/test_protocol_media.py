@@ -9,7 +9,7 @@ from PIL import Image
 
 from graft.errors import RequestError
 from graft.serving.multimodal.media import MediaConfig, decode_image, load_image, to_data_url
-from graft.serving.http.openai_chat import APIError, parse_chat_request, to_chat_messages
+from graft.serving.http.openai.openai_chat import APIError, parse_chat_request, to_chat_messages
 
 
 def _body(**over):

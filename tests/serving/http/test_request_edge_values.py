@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from graft.serving.http.openai_chat import APIError, parse_chat_request
+from graft.serving.http.openai.openai_chat import APIError, parse_chat_request
 from graft.serving.multimodal.media import MediaConfig, load_image, to_data_url
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from graft.errors import GraftConfigError
 from graft.serving.http import serve_cli
-from graft.serving.http.request_guard import allowed_host_names, host_name, is_loopback
+from graft.serving.http.plumbing.request_guard import allowed_host_names, host_name, is_loopback
 from tests.graft.cli_asserts import fails
 
 URL = "/v1/chat/completions"

@@ -8,8 +8,8 @@ import ast
 from tests.test_import_graph import _imports, _modules
 
 PATH = ["graft.serving.http.server", "graft.serving.http.routes.v1",
-        "graft.serving.http.chat_request", "graft.serving.http.engine_worker"]
-WIRE = "graft.serving.http.openai_chat"  # the request/response shapes every step reads
+        "graft.serving.http.openai.chat_request", "graft.serving.http.engine_worker"]
+WIRE = "graft.serving.http.openai.openai_chat"  # the request/response shapes every step reads
 
 
 def test_each_step_imports_only_the_steps_after_it():
@@ -18,7 +18,7 @@ def test_each_step_imports_only_the_steps_after_it():
         found = _imports(ast.parse(mods[name].read_text()), mods)
         assert not found & set(PATH[:k]), f"{name} imports an earlier step"
     assert not _imports(ast.parse(mods[WIRE].read_text()), mods) & set(PATH)
-    assert "graft.serving.http.chat_request" in _imports(
+    assert "graft.serving.http.openai.chat_request" in _imports(
         ast.parse(mods["graft.serving.http.routes.v1"].read_text()), mods)
 
 

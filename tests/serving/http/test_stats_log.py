@@ -11,7 +11,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from graft.serving.http import serve_cli, stats_log
+from graft.serving.http import serve_cli
+from graft.serving.http.plumbing import stats_log
 from tests.serving.http.conftest import LiveServer
 
 
@@ -186,7 +187,7 @@ def test_token_counters_follow_the_stream(tiny_run_dir):
     line's throughput over an interval shows a long answer while it is written."""
     from graft.serving import Engine, EngineConfig, SamplingParams
     from graft.serving.http.engine_worker import EngineWorker, Job
-    from graft.serving.http.metrics import ServerMetrics
+    from graft.serving.http.plumbing.metrics import ServerMetrics
 
     metrics = ServerMetrics({})
     worker = EngineWorker(Engine.from_pretrained(tiny_run_dir, EngineConfig(num_kv_blocks=64)),

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from graft.serving.http import openai_chat as P
-from graft.serving.http.tool_calls import (CallListReader, HermesReader, NamedReader, assemble,
+from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai.tool_calls import (CallListReader, HermesReader, NamedReader, assemble,
                                            reader_for)
-from graft.serving.http.tool_prompt import HERMES_TOOLS, template_handles_tools, tool_prompt
-from graft.serving.http.tool_plan import plan_tools
+from graft.serving.http.openai.tool_prompt import HERMES_TOOLS, template_handles_tools, tool_prompt
+from graft.serving.http.openai.tool_plan import plan_tools
 
 WEATHER = {"type": "function", "function": {
     "name": "get_current_temperature", "description": "Get current temperature at a location.",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graft.errors import GraftError
-from graft.serving.http.openai_chat import APIError
+from graft.serving.http.openai.openai_chat import APIError
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function that takes no arguments
 

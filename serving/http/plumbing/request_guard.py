@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from graft.serving.http.openai_chat import APIError
-from graft.serving.http.responses import error_response
+from graft.serving.http.openai.openai_chat import APIError
+from graft.serving.http.openai.responses import error_response
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 _BODY_METHODS = {"POST", "PUT", "PATCH"}

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
-from graft.serving.http.openai_chat import APIError
-from graft.serving.http.tool_plan import ToolPlan, arguments_object
+from graft.serving.http.openai.openai_chat import APIError
+from graft.serving.http.openai.tool_plan import ToolPlan, arguments_object
 from graft.template import special_texts
 
 HERMES_TOOLS = (

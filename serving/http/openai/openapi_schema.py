@@ -13,8 +13,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from graft.serving.http.completions_request import CompletionRequest
-from graft.serving.http.openai_chat import ChatCompletionRequest
+from graft.serving.http.openai.completions_request import CompletionRequest
+from graft.serving.http.openai.openai_chat import ChatCompletionRequest
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graft.serving.engine.step_cost import StepCostModel
-from graft.serving.http.openai_chat import APIError
+from graft.serving.http.openai.openai_chat import APIError
 
 __all__ = ["AdmissionController", "QueueItem", "QueueLimits", "StepCostModel"]
 

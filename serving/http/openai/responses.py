@@ -9,7 +9,7 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from graft.serving.http import openai_chat as P
+from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.engine_worker import Job
 
 

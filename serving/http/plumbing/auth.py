@@ -7,7 +7,7 @@ import hmac
 
 from fastapi import Request
 
-from graft.serving.http.openai_chat import APIError
+from graft.serving.http.openai.openai_chat import APIError
 
 
 class APIKeys:

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from graft.errors import GraftError, RequestError
-from graft.serving.http import openai_chat as P
+from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.engine_worker import Job
-from graft.serving.http.responses import sink
-from graft.serving.http.sampling_knobs import request_param
-from graft.serving.http.tool_prompt import tool_prompt
-from graft.serving.http.tool_plan import guide, plan_tools
+from graft.serving.http.openai.responses import sink
+from graft.serving.http.openai.sampling_knobs import request_param
+from graft.serving.http.openai.tool_prompt import tool_prompt
+from graft.serving.http.openai.tool_plan import guide, plan_tools
 from graft.serving.multimodal.media import load_image
 
 _MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands

@@ -11,7 +11,7 @@ import json
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from graft.serving.http.openai_chat import APIError
+from graft.serving.http.openai.openai_chat import APIError
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
 

@@ -10,8 +10,8 @@ from typing import Any, Union
 
 from pydantic import Field, field_validator
 
-from graft.serving.http import openai_chat as P
-from graft.serving.http.chat_request import (EngineRequest, check_room, check_text_length,
+from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai.chat_request import (EngineRequest, check_room, check_text_length,
                                                sampling_params_for)
 
 Int = P.Int

@@ -4,10 +4,10 @@ ToolPlan's reader (tool_calls.py) into `tool_calls`, streamed as OpenAI streams 
 
 from __future__ import annotations
 
-from graft.serving.http import openai_chat as P
-from graft.serving.http.responses import AnswerShape
-from graft.serving.http.tool_calls import assemble, reader_for
-from graft.serving.http.tool_plan import plan_tools
+from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai.responses import AnswerShape
+from graft.serving.http.openai.tool_calls import assemble, reader_for
+from graft.serving.http.openai.tool_plan import plan_tools
 
 
 class ChatAnswer(AnswerShape):

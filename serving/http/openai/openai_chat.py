@@ -15,8 +15,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 from typing_extensions import Annotated
 
 from graft.serving.engine.sampling_params import SEED_MAX, SEED_MIN
-from graft.serving.http.sampling_knobs import SamplingKnobs
-from graft.serving.http.tool_protocol import Tool, ToolCallIn, ToolChoice
+from graft.serving.http.openai.sampling_knobs import SamplingKnobs
+from graft.serving.http.openai.tool_protocol import Tool, ToolCallIn, ToolChoice
 
 
 class APIError(Exception):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from graft.serving.http import openai_chat as P
-from graft.serving.http.responses import AnswerShape
+from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai.responses import AnswerShape
 
 
 def completion_logprobs(ids: list[int], entries: list[dict[int, float]], top: int, tokenizer,
