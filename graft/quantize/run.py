@@ -61,7 +61,15 @@ def quantize_search(model: str | Path, tasks: list[str], out_dir: str | Path,
         log(f"resuming: {state.resumed} measured points in {state.path}")
     bar = _progress_bar(1 + len(ev.groups) * (len(ev.schemes) - 1) + len(ev.schemes) + max_evals,
                         progress)
-    search = Search(ev, goal, state, max_evals, beam, progress=bar)
+    from graft.threads import ThreadRecheck
+
+    recheck = ThreadRecheck()  # other work ending mid-search frees cores for the next points
+
+    def progress(point):
+        bar(point)
+        recheck.tick()
+
+    search = Search(ev, goal, state, max_evals, beam, progress=progress)
     try:
         points = search.run()
     finally:

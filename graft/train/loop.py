@@ -153,11 +153,15 @@ class Trainer:
         self.progress = Progress()
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train",
                    disable=not self.accel.is_main_process)
+        from graft.threads import ThreadRecheck
+
+        recheck = ThreadRecheck()  # other work that ends mid-run frees its cores for this one
         while self.step < self.total_steps:
             batches = self.batcher.epoch_batches(self.epoch)
             while self.micro < len(batches) and self.step < self.total_steps:
                 if self._micro_step(batches):
                     self._optimizer_step(bar, len(batches))
+                    recheck.tick()
                     if on_step is not None:
                         on_step(self.step, self.progress.step_loss)
             if self.micro >= len(batches):

@@ -153,6 +153,9 @@ class EngineWorker:
 
     # ---- the engine thread ----------------------------------------------------------------
     def _loop(self) -> None:
+        from graft.threads import ThreadRecheck
+
+        recheck = ThreadRecheck()  # on this thread: torch's thread count is per thread
         while True:
             with self._cond:
                 while not (self._stop or self._aborts or self.pending
@@ -163,6 +166,7 @@ class EngineWorker:
                 aborts, self._aborts = self._aborts, []
             try:
                 self._run_once(aborts)
+                recheck.tick()
             except Exception:  # noqa: BLE001 - a fault no single request explains: the
                 # engine isolates per-request failures itself; never let this kill the thread
                 log.exception("engine step failed")
