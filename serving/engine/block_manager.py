@@ -132,6 +132,18 @@ class BlockManager:
             self.query_tokens += len(seq)
             self.hit_tokens += seq.num_computed_tokens
 
+    # --- pins (a prompt's KV held for another engine: kv_transfer.KVExports) -------------
+    def pin(self, block_ids: list[int]) -> None:
+        """One more reference on each block (held by something other than a sequence)."""
+        for bid in block_ids:
+            if self.ref_counts[bid] == 0:
+                self.evictable.pop(bid, None)
+            self.ref_counts[bid] += 1
+
+    def unpin(self, block_ids: list[int]) -> None:
+        for bid in block_ids:
+            self._unref(bid)
+
     # --- allocation -----------------------------------------------------------------
     def new_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         need = self.blocks_for(seq.num_computed_tokens + num_new_tokens)

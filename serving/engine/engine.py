@@ -13,6 +13,7 @@ from pathlib import Path
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.guided import GrammarTokenizer, advance
+from graft.serving.engine.kv_transfer import KVExports, KVPayload, import_into
 from graft.serving.engine.mm_inputs import MultiModalInputs
 from graft.serving.engine.outputs import Detokenizer, RequestOutput, find_stop_string, make_output
 from graft.serving.engine.sampler import restore_rng_states, seeded_rng_states
@@ -46,6 +47,8 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
+        # prefill/decode split: prompts whose KV waits for a decode engine (kv_transfer.py)
+        self.kv_exports = self.scheduler.exports = KVExports(self.block_manager)
         self.cost = StepCostModel()  # every step this engine runs is recorded in it
         # always present: a request may turn speculation on while the engine default is off;
         # it weighs acceptance against the measured cost of verify steps
@@ -103,9 +106,15 @@ class Engine:
                     sampling_params: SamplingParams | None = None, *,
                     prompt_token_ids: list[int] | None = None,
                     mm_inputs: MultiModalInputs | None = None, deadline: float | None = None,
-                    priority: int | None = None, graft: str | None = None) -> None:
+                    priority: int | None = None, graft: str | None = None,
+                    kv_export: bool = False, kv_import: KVPayload | None = None) -> None:
         """Queue a request. Bad sampling settings raise; a prompt the model cannot take
-        finishes this request alone with finish_reason "error" (reported by the next step)."""
+        finishes this request alone with finish_reason "error" (reported by the next step).
+
+        Prefill/decode split: `kv_export` holds the prompt's KV once the request finishes,
+        for `kv_exports.take`; `kv_import` (a KVPayload another engine exported) gives the
+        prompt's leading tokens their KV without computing it, or, when it cannot be used,
+        is counted in `kv_exports.stats` and the prompt is prefilled as usual."""
         if request_id in self.seqs:
             raise ValueError(f"request_id {request_id!r} is already running; use a unique id")
         if isinstance(prompt, (list, tuple)):
@@ -132,6 +141,10 @@ class Engine:
             return
         if params.guided_grammar is not None:  # one matcher per sequence, fresh from its grammar
             seq.matcher = self.grammar_tokenizer.matcher(params.guided_grammar)
+        seq.kv_export = kv_export
+        if kv_import is not None:
+            seq.num_transferred_tokens = import_into(self.runner, self.block_manager, seq,
+                                                     kv_import, self.kv_exports.stats)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -176,6 +189,7 @@ class Engine:
         """Run one scheduled batch; return an output for every request that moved or finished."""
         t0 = time.perf_counter()  # the cost model times scheduling too: admission waits on it
         outputs, self._pending = self._pending, []
+        self.kv_exports.expire()
         batch, dropped = self.scheduler.schedule()
         dropped += self._drop_bad_images(batch)
         for seq in dropped:

@@ -42,6 +42,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._preempted_now = False
         self.spec = None  # spec_decode.SpecDecoder when the engine may speculate
+        self.exports = None  # kv_transfer.KVExports: finished prompts held for a decode engine
 
     # --- queues ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -57,6 +58,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if seq.kv_export and reason in ("stop", "length") and self.exports is not None:
+            self.exports.hold(seq)
         self.bm.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
@@ -122,15 +125,20 @@ class Scheduler:
                             "raise EngineConfig.num_kv_blocks or kv_cache_memory")
                 finished.append(seq)
                 continue
-            hits = self.bm.lookup(seq)
-            tail = self.bm.lookup_tail(seq, hits)
-            cached = len(hits) * self.bm.block_size + (tail[1] if tail else 0)
+            # a sequence whose KV came from another engine arrives with its blocks
+            preloaded = bool(seq.block_table)
+            hits = [] if preloaded else self.bm.lookup(seq)
+            tail = None if preloaded else self.bm.lookup_tail(seq, hits)
+            cached = (seq.num_computed_tokens if preloaded else
+                      len(hits) * self.bm.block_size + (tail[1] if tail else 0))
             n = min(len(seq) - cached, budget)
-            need = self.bm.blocks_for(cached + n) - len(hits) - (tail is not None)
+            need = (self.bm.blocks_for(cached + n) - len(seq.block_table) - len(hits)
+                    - (tail is not None))
             if need > self.bm.num_free_blocks - self.bm.num_reclaimed(hits, tail):
                 break  # wait for running requests to release blocks
             self.waiting.pop(0)
-            self.bm.acquire_prefix(seq, hits, tail)
+            if not preloaded:
+                self.bm.acquire_prefix(seq, hits, tail)
             self.bm.append_slots(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

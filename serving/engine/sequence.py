@@ -42,7 +42,9 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chain hashes of the full blocks registered so far
-        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (or transferred)
+        self.kv_export = False  # hold the prompt's KV for a decode engine once finished
+        self.num_transferred_tokens = 0  # prompt tokens whose KV came from another engine
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.error: str | None = None
