@@ -26,13 +26,26 @@ def find_chromium() -> str | None:
     return None
 
 
+def _above_4(fd: int) -> int:
+    """`fd` moved to the lowest free descriptor above 4 (close-on-exec, as os.pipe made it)."""
+    import fcntl
+
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5)
+    os.close(fd)
+    return moved
+
+
 class Browser:
     def __init__(self, width: int = 1000, height: int = 680):
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
+        # the child's ends, moved above fd 4 first: a dup2 onto the descriptor an end already
+        # sits on does nothing (it stays close-on-exec, and Chromium finds fd 3 closed), and
+        # one end on 4 would be overwritten by the first dup2 before the second reads it
+        to_chrome_r, from_chrome_w = _above_4(to_chrome_r), _above_4(from_chrome_w)
 
         def fds():  # the child's fd 3 / fd 4 are the pipe ends the protocol expects
-            os.dup2(to_chrome_r, 3)
+            os.dup2(to_chrome_r, 3)  # dup2's copy is inheritable: it survives the exec
             os.dup2(from_chrome_w, 4)
 
         # a fresh profile per browser: the page's localStorage history never leaks between tests
