@@ -122,6 +122,11 @@ class KVExports:
                                              time.monotonic() + self.ttl_s)
         self.stats.exported += 1
 
+    def block_ids(self, request_id: str) -> list[int]:
+        """The held blocks of a request (any thread: a read of one dict entry)."""
+        export = self.held.get(request_id)
+        return list(export.block_ids) if export is not None else []
+
     def take(self, runner, request_id: str) -> KVPayload | None:
         """The export's KV copied out, its blocks freed; None if unknown or expired."""
         export = self.held.pop(request_id, None)

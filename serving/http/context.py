@@ -34,6 +34,8 @@ class ServerSettings:
     max_queued_tokens: int | None = None  # their prompt tokens beyond this -> 429
     request_body_timeout_s: float = 60.0  # a body still arriving after this -> 408
     request_timeout_s: float | None = 600.0  # answer not complete this long after arrival: 408
+    kv_transfer: object = None  # fleet.pd.KVTransferConfig: this worker's P/D role (None: none)
+    advertised_address: tuple[str, int] = ("127.0.0.1", 8000)  # how other workers reach this one
 
 
 def prompt_char_bound(tokenizer, max_model_len: int) -> int | None:
@@ -54,6 +56,10 @@ class ServerContext:
         self.engine = engine
         self.front = engine.grafts.front()  # the default graft (a run dir served alone), or None
         self.settings = settings
+        self.kv_transfer = settings.kv_transfer
+        self.advertised_address = settings.advertised_address
+        if self.kv_transfer is not None:
+            engine.kv_exports.ttl_s = self.kv_transfer.export_ttl_s
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.max_prompt_chars = prompt_char_bound(self.tokenizer, self.max_model_len)

@@ -6,6 +6,7 @@ The HTTP layer never touches the engine; it submits jobs and reads events from a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -37,6 +38,8 @@ class Job:
     n_output: int = 0
     failed: bool = False  # failed before entering the engine (error already sent)
     request: object = None  # the parsed ChatCompletionRequest (for --trace)
+    kv_export: bool = False  # P/D prefill half: hold the prompt's KV for a decode worker
+    kv_import: object = None  # P/D decode half: the prompt's KV pulled (kv_transfer.KVPayload)
 
     def queue_item(self) -> QueueItem:
         return QueueItem(self.deadline if self.deadline is not None else float("inf"),
@@ -61,6 +64,7 @@ class EngineWorker:
         self.pending: list[Job] = []  # admitted, images not yet encoded: EDF order
         self.active: dict[str, Job] = {}  # inside the engine
         self._aborts: list[str] = []
+        self._calls: list[Callable[[], None]] = []  # run on the engine thread (call())
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="graft-engine", daemon=True)
@@ -151,6 +155,27 @@ class EngineWorker:
     def num_running(self) -> int:
         return len(self.active)
 
+    def call(self, fn: Callable[[], object]) -> asyncio.Future:
+        """fn() on the engine thread before its next step (for what touches the block pool,
+        e.g. handing a prompt's KV to another worker); await the result on the event loop."""
+        if not self.alive:
+            raise APIError("the engine thread is not running; see the server log",
+                           status=503, type="server_error", code="engine_down")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def run() -> None:
+            try:
+                result, error = fn(), None
+            except Exception as err:  # noqa: BLE001 - handed to the awaiting request
+                result, error = None, err
+            loop.call_soon_threadsafe(_settle, future, result, error)
+
+        with self._cond:
+            self._calls.append(run)
+            self._cond.notify()
+        return future
+
     # ---- the engine thread ----------------------------------------------------------------
     def _loop(self) -> None:
         from graft.threads import ThreadRecheck
@@ -158,12 +183,17 @@ class EngineWorker:
         recheck = ThreadRecheck()  # on this thread: torch's thread count is per thread
         while True:
             with self._cond:
-                while not (self._stop or self._aborts or self.pending
+                while not (self._stop or self._aborts or self.pending or self._calls
                            or self.engine.has_unfinished_requests()):
-                    self._cond.wait()
+                    # held P/D exports expire even when nothing else happens
+                    if not self._cond.wait(timeout=5.0 if self.engine.kv_exports.held else None):
+                        self.engine.kv_exports.expire()
                 if self._stop:
                     break
                 aborts, self._aborts = self._aborts, []
+                calls, self._calls = self._calls, []
+            for run in calls:
+                run()
             try:
                 self._run_once(aborts)
                 recheck.tick()
@@ -243,11 +273,12 @@ class EngineWorker:
             if job.failed:
                 continue
             try:
-                mm = (job.front.mm_inputs(job.prepared, embeds)
+                mm = (job.front.mm_inputs(job.prepared, embeds, owner=job.request_id)
                       if job.prepared is not None else None)
                 self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
                                         sampling_params=job.sampling_params, mm_inputs=mm,
-                                        deadline=job.deadline, graft=job.graft)
+                                        deadline=job.deadline, graft=job.graft,
+                                        kv_export=job.kv_export, kv_import=job.kv_import)
             except Exception as err:  # noqa: BLE001 - this job's failure, nobody else's
                 self._fail_job(job, err)
                 continue
@@ -266,7 +297,7 @@ class EngineWorker:
             groups = [jobs]
             while groups:
                 group = groups.pop()
-                items = [(im, j.request_id) for j in group for im in j.prepared.images]
+                items = [(im, j.request_id) for j in group for im in _to_encode(j)]
                 start = time.perf_counter()
                 try:
                     got, encoded = front.encode(items)
@@ -357,6 +388,29 @@ class EngineWorker:
                     log.exception("abort after engine error failed")
             self._release(job.request_id)
             job.sink("error", err)
+
+
+def _to_encode(job: Job) -> list:
+    """The job's images whose embeddings its prefill needs: not those whose positions all
+    came with KV from a prefill worker (they are encoded on demand if a preemption drops
+    that KV; MultimodalFront.mm_inputs)."""
+    if job.kv_import is None:
+        return job.prepared.images
+    from graft.serving.engine.kv_transfer import importable_tokens
+
+    spans = list(zip(job.prepared.images, job.prepared.spans))
+    n = importable_tokens(job.prompt_token_ids,
+                          [(im.key, off, length) for im, (off, length) in spans], job.kv_import)
+    return [im for im, (off, length) in spans if off + length > n]
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 # a finish reason -> the trace's status (stop, length: ok)

@@ -91,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-max-bytes", type=_at_least_1, default=64 << 20,
                    help="with --trace: rotate FILE to FILE.1 (FILE.2, ...) past this size")
     add_engine_args(p)  # --block-size, --dtype, --quantization, ...: every EngineConfig field
+    p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                   help="take part in a prefill/decode split (vLLM's flag), e.g. "
+                        "'{\"kv_role\":\"kv_both\"}'; docs/fleet.md")
     p.add_argument("--log-level", default="warning")
     stats_log.add_arguments(p)  # --log-interval, --log-format
     p.add_argument("--header-timeout-s", type=_positive_float, default=10.0,
@@ -117,8 +120,11 @@ def build(args: argparse.Namespace):
     from graft.serving.multimodal.media import MediaConfig
     from graft.serving.http.plumbing.request_guard import allowed_host_names
     from graft.serving.http.server import ServerSettings, build_app
+    from graft.serving.http.fleet.pd import advertised_address, parse_kv_transfer_config
 
     keys = api_keys(args)  # a bad key is refused before minutes of loading
+    kv_transfer = (parse_kv_transfer_config(args.kv_transfer_config)
+                   if getattr(args, "kv_transfer_config", None) else None)
     config = EngineConfig.for_serving(**engine_values(args))
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
     path = Path(args.path) if args.path else None
@@ -153,7 +159,8 @@ def build(args: argparse.Namespace):
         auth_health=args.auth_health, auth_metrics=args.auth_metrics,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
         request_body_timeout_s=args.request_body_timeout_s,
-        request_timeout_s=args.request_timeout_s)
+        request_timeout_s=args.request_timeout_s,
+        kv_transfer=kv_transfer, advertised_address=advertised_address(args, kv_transfer))
     app = build_app(engine, settings)
     if args.trace:
         from graft.serving.http.plumbing.trace_log import TraceWriter

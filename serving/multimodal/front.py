@@ -168,11 +168,19 @@ class MultimodalFront:
                 self.cache.put(im.key, out[im.key], owner)  # first put stores, later ones pin
         return out, encoded
 
-    def mm_inputs(self, prepared: PreparedPrompt,
-                  embeds: dict[str, torch.Tensor]) -> MultiModalInputs | None:
+    def mm_inputs(self, prepared: PreparedPrompt, embeds: dict[str, torch.Tensor],
+                  owner: str = "offline") -> MultiModalInputs | None:
+        """The engine's image inputs; an image missing from `embeds` (its KV came from
+        another worker) is encoded for `owner` only if the engine ever asks for its rows."""
         if not prepared.images:
             return None
-        return MultiModalInputs([ImageRange(off, n, im.key, embeds[im.key])
+
+        def rows(im: PreparedImage):
+            if im.key in embeds:
+                return embeds[im.key]
+            return lambda: self.encode([(im, owner)])[0][im.key]
+
+        return MultiModalInputs([ImageRange(off, n, im.key, rows(im))
                                  for im, (off, n) in zip(prepared.images, prepared.spans)])
 
     def prepare_chat(self, messages: list[dict], images: list, owner: str = "offline"

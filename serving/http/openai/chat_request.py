@@ -14,6 +14,7 @@ from fastapi import Request
 from graft.errors import GraftError, RequestError
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.engine_worker import Job
+from graft.serving.http.fleet.pd import pull, transfer_for
 from graft.serving.http.openai.responses import sink
 from graft.serving.http.openai.sampling_knobs import request_param
 from graft.serving.http.openai.tool_prompt import tool_prompt
@@ -53,6 +54,7 @@ async def read_chat_request(ctx, request: Request, parse=P.parse_chat_request):
 
 async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     """(Job, its event queue) once the engine worker accepted it; image work runs in a thread."""
+    transfer = transfer_for(ctx.kv_transfer, req)  # P/D fields: 400 before any work
     loop = asyncio.get_running_loop()
     # image work in its own pool (slow hosts never delay text requests); text in the default
     pool = ctx.media_pool if _carries_images(req) else None
@@ -61,13 +63,15 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     shrink = req.shrink_images_to_budget
     if shrink is None:
         shrink = ctx.settings.shrink_images_to_budget
+    kv_import = await pull(ctx, transfer.pull) if transfer.pull is not None else None
     queue: asyncio.Queue = asyncio.Queue()
     cid = P.new_completion_id()
     for attempt in range(_MAX_SHRINK_STEPS + 1):
         job = Job(cid, er.ids, er.params, sink=sink(loop, queue), prepared=er.prepared,
                   arrival=arrival, deadline=arrival + budget_ms / 1000 if budget_ms else None,
                   encode_tokens=front.uncached_tokens(er.prepared.images) if er.prepared else 0,
-                  front=front, graft=req.model, request=req)
+                  front=front, graft=req.model, request=req, kv_export=transfer.export,
+                  kv_import=kv_import)
         try:
             ctx.worker.submit(job, budget_ms / 1000 if budget_ms else None)
             return job, queue

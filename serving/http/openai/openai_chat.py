@@ -144,6 +144,12 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     ignore_eos: bool = False
     # graft extension: speculative decoding for this request (None: the server's --speculative)
     speculative: Literal["off", "ngram", "suffix"] | None = None
+    # prefill/decode split (vllm-router's protocol; serving/http/fleet/pd.py): honoured or
+    # refused, never ignored, as are sglang-router's bootstrap fields
+    kv_transfer_params: dict[str, Any] | None = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
 
     @field_validator("stop")
     @classmethod

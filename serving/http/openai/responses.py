@@ -105,7 +105,12 @@ async def complete(ctx, job: Job, queue: asyncio.Queue, request: Request, shape)
         raise
     finally:
         watcher.cancel()
-    return JSONResponse(shape.whole(last, reason))
+    body = shape.whole(last, reason)
+    if job.kv_export and reason in ("stop", "length"):  # P/D: where the prompt's KV waits
+        from graft.serving.http.fleet.pd import answer_params
+
+        body["kv_transfer_params"] = answer_params(ctx, job.request_id)
+    return JSONResponse(body)
 
 
 async def stream(ctx, job: Job, queue: asyncio.Queue, shape, include_usage: bool,

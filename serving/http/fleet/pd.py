@@ -1,0 +1,210 @@
+"""Prefill/decode split over HTTP, in vllm-router's protocol (`--vllm-pd-disaggregation`).
+
+The router sends the prefill worker the request with `max_tokens: 1` and
+`kv_transfer_params: {"do_remote_decode": true, ...}`; the answer carries
+`kv_transfer_params` naming where the prompt's KV waits (vLLM NixlConnector's fields). The
+router hands those to the decode worker with the original request; that worker pulls the KV
+(graft's connector: one HTTP GET of the prefill worker's /v1/graft/kv_transfer/{id}) and
+decodes without prefilling. A failed pull is never an error for the client: the decode worker
+prefills the prompt itself and counts it.
+
+Fields that would change a request's meaning are honoured or refused (400), never ignored:
+`kv_transfer_params` on a worker started without --kv-transfer-config, and sglang-router's
+`bootstrap_*` P/D fields, whose protocol graft does not speak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+from graft.errors import GraftConfigError
+from graft.serving.engine.kv_transfer import DEFAULT_EXPORT_TTL_S, KVPayload, decode_payload
+from graft.serving.http.openai import openai_chat as P
+
+log = logging.getLogger("graft.serving")
+
+PULL_PATH = "/v1/graft/kv_transfer/{request_id}"
+ROLES = ("kv_producer", "kv_consumer", "kv_both")
+CONNECTORS = ("GraftConnector",)
+BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+
+
+@dataclass
+class KVTransferConfig:
+    """`graft serve --kv-transfer-config JSON`: vLLM's flag and field names."""
+    kv_role: str  # kv_producer (prefill only) | kv_consumer (decode only) | kv_both
+    kv_connector: str = "GraftConnector"
+    kv_ip: str | None = None  # the host decode workers reach this one at (default: --host)
+    engine_id: str | None = None  # names this worker in kv_transfer_params (default: host:port)
+    kv_connector_extra_config: dict = field(default_factory=dict)
+    pull_timeout_s: float = 30.0  # from kv_connector_extra_config
+    export_ttl_s: float = DEFAULT_EXPORT_TTL_S  # from kv_connector_extra_config
+
+    @property
+    def produces(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def consumes(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+
+def parse_kv_transfer_config(text: str) -> KVTransferConfig:
+    """The flag's JSON; GraftConfigError naming the field and the fix otherwise."""
+    flag = "--kv-transfer-config"
+    try:
+        raw = json.loads(text) if isinstance(text, str) else text
+    except ValueError as err:
+        raise GraftConfigError(f"{flag} is not JSON ({err}); e.g. '{{\"kv_role\":\"kv_both\"}}'")
+    if not isinstance(raw, dict):
+        raise GraftConfigError(f"{flag} must be a JSON object, e.g. '{{\"kv_role\":\"kv_both\"}}'")
+    known = {"kv_role", "kv_connector", "kv_ip", "engine_id", "kv_connector_extra_config"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise GraftConfigError(f"{flag}: unknown field {unknown[0]!r}; graft's connector takes "
+                               f"{', '.join(sorted(known))}")
+    if raw.get("kv_role") not in ROLES:
+        raise GraftConfigError(f"{flag}: kv_role must be one of {', '.join(ROLES)}, got "
+                               f"{raw.get('kv_role')!r}")
+    connector = raw.get("kv_connector") or "GraftConnector"
+    if connector not in CONNECTORS:
+        raise GraftConfigError(
+            f"{flag}: kv_connector {connector!r} is not available in graft; leave it out "
+            "(graft's own connector, GraftConnector, moves KV between graft workers)")
+    extra = raw.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict) or set(extra) - {"pull_timeout_s", "export_ttl_s"}:
+        raise GraftConfigError(f"{flag}: kv_connector_extra_config takes pull_timeout_s and "
+                               "export_ttl_s (seconds)")
+    numbers = {}
+    for key in ("pull_timeout_s", "export_ttl_s"):
+        if key in extra:
+            value = extra[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+                raise GraftConfigError(f"{flag}: kv_connector_extra_config.{key} must be a "
+                                       f"number of seconds in (0, 1e6), got {value!r}")
+            numbers[key] = float(value)
+    for key in ("kv_ip", "engine_id"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise GraftConfigError(f"{flag}: {key} must be a string, got {raw[key]!r}")
+    return KVTransferConfig(raw["kv_role"], connector, raw.get("kv_ip"), raw.get("engine_id"),
+                            extra, **numbers)
+
+
+def advertised_address(args, config: KVTransferConfig | None) -> tuple[str, int]:
+    """(host, port) a decode worker pulls from: kv_ip, else --host unless it is a wildcard
+    (then this machine's name), with the API port."""
+    import socket
+
+    host = (config.kv_ip if config is not None else None) or args.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return host, args.port
+
+
+@dataclass
+class PullSpec:
+    url: str  # where the prompt's KV waits
+    request_id: str
+
+
+@dataclass
+class Transfer:
+    export: bool = False  # hold the prompt's KV for a decode worker (prefill side)
+    pull: PullSpec | None = None  # take the prompt's KV from a prefill worker (decode side)
+
+
+def transfer_for(config: KVTransferConfig | None, req) -> Transfer:
+    """What a request's P/D fields ask of this worker; APIError(400) for what it cannot do."""
+    for name in BOOTSTRAP_FIELDS:
+        if getattr(req, name, None) is not None:
+            raise P.APIError(
+                f"{name}: sglang-router's prefill/decode bootstrap protocol is not supported by "
+                "graft; run the P/D split through vllm-router --vllm-pd-disaggregation "
+                "(docs/fleet.md)", param=name, code="unsupported_parameter")
+    params = getattr(req, "kv_transfer_params", None)
+    if params is None:
+        return Transfer()
+    if config is None:
+        raise P.APIError("kv_transfer_params: this worker takes no part in a prefill/decode "
+                         "split; start it with --kv-transfer-config '{\"kv_role\":\"kv_both\"}'",
+                         param="kv_transfer_params", code="kv_transfer_disabled")
+    remote_decode = _flag(params, "do_remote_decode")
+    remote_prefill = _flag(params, "do_remote_prefill")
+    if remote_decode and remote_prefill:
+        raise P.APIError("kv_transfer_params: do_remote_decode and do_remote_prefill are both "
+                         "true; a request is either the prefill or the decode half",
+                         param="kv_transfer_params", code="invalid_value")
+    if remote_decode:
+        if not config.produces:
+            raise _wrong_role("do_remote_decode", config)
+        if req.stream:
+            raise P.APIError("kv_transfer_params.do_remote_decode needs stream: false (the "
+                             "answer carries kv_transfer_params)", param="stream",
+                             code="invalid_value")
+        return Transfer(export=True)
+    if remote_prefill:
+        if not config.consumes:
+            raise _wrong_role("do_remote_prefill", config)
+        host, port, rid = (params.get("remote_host"), params.get("remote_port"),
+                           params.get("remote_request_id"))
+        if not (isinstance(host, str) and host and isinstance(rid, str) and rid
+                and isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
+            raise P.APIError("kv_transfer_params: do_remote_prefill needs remote_host (string), "
+                             "remote_port (1-65535) and remote_request_id (string), as the "
+                             "prefill worker's answer gives them", param="kv_transfer_params",
+                             code="invalid_value")
+        host = f"[{host}]" if ":" in host else host
+        return Transfer(pull=PullSpec(f"http://{host}:{port}" + PULL_PATH.format(request_id=rid),
+                                      rid))
+    return Transfer()
+
+
+def _flag(params: dict, name: str) -> bool:
+    value = params.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise P.APIError(f"kv_transfer_params.{name} must be true or false, got {value!r}",
+                         param=f"kv_transfer_params.{name}", code="invalid_value")
+    return value
+
+
+def _wrong_role(name: str, config: KVTransferConfig) -> P.APIError:
+    return P.APIError(f"kv_transfer_params.{name}: this worker's kv_role is {config.kv_role}; "
+                      "send it to a worker started with kv_role kv_both or the other role",
+                      param=f"kv_transfer_params.{name}", code="kv_transfer_role")
+
+
+def answer_params(ctx, request_id: str) -> dict:
+    """What the prefill worker's answer carries (vLLM NixlConnector's fields; graft's
+    connector reads remote_host, remote_port and remote_request_id)."""
+    config, (host, port) = ctx.kv_transfer, ctx.advertised_address
+    return {"do_remote_prefill": True, "do_remote_decode": False,
+            "remote_engine_id": config.engine_id or f"{host}:{port}",
+            "remote_block_ids": ctx.engine.kv_exports.block_ids(request_id),
+            "remote_host": host, "remote_port": port, "remote_request_id": request_id,
+            "tp_size": 1}
+
+
+async def pull(ctx, spec: PullSpec) -> KVPayload | None:
+    """The prompt's KV from the prefill worker; None (counted, logged) when the pull fails, so
+    the caller prefills the prompt itself."""
+    import httpx
+
+    stats = ctx.engine.kv_exports.stats
+    headers = {"Authorization": f"Bearer {ctx.settings.api_keys[0]}"} \
+        if ctx.settings.api_keys else {}
+    try:
+        async with httpx.AsyncClient(timeout=ctx.kv_transfer.pull_timeout_s) as client:
+            resp = await client.get(spec.url, headers=headers)
+        if resp.status_code != 200:
+            raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        return await asyncio.to_thread(decode_payload, resp.content)
+    except (httpx.HTTPError, ValueError) as err:
+        stats.failed("pull")
+        log.warning("KV pull from %s failed (%s): prefilling request %s here", spec.url, err,
+                    spec.request_id)
+        return None

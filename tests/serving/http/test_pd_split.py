@@ -1,0 +1,156 @@
+"""Prefill/decode split over HTTP in vllm-router's protocol: a prefill worker answers
+max_tokens 1 with kv_transfer_params, a decode worker given those pulls the prompt's KV (image
+tokens included, so its encoder does not run) and answers what one worker answers."""
+
+import argparse
+
+import httpx
+import pytest
+from PIL import Image
+
+from graft.errors import GraftConfigError
+from graft.serving.http.fleet.pd import parse_kv_transfer_config
+from graft.serving.multimodal.media import to_data_url
+from tests.serving.http.conftest import LiveServer
+from tests.serving.http.test_http import _wait_idle
+
+IMAGE = Image.new("RGB", (32, 32), (30, 160, 90))
+ROUTER_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
+                         "remote_engine_id": None, "remote_block_ids": None,
+                         "remote_host": None, "remote_port": None}  # what vllm-router sends
+
+
+def _worker(run_dir, role):
+    from graft.serving.http import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    argv = [str(run_dir), "--served-model-name", "tiny", "--max-model-len", "256",
+            "--num-kv-blocks", "64", "--block-size", "8"]
+    if role is not None:
+        argv += ["--kv-transfer-config", f'{{"kv_role": "{role}"}}']
+    server = LiveServer(serve_cli.build(parser.parse_args(argv)))
+    server.app.state.ctx.advertised_address = ("127.0.0.1", server.port)
+    return server
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_run_dir):
+    with _worker(tiny_run_dir, "kv_both") as prefill, _worker(tiny_run_dir, "kv_both") as decode, \
+            _worker(tiny_run_dir, None) as alone:
+        yield prefill, decode, alone
+
+
+def _body(text, image=True, **extra):
+    content = [{"type": "text", "text": text}]
+    if image:
+        content.insert(0, {"type": "image_url", "image_url": {"url": to_data_url(IMAGE)}})
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}],
+            "max_tokens": 12, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def _post(server, body):
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+
+
+def _via_router_protocol(prefill, decode, body):
+    """What vllm-router --vllm-pd-disaggregation does with one request."""
+    first = _post(prefill, {**body, "max_tokens": 1, "stream": False,
+                            "kv_transfer_params": ROUTER_PREFILL_PARAMS})
+    assert first.status_code == 200, first.text
+    params = first.json()["kv_transfer_params"]
+    return params, _post(decode, {**body, "kv_transfer_params": params})
+
+
+@pytest.mark.parametrize("image", [True, False])
+def test_split_answers_equal_one_worker_and_skip_prefill_and_encoder(workers, image):
+    prefill, decode, alone = workers
+    body = _body("Describe what you see in a few words, please." * 3, image=image)
+    dctx = decode.app.state.ctx
+    encodes, imported = dctx.front.encode_calls, dctx.engine.kv_exports.stats.imported_tokens
+    params, answer = _via_router_protocol(prefill, decode, body)
+    assert params["do_remote_prefill"] is True and params["remote_port"] == prefill.port
+    assert params["remote_block_ids"]  # vLLM's field: the blocks held on the prefill worker
+    assert answer.status_code == 200, answer.text
+    expected = _post(alone, body).json()["choices"][0]["message"]["content"]
+    assert answer.json()["choices"][0]["message"]["content"] == expected
+    n_prompt = answer.json()["usage"]["prompt_tokens"]
+    assert dctx.engine.kv_exports.stats.imported_tokens - imported == n_prompt - 1
+    assert dctx.front.encode_calls == encodes  # the image's KV came with the prompt
+    for server in (prefill, decode):
+        _wait_idle(server)
+        bm = server.app.state.ctx.engine.block_manager
+        assert not server.app.state.ctx.engine.kv_exports.held
+        assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_a_failed_pull_is_prefilled_on_the_decode_worker(workers):
+    prefill, decode, alone = workers
+    body = _body("Tell me a story about a fox.", image=False)
+    stats = decode.app.state.ctx.engine.kv_exports.stats
+    failures = stats.import_failures
+    params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_host": "127.0.0.1",
+              "remote_port": prefill.port, "remote_request_id": "chatcmpl-never-prefilled",
+              "remote_block_ids": [], "remote_engine_id": "x", "tp_size": 1}
+    answer = _post(decode, {**body, "kv_transfer_params": params})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == \
+        _post(alone, body).json()["choices"][0]["message"]["content"]
+    assert stats.import_failures == failures + 1 and stats.failure_reasons["pull"] >= 1
+
+
+def test_kv_is_handed_out_once(workers):
+    prefill, decode, _ = workers
+    params, answer = _via_router_protocol(prefill, decode, _body("Once only.", image=False))
+    assert answer.status_code == 200
+    again = httpx.get(f"{prefill.url}/v1/graft/kv_transfer/{params['remote_request_id']}")
+    assert again.status_code == 404 and again.json()["error"]["code"] == "kv_not_found"
+
+
+@pytest.mark.parametrize("extra, param, code", [
+    ({"kv_transfer_params": ROUTER_PREFILL_PARAMS}, "kv_transfer_params", "kv_transfer_disabled"),
+    ({"bootstrap_room": 7, "bootstrap_host": "h"}, "bootstrap_host", "unsupported_parameter"),
+])
+def test_fields_that_change_meaning_are_refused_not_ignored(workers, extra, param, code):
+    _, _, alone = workers
+    r = _post(alone, _body("hi", image=False, **extra))
+    assert r.status_code == 400
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, code)
+
+
+@pytest.mark.parametrize("params, where", [
+    ({"do_remote_decode": True, "do_remote_prefill": True}, "both"),
+    ({"do_remote_prefill": True, "remote_host": "127.0.0.1"}, "remote_port"),
+    ({"do_remote_decode": "yes"}, "true or false"),
+])
+def test_malformed_kv_transfer_params_are_named(workers, params, where):
+    prefill, _, _ = workers
+    r = _post(prefill, _body("hi", image=False, kv_transfer_params=params))
+    assert r.status_code == 400 and where in r.json()["error"]["message"]
+
+
+def test_a_streamed_prefill_half_is_refused(workers):
+    prefill, _, _ = workers
+    r = _post(prefill, _body("hi", image=False, stream=True,
+                             kv_transfer_params=ROUTER_PREFILL_PARAMS))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "not JSON"),
+    ("[]", "JSON object"),
+    ('{"kv_role": "leader"}', "kv_role must be one of"),
+    ('{"kv_role": "kv_both", "kv_connector": "NixlConnector"}', "not available in graft"),
+    ('{"kv_role": "kv_both", "kv_buffer_size": 1}', "unknown field 'kv_buffer_size'"),
+    ('{"kv_role": "kv_both", "kv_connector_extra_config": {"pull_timeout_s": -1}}', "seconds"),
+])
+def test_bad_kv_transfer_config_is_one_line(text, message):
+    with pytest.raises(GraftConfigError, match=message):
+        parse_kv_transfer_config(text)
+
+
+def test_kv_transfer_config_takes_vllms_fields():
+    config = parse_kv_transfer_config(
+        '{"kv_role": "kv_producer", "kv_ip": "10.0.0.2", "engine_id": "p0",'
+        ' "kv_connector_extra_config": {"export_ttl_s": 5}}')
+    assert (config.produces, config.consumes, config.export_ttl_s) == (True, False, 5.0)
