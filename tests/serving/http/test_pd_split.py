@@ -154,3 +154,22 @@ def test_kv_transfer_config_takes_vllms_fields():
         '{"kv_role": "kv_producer", "kv_ip": "10.0.0.2", "engine_id": "p0",'
         ' "kv_connector_extra_config": {"export_ttl_s": 5}}')
     assert (config.produces, config.consumes, config.export_ttl_s) == (True, False, 5.0)
+
+
+def test_through_vllm_router_pd_mode(workers, tmp_path):
+    """The untouched vllm-router in --vllm-pd-disaggregation mode (its nixl request protocol)
+    in front of the two workers: the decode worker's prompt KV came from the prefill worker."""
+    from tests.serving.http.router_proc import Router, free_port, vllm_router
+
+    prefill, decode, alone = workers
+    argv = [vllm_router(), "--vllm-pd-disaggregation", "--prefill", prefill.url,
+            "--decode", decode.url, "--prometheus-port", str(free_port())]
+    stats = decode.app.state.ctx.engine.kv_exports.stats
+    imported = stats.imported_tokens
+    body = _body("Through the router, with an image.")
+    with Router(argv, tmp_path / "router.log") as router:
+        r = httpx.post(router.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == \
+        _post(alone, body).json()["choices"][0]["message"]["content"]
+    assert stats.imported_tokens - imported == r.json()["usage"]["prompt_tokens"] - 1
