@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from graft.errors import GraftDataError
+from graft.loads import json_loads
 from graft.image_prompt import IMAGE_MARKER, with_image_markers
 from graft.evals.metrics.multiple_choice import rotate_options
 from graft.evals.task import TaskSpec, load_hooks, resolve_data_root
@@ -109,10 +109,7 @@ def load_samples(spec: TaskSpec, data_root=None, limit: int | None = None) -> li
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise GraftDataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+            record = json_loads(line, where, GraftDataError)
             if not isinstance(record, dict):
                 raise GraftDataError(f"{where}: each line must be a JSON object")
             if "process_sample" in hooks:

@@ -22,6 +22,23 @@ def number_in(kind=float, low=None, high=None, low_open: bool = False):
     return parse
 
 
+def env_int(name: str, default: int, low: int = 1, env=None) -> int:
+    """An integer environment variable (WORLD_SIZE, ...) of at least `low`, `default` when
+    unset; GraftConfigError naming the variable, its value and the fix."""
+    import os
+
+    from graft.errors import GraftConfigError
+
+    text = (os.environ if env is None else env).get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return number_in(int, low=low)(text)
+    except argparse.ArgumentTypeError as err:
+        raise GraftConfigError(f"environment variable {name}: {err}; set it to an integer "
+                               f">= {low} or unset it") from None
+
+
 def _wording(low, high, low_open: bool) -> str:
     if high is None:
         return f"{'>' if low_open else '>='} {low}"

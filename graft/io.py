@@ -100,15 +100,15 @@ def check_writable_dir(path: Path, what: str, fix: str) -> None:
 
 
 def read_yaml(path: str | Path, what: str = "config file"):
-    """Parse a YAML file, or raise GraftConfigError naming the file and what is wrong."""
-    import yaml
-
+    """Parse a YAML file, or raise GraftConfigError naming the file, the line and what is wrong."""
     from graft.errors import GraftConfigError
+    from graft.loads import yaml_loads
 
     path = Path(path)
     if not path.is_file():
         raise GraftConfigError(f"{what} {path} does not exist")
     try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise GraftConfigError(f"{path}: not valid YAML: {err}") from None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise GraftConfigError(f"{what} {path}: cannot read it ({err})") from None
+    return yaml_loads(text, str(path))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from graft.errors import GraftConfigError, check_fields
+from graft.loads import yaml_loads
 
 if TYPE_CHECKING:
     from graft.adapters.config import AdapterConfig
@@ -258,7 +259,7 @@ def apply_override(raw: dict, item: str) -> None:
     if "=" not in item:
         raise GraftConfigError(f"--set {item!r}: expected key=value, e.g. train.lr=1e-4")
     key, _, text = item.partition("=")
-    value = yaml.safe_load(text) if text else None
+    value = yaml_loads(text, f"--set {key.strip()}") if text else None
     node = raw
     parts = key.strip().split(".")
     for part in parts[:-1]:

@@ -7,13 +7,13 @@ per line; any other file as plain text, one sequence per blank-line-separated pa
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from graft.errors import GraftConfigError
+from graft.loads import json_loads
 
 
 @dataclass
@@ -65,10 +65,7 @@ def _records(path: Path) -> list[dict]:
         out = []
         for lineno, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise GraftConfigError(f"--calibration {path}:{lineno}: not JSON ({err.msg})") from None
+                out.append(json_loads(line, f"--calibration {path}:{lineno}"))
         return out
     return [{"text": p.strip()} for p in text.split("\n\n") if p.strip()]
 

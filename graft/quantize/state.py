@@ -6,7 +6,6 @@ takes each point it has measured before from this file instead of measuring it a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from graft.errors import GraftConfigError
@@ -21,11 +20,14 @@ class SearchState:
         self.points: dict[str, dict] = {}
         self.resumed = 0  # points taken from an earlier run
         if self.path.is_file() and not fresh:
+            from graft.loads import json_loads
+
             try:
-                data = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError) as err:
+                text = self.path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
                 raise GraftConfigError(f"{self.path} is not a readable state file ({err}); delete "
                                        "it or pass --fresh") from None
+            data = json_loads(text, f"{self.path} (delete it or pass --fresh)")
             old = data.get("fingerprint", {})
             changed = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
             if changed:

@@ -23,7 +23,9 @@ CPU_LAUNCH = "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_proces
 
 def check_launch(accel, env=os.environ) -> None:
     """Refuse the launches that look like data parallelism but are not; log the world size."""
-    world = int(env.get("WORLD_SIZE", "1"))
+    from graft.cli_types import env_int
+
+    world = env_int("WORLD_SIZE", 1, env=env)
     if world != accel.num_processes:
         # torchrun started `world` processes, but each one set itself up alone (no CUDA and no
         # ACCELERATE_USE_CPU): they would train separately and write the same run dir

@@ -24,15 +24,16 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
 
 def load_serve_config(path: str | Path, parser: argparse.ArgumentParser) -> dict:
     """{dest: value} from the YAML file, each value checked as its flag would check it."""
-    import yaml
+    from graft.loads import yaml_loads
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise GraftConfigError(f"--config {path}: cannot read it ({err.strerror})") from None
-    except yaml.YAMLError as err:
-        raise GraftConfigError(f"--config {path}: not valid YAML ({err})") from None
+    except UnicodeDecodeError:
+        raise GraftConfigError(f"--config {path}: not UTF-8 text; save it as UTF-8") from None
+    data = yaml_loads(text, f"--config {path}") or {}
     if not isinstance(data, dict):
         raise GraftConfigError(f"--config {path}: the file must be a mapping of option: value")
     actions = {a.dest: a for a in parser._actions if a.dest not in _NOT_KEYS}
@@ -65,6 +66,12 @@ def _checked(action: argparse.Action, value, where: str):
 def _one(action: argparse.Action, value, where: str):
     if isinstance(value, dict):  # quantization: the quant.json content inline
         return value
+    if action.type is None and not isinstance(value, str):
+        # a text option (api_key, host, ...): YAML turned the unquoted text into another type,
+        # and str() of it need not be what was written (0123 is read as the octal 83)
+        raise GraftConfigError(f"{where}: must be text, but YAML read the unquoted value as "
+                               f"{type(value).__name__} {value!r}; put the value in quotes, as "
+                               "written (e.g. \"0123\")")
     if action.type is not None:
         try:
             value = action.type(str(value))

@@ -59,10 +59,13 @@ class QuantConfig:
         if not path.is_file():
             raise GraftConfigError(f"quantization config {path} does not exist; write one with "
                                    "`graft quantize` or give a scheme name")
+        from graft.loads import json_loads
+
         try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise GraftConfigError(f"quantization config {path} is not readable JSON: {err}") from None
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise GraftConfigError(f"quantization config {path} is not readable: {err}") from None
+        data = json_loads(text, f"quantization config {path}")
         return cls._from_dict(data, str(path))
 
     @classmethod
