@@ -118,9 +118,10 @@ def interrupted_message(spec, config: str, overrides: list[str] = ()) -> str:
 
 
 def print_plan(spec, args) -> int:
+    from graft.cli_types import env_int
     from graft.train.plan import default_device_memory, format_plan, make_plan, parse_bytes
 
-    world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    world = args.world_size or env_int("WORLD_SIZE", 1)  # a typo in the env: one line
     memory = parse_bytes(args.device_memory) if args.device_memory else default_device_memory(spec)
     print(format_plan(make_plan(spec, world, memory)))
     return 0
