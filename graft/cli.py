@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list; compare A B"),
     "quantize": ("graft.quantize.cli", "per-group weight schemes for the LLM, measured end to end: quant.json + Pareto front"),
     "serve": ("graft.serving.http.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
+    "fleet": ("graft.serving.http.fleet.fleet_cli", "N graft serve workers behind vllm-router on one port: cache-aware routing or a prefill/decode split"),
     "bench engine": ("graft.benchmarks.engine", "engine vs HF generate tok/s on a seeded workload, FLOP/s vs matmul roofline"),
     "bench serve": ("graft.benchmarks.serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
     "bench grafts": ("graft.benchmarks.grafts", "N grafts in one engine vs N separate engines: bytes, RSS, tok/s, TTFT"),
@@ -48,6 +49,7 @@ EXAMPLES: dict[str, str] = {
     "quantize": "graft quantize runs/quickstart --tasks quickstart_shape_color --out quant/ "
                 "--max-accuracy-drop 0.01",
     "serve": "graft serve runs/quickstart --port 8000",
+    "fleet": "graft fleet ~/.cache/graft/smollm2-135m-instruct --replicas 2 --port 8000",
     "bench engine": "graft bench engine ~/.cache/graft/smollm2-135m-instruct --num-requests 32",
     "bench serve": "graft bench serve http://127.0.0.1:8000 --num-requests 64 --concurrency 8",
     "bench grafts": "graft bench grafts --synthetic 3 --num-requests 24",

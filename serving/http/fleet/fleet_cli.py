@@ -1,0 +1,294 @@
+"""`graft fleet PATH --replicas N`: N `graft serve` workers on this machine, the CPUs split
+between them, behind vllm-router on one port, with cache-aware routing (or another policy,
+or a prefill/decode split with --pd P:D). Ctrl-C stops everything. graft writes no router
+of its own: the router is vllm-router from PyPI (`pip install graft[fleet]`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consistent_hash",
+            "random")
+EXAMPLES = """examples:
+  graft fleet ~/.cache/graft/smollm2-135m-instruct --replicas 2 --port 8000
+  graft fleet runs/quickstart --pd 1:1 -- --max-model-len 4096"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a run dir or LLM dir, as for graft serve")
+    p.add_argument("--replicas", type=_positive, default=2,
+                   help="graft serve workers (default 2); with --pd, P+D of them")
+    p.add_argument("--pd", default=None, metavar="P:D",
+                   help="a prefill/decode split: P prefill and D decode workers "
+                        "(vllm-router --vllm-pd-disaggregation)")
+    p.add_argument("--policy", choices=POLICIES, default="cache_aware",
+                   help="vllm-router's policy (default cache_aware; kv_aware reads the "
+                        "workers' KV events)")
+    p.add_argument("--host", default="127.0.0.1", help="where the router listens")
+    p.add_argument("--port", type=_port, default=8000, help="the router's port (default 8000)")
+    p.add_argument("--worker-port", type=_port, default=None,
+                   help="the first worker's port (default --port + 1; the others follow)")
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="CPUs to split between the workers, e.g. 0-7 (default: all this "
+                        "process may use)")
+    p.add_argument("--router", default=None, metavar="PATH",
+                   help="the vllm-router binary (default: $GRAFT_VLLM_ROUTER, then PATH)")
+    p.add_argument("--startup-timeout-s", type=float, default=900.0,
+                   help="how long workers and router may take to answer /health")
+    p.epilog = (p.epilog or "") + "\n\nOptions after -- go to every graft serve worker."
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """What follows `--` goes to every `graft serve` worker as it is."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.serve_args = argv[cut + 1:]
+    return args
+
+
+@dataclass
+class Process:
+    name: str  # "worker 0 (prefill)", "router"
+    url: str
+    argv: list[str]
+    env: dict = field(default_factory=dict)
+    cpus: list[int] = field(default_factory=list)
+
+
+@dataclass
+class FleetPlan:
+    workers: list[Process]
+    router: Process
+
+
+def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
+         free_port=None) -> FleetPlan:
+    """Every process's command line, CPUs and environment (pure: tests check it)."""
+    from graft.errors import GraftConfigError
+
+    free_port = free_port or _free_port
+    roles = _roles(args)
+    n = len(roles)
+    base = args.worker_port or args.port + 1
+    if base + n - 1 > 65535:
+        raise GraftConfigError(f"--worker-port {base}: {n} workers need ports up to "
+                               f"{base + n - 1}; pick a lower one")
+    extra = list(args.serve_args or [])
+    for flag in ("--port", "--kv-transfer-config", "--host"):
+        if flag in extra:
+            raise GraftConfigError(f"{flag} after --: graft fleet sets it for each worker; "
+                                   "leave it out")
+    workers = []
+    for i, (role, mine) in enumerate(zip(roles, _split(cpus, n))):
+        port = base + i
+        argv = [sys.executable, "-m", "graft.cli", "serve", str(args.path), "--host",
+                "127.0.0.1", "--port", str(port), *extra]
+        if role is not None:
+            argv += ["--kv-transfer-config", f'{{"kv_role":"{role}"}}']
+        if args.policy == "kv_aware":
+            argv += ["--kv-events-config", _kv_events_config(free_port())]
+        name = f"worker {i}" + {"kv_producer": " (prefill)", "kv_consumer": " (decode)"}.get(
+            role, "")
+        workers.append(Process(name, f"http://127.0.0.1:{port}", argv,
+                               {"OMP_NUM_THREADS": str(len(mine))}, mine))
+    router = [router_bin, "--host", args.host, "--port", str(args.port),
+              "--policy", args.policy, "--prometheus-port", str(free_port())]
+    if args.pd:
+        router.append("--vllm-pd-disaggregation")
+        for w, role in zip(workers, roles):
+            router += ["--prefill" if role == "kv_producer" else "--decode", w.url]
+    else:
+        router += ["--worker-urls", *(w.url for w in workers)]
+    if args.policy == "kv_aware":
+        for w in workers:
+            router += ["--kv-event-source", f"{w.url}={_endpoint(w.argv)}"]
+    return FleetPlan(workers, Process("router", f"http://{args.host}:{args.port}", router))
+
+
+def _roles(args) -> list[str | None]:
+    from graft.errors import GraftConfigError
+
+    if not args.pd:
+        return [None] * args.replicas
+    try:
+        p, d = (int(x) for x in args.pd.split(":"))
+    except ValueError:
+        p = d = 0
+    if p < 1 or d < 1:
+        raise GraftConfigError(f"--pd {args.pd!r}: give P:D, at least one of each, e.g. 1:1")
+    return ["kv_producer"] * p + ["kv_consumer"] * d
+
+
+def _split(cpus: list[int], n: int) -> list[list[int]]:
+    """n shares of the CPUs, as equal as they come; with fewer CPUs than workers, they share."""
+    if n <= len(cpus):
+        per, rest = divmod(len(cpus), n)
+        out, k = [], 0
+        for i in range(n):
+            size = per + (i < rest)
+            out.append(cpus[k:k + size])
+            k += size
+        return out
+    return [[cpus[i % len(cpus)]] for i in range(n)]
+
+
+def _kv_events_config(port: int) -> str:
+    return ('{"enable_kv_cache_events": true, "publisher": "zmq", '
+            f'"endpoint": "tcp://127.0.0.1:{port}"}}')
+
+
+def _endpoint(argv: list[str]) -> str:
+    config = argv[argv.index("--kv-events-config") + 1]
+    return config.split('"endpoint": "')[1].split('"')[0]
+
+
+def find_router(given: str | None) -> str:
+    from graft.errors import GraftConfigError
+
+    for candidate in (given, os.environ.get("GRAFT_VLLM_ROUTER"),
+                      str(Path(sys.executable).with_name("vllm-router")),
+                      shutil.which("vllm-router")):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise GraftConfigError("vllm-router not found: pip install 'graft[fleet]' (vllm-router "
+                           "0.1.17), or pass --router PATH")
+
+
+def parse_cpus(text: str | None) -> list[int]:
+    from graft.errors import GraftConfigError
+
+    if text is None:
+        return sorted(os.sched_getaffinity(0))
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise GraftConfigError(f"--cpus {text!r}: give a list like 0-3,6") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise GraftConfigError(f"--cpus {text!r}: this process may use CPUs "
+                               f"{_ranges(sorted(allowed))}")
+    return sorted(cpus)
+
+
+def run(args: argparse.Namespace) -> int:
+    from graft.serving.http.serve_cli import check_port_free
+
+    check_port_free(args.host, args.port)
+    _roles(args)  # a bad --pd is named before the router is looked for
+    fleet = plan(args, parse_cpus(args.cpus), find_router(args.router))
+    procs: list[tuple[Process, subprocess.Popen]] = []
+    stopping = []
+
+    def stop(*_):
+        stopping.append(True)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for w in fleet.workers:
+            procs.append((w, _start(w)))
+        if not _wait_healthy([p for p in procs], args.startup_timeout_s, stopping):
+            return 1
+        log = tempfile.NamedTemporaryFile("w", prefix="graft-fleet-router-", suffix=".log",
+                                          delete=False)
+        procs.append((fleet.router, _start(fleet.router, log)))
+        if not _wait_healthy(procs[-1:], args.startup_timeout_s, stopping):
+            return 1
+        print(f"graft fleet: {fleet.router.url}/v1 ({args.policy}"
+              f"{', P/D ' + args.pd if args.pd else ''}); Ctrl-C stops everything")
+        for w in fleet.workers:
+            print(f"  {w.name}: {w.url} on CPUs {_ranges(w.cpus)}, metrics {w.url}/metrics")
+        print(f"  router log: {log.name}")
+        sys.stdout.flush()
+        while not stopping:
+            for proc, popen in procs:
+                if popen.poll() is not None:
+                    print(f"graft fleet: {proc.name} exited ({popen.returncode}); stopping the "
+                          "rest", file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+        return 0
+    finally:
+        for _, popen in reversed(procs):
+            if popen.poll() is None:
+                popen.terminate()
+        for _, popen in procs:
+            try:
+                popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+
+
+def _start(proc: Process, log=None) -> subprocess.Popen:
+    cpus = proc.cpus
+    return subprocess.Popen(proc.argv, env={**os.environ, **proc.env}, stdout=log,
+                            stderr=subprocess.STDOUT if log else None,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+
+
+def _wait_healthy(procs, timeout_s: float, stopping: list) -> bool:
+    import httpx
+
+    end = time.monotonic() + timeout_s
+    waiting = list(procs)
+    while waiting and not stopping:
+        for proc, popen in list(waiting):
+            if popen.poll() is not None:
+                print(f"graft fleet: {proc.name} exited ({popen.returncode}) while starting",
+                      file=sys.stderr)
+                return False
+            try:
+                if httpx.get(proc.url + "/health", timeout=2).status_code == 200:
+                    waiting.remove((proc, popen))
+            except httpx.HTTPError:
+                pass
+        if time.monotonic() > end:
+            print(f"graft fleet: {waiting[0][0].name} did not answer /health within "
+                  f"{timeout_s:g} s (--startup-timeout-s)", file=sys.stderr)
+            return False
+        time.sleep(0.2)
+    return not stopping
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranges(cpus: list[int]) -> str:
+    out, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            out.append(f"{start}" if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(out)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1-65535, got {text}")
+    return value

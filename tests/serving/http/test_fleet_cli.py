@@ -1,0 +1,101 @@
+"""`graft fleet`: the plan of processes (CPUs split, ports, router flags per layout), and a
+real fleet of two workers behind vllm-router that Ctrl-C stops whole."""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from graft.errors import GraftConfigError
+from graft.serving.http.fleet import fleet_cli
+
+
+def _args(*argv):
+    parser = argparse.ArgumentParser()
+    fleet_cli.add_arguments(parser)
+    return fleet_cli.parse_args(parser, ["model", *argv])
+
+
+def _plan(*argv, cpus=(0, 1, 2, 3)):
+    ports = iter(range(40000, 40100))
+    return fleet_cli.plan(_args(*argv), list(cpus), "/bin/vllm-router", lambda: next(ports))
+
+
+def test_replicas_split_the_cpus_and_sit_behind_cache_aware_routing():
+    fleet = _plan("--replicas", "2", "--port", "9000", "--", "--max-model-len", "512")
+    assert [w.cpus for w in fleet.workers] == [[0, 1], [2, 3]]
+    assert [w.env["OMP_NUM_THREADS"] for w in fleet.workers] == ["2", "2"]
+    assert [w.url for w in fleet.workers] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    assert fleet.workers[0].argv[-2:] == ["--max-model-len", "512"]
+    r = fleet.router.argv
+    assert r[r.index("--policy") + 1] == "cache_aware"
+    assert r[r.index("--worker-urls") + 1:][:2] == [w.url for w in fleet.workers]
+
+
+def test_a_pd_layout_gives_roles_and_the_routers_pd_mode():
+    fleet = _plan("--pd", "1:2", cpus=(0, 1, 2))
+    roles = [w.argv[w.argv.index("--kv-transfer-config") + 1] for w in fleet.workers]
+    assert roles == ['{"kv_role":"kv_producer"}'] + ['{"kv_role":"kv_consumer"}'] * 2
+    r = fleet.router.argv
+    assert "--vllm-pd-disaggregation" in r
+    assert r[r.index("--prefill") + 1] == fleet.workers[0].url
+    assert [r[i + 1] for i, a in enumerate(r) if a == "--decode"] == \
+        [w.url for w in fleet.workers[1:]]
+
+
+def test_kv_aware_wires_each_workers_kv_events_to_the_router():
+    fleet = _plan("--policy", "kv_aware", "--replicas", "2")
+    r = fleet.router.argv
+    sources = [r[i + 1] for i, a in enumerate(r) if a == "--kv-event-source"]
+    assert [s.split("=")[0] for s in sources] == [w.url for w in fleet.workers]
+    for w, source in zip(fleet.workers, sources):
+        assert source.split("=", 1)[1] in w.argv[w.argv.index("--kv-events-config") + 1]
+
+
+def test_more_workers_than_cpus_share_them():
+    assert [w.cpus for w in _plan("--replicas", "3", cpus=(0, 1)).workers] == [[0], [1], [0]]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pd", "0:1"], "at least one of each"),
+    (["--pd", "x"], "give P:D"),
+    (["--", "--port", "1"], "--port after --"),
+    (["--worker-port", "65535", "--replicas", "2"], "ports up to 65536"),
+])
+def test_bad_layouts_are_one_line(argv, message):
+    with pytest.raises(GraftConfigError, match=message):
+        _plan(*argv)
+
+
+def test_a_fleet_serves_through_the_router_and_ctrl_c_stops_all(tiny_llama, tmp_path):
+    from tests.serving.http.router_proc import free_port, vllm_router
+
+    port = free_port()
+    env = {**os.environ, "GRAFT_VLLM_ROUTER": vllm_router(), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "graft.cli", "fleet", str(tiny_llama),
+                             "--replicas", "2", "--port", str(port), "--startup-timeout-s",
+                             "300", "--", "--served-model-name", "tiny"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # until it says where everything is
+            lines.append(line)
+            if "router log:" in line:
+                break
+        assert any(f"127.0.0.1:{port}/v1" in line for line in lines), "".join(lines)
+        workers = [line.split()[2] for line in lines if line.strip().startswith("worker ")]
+        assert len(workers) == 2
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200, r.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    for url in workers:  # every worker is gone with it
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url + "/health", timeout=2)
