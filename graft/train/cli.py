@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   graft train my-graft.yaml --resume         # continue the run in output_dir
   graft train my-graft.yaml --plan --world-size 8 --device-memory 80GiB
                                              # bytes per rank, DDP vs FSDP: config.json only
+  graft train my-graft.yaml --plan --json    # the same plan as JSON
   accelerate launch --num_processes 8 -m graft.cli train my-graft.yaml --set train.sharding=fsdp
 
 Relative paths in the YAML file are relative to its folder; --set paths and output_dir
@@ -36,8 +37,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plan", action="store_true",
                         help="print the memory each rank needs with sharding none (DDP) and fsdp, "
                         "read from config.json files only (no weights, no data); train nothing")
-    parser.add_argument("--world-size", type=number_in(int, 1), default=None, metavar="N",
-                        help="ranks to plan for (default: $WORLD_SIZE, else 1)")
+    from graft.train.plan import MAX_WORLD_SIZE
+
+    parser.add_argument("--world-size", type=number_in(int, 1, MAX_WORLD_SIZE), default=None,
+                        metavar="N", help="ranks to plan for (default: $WORLD_SIZE, else 1)")
+    parser.add_argument("--json", action="store_true",
+                        help="with --plan: the plan as one JSON object (bytes), for scripts")
     parser.add_argument("--device-memory", default=None, metavar="SIZE",
                         help="memory of one rank to plan against, e.g. 80GiB (default: "
                         "train.device_memory, else this machine's)")
@@ -58,6 +63,10 @@ def run(args) -> int:
     spec = GraftSpec.load(args.config, args.overrides)
     if args.plan:
         return print_plan(spec, args)
+    if args.json:
+        from graft.errors import GraftConfigError
+
+        raise GraftConfigError("--json goes with --plan (the plan as JSON); drop it or add --plan")
     check_paths(spec)  # every input path, before any weights load
     check_report_to(spec.train.report_to)  # and the tracker's package
     if args.dry_run:
@@ -123,7 +132,13 @@ def print_plan(spec, args) -> int:
 
     world = args.world_size or env_int("WORLD_SIZE", 1)  # a typo in the env: one line
     memory = parse_bytes(args.device_memory) if args.device_memory else default_device_memory(spec)
-    print(format_plan(make_plan(spec, world, memory)))
+    plan = make_plan(spec, world, memory)
+    if args.json:
+        import json
+
+        print(json.dumps(plan, indent=1))
+    else:
+        print(format_plan(plan))
     return 0
 
 

@@ -89,6 +89,7 @@ class Trainer:
 
         spec, accel = self.spec, self.accel
         self.read_llm_weights = sharding.reads_llm_weights(accel)
+        self.rss_before_model = sharding.peak_rss()  # what the plan's bytes add to
         broadcast = sharding.broadcasts_llm(accel)
         model = _build_model(spec, llm_weights=self.read_llm_weights)
         # rank 0 holds the whole LLM until its shards reach every rank
@@ -248,7 +249,8 @@ class Trainer:
             raise RuntimeError("the frozen LLM's weights changed during training; this is a bug")
         if weights_sha256(self.llm_path) != self.sha:
             raise RuntimeError(f"the LLM weight files in {self.llm_path} changed during training")
-        memory = sharding.memory_report(accel, self.core.llm, self.read_llm_weights)
+        memory = sharding.memory_report(accel, self.core.llm, self.read_llm_weights,
+                                        self.rss_before_model)
         if not (spec.train.save_every and self.step % spec.train.save_every == 0):  # else saved
             self._save_checkpoint({"epoch": self.epoch, "micro": self.micro})
         if spec.data.val and p.val_step != self.step:  # a resumed run that had nothing left to do

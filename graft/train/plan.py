@@ -2,6 +2,13 @@
 every rank) and under FSDP (the LLM sharded per decoder layer), from config.json files and
 safetensors headers only: no weight is read, so a 355B-parameter LLM is planned in seconds.
 
+Under FSDP a rank holds its shard of everything, plus the units gathered whole while they
+run: the root unit (embeddings, final norm, LM head and the projector: everything outside
+the decoder layers) for the whole forward and backward, two decoder layers (the one running,
+the next one prefetched), and the all-gather buffer of the largest unit (a gather lands
+there before it is copied into the unit's parameters). tests/graft/train/test_plan_measured.py holds the plan to
+the peak memory of a real two-rank run.
+
 The same numbers guard `graft train`: a run whose weights and optimizer state do not fit the
 memory of one rank stops with the plan in one line before anything loads.
 """
@@ -17,7 +24,8 @@ import torch
 from graft.errors import GraftConfigError
 from graft.spec import GraftSpec
 
-GIB = 1024 ** 3
+GIB, MIB = 1024 ** 3, 1024 ** 2
+MAX_WORLD_SIZE = 1 << 20  # past any cluster built; a shard of nothing would "fit" anything
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": GIB, "t": 1000 ** 4,
@@ -99,19 +107,22 @@ def _projector_params(spec: GraftSpec, d_vision: int, d_model: int) -> int:
         return _numel(build_adapter(spec.adapter_config(), d_vision, d_model))
 
 
-def activation_bytes(spec: GraftSpec, hidden: int, layers: int, seq_len: int) -> int:
+def activation_bytes(spec: GraftSpec, hidden: int, layers: int, seq_len: int, vocab: int = 0) -> int:
     """About 16 values of d_model per token per layer kept for backward (2 with gradient
-    checkpointing), for one micro-batch of seq_len tokens: an estimate, never a guard."""
+    checkpointing), plus the logits over the vocabulary in fp32 (HF upcasts them), about four
+    copies (logits, log-softmax, their gradients), for one micro-batch of seq_len tokens: an
+    estimate, never a guard."""
     per_layer = 2 if spec.train.gradient_checkpointing else 16
     act = 2 if spec.train.precision == "bf16" else 4
-    return spec.train.batch_size * seq_len * hidden * layers * per_layer * act
+    tokens = spec.train.batch_size * seq_len
+    return tokens * hidden * layers * per_layer * act + tokens * vocab * 4 * 4
 
 
 def make_plan(spec: GraftSpec, world_size: int = 1, device_memory: int | None = None,
               seq_len: int | None = None) -> dict:
     """Bytes per rank for sharding none (DDP) and fsdp at `world_size` ranks, and which fit."""
-    if world_size < 1:
-        raise GraftConfigError(f"--world-size={world_size}: must be >= 1")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise GraftConfigError(f"--world-size={world_size}: use 1 to {MAX_WORLD_SIZE} ranks")
     from graft.model import meta_llm
 
     llm, config = meta_llm(spec.llm.path, spec.llm.dtype)
@@ -120,26 +131,39 @@ def make_plan(spec: GraftSpec, world_size: int = 1, device_memory: int | None = 
     llm_bytes = llm_params * _BYTES[spec.llm.dtype]
     layer_bytes = max((_numel(x) for x in decoder_layers), default=0) * _BYTES[spec.llm.dtype]
     enc_params, d_vision = _encoder_footprint(spec)
-    trainable = _projector_params(spec, d_vision, config.hidden_size) + _lora_params(llm, spec)
+    projector = _projector_params(spec, d_vision, config.hidden_size)
+    trainable = projector + _lora_params(llm, spec)
+    # the root FSDP unit: the LLM outside its decoder layers (a tied embedding counts once),
+    # and the projector in fp32
+    root_bytes = ((llm_params - sum(_numel(x) for x in decoder_layers)) * _BYTES[spec.llm.dtype]
+                  + projector * 4)
     seq_len = seq_len or spec.data.max_length
-    acts = activation_bytes(spec, config.hidden_size, len(decoder_layers), seq_len)
+    acts = activation_bytes(spec, config.hidden_size, len(decoder_layers), seq_len,
+                            config.vocab_size)
     fixed = enc_params * 4  # the encoder is held whole (fp32) on every rank: it feeds the batches
     state = trainable * _TRAINABLE_STATE_BYTES
-    # FSDP: each rank keeps 1/world of the LLM and gathers one decoder layer at a time, the
-    # next one prefetched (two full layers in flight); trainable state is sharded too
+    # FSDP: each rank keeps 1/world of the LLM, gathers the root unit whole for the forward and
+    # backward, and one decoder layer at a time with the next one prefetched (two full layers
+    # in flight); a unit's all-gather lands in a buffer of its full size before it is copied
+    # into its parameters, so one such buffer (the largest unit's) is counted too; trainable
+    # state is sharded
     ddp = {"llm_bytes": llm_bytes, "weights_and_state_bytes": llm_bytes + fixed + state}
     shard = -(-llm_bytes // world_size)
-    if spec.train.cpu_offload:  # the shards wait in host memory; the device sees two layers
+    if spec.train.cpu_offload:  # the shards wait in host memory; the device sees what runs
         shard = 0
-    fsdp = {"llm_bytes": shard + 2 * layer_bytes,
-            "weights_and_state_bytes": shard + 2 * layer_bytes + fixed + -(-state // world_size)}
+    buffer = max(root_bytes, layer_bytes)
+    gathered = root_bytes + 2 * layer_bytes + buffer
+    fsdp = {"llm_bytes": shard + gathered, "shard_bytes": shard, "gathered_bytes": gathered,
+            "all_gather_buffer_bytes": buffer,
+            "weights_and_state_bytes": shard + gathered + fixed + -(-state // world_size)}
     for strategy in (ddp, fsdp):
         strategy["activation_bytes"] = acts
         strategy["total_bytes"] = strategy["weights_and_state_bytes"] + acts
         strategy["fits"] = None if device_memory is None else strategy["total_bytes"] <= device_memory
     return {"llm": {"path": spec.llm.path, "model_type": config.model_type, "params": llm_params,
                     "dtype": spec.llm.dtype, "bytes": llm_bytes, "layers": len(decoder_layers),
-                    "largest_layer_bytes": layer_bytes, "moe": _moe_summary(config, decoder_layers)},
+                    "largest_layer_bytes": layer_bytes, "root_unit_bytes": root_bytes,
+                    "vocab_size": config.vocab_size, "moe": _moe_summary(config, decoder_layers)},
             "encoder": {"kind": spec.encoder.get("kind"), "params": enc_params, "bytes": fixed},
             "trainable": {"params": trainable, "state_bytes": state},
             "world_size": world_size, "device_memory": device_memory, "seq_len": seq_len,
@@ -169,44 +193,47 @@ def check_fits(spec: GraftSpec, world_size: int) -> dict:
     if memory is not None and chosen["weights_and_state_bytes"] > memory:
         other = "fsdp" if spec.train.sharding == "none" else "none"
         alt = plan["strategies"][other]
-        hint = (f"train.sharding={other} needs {_gib(alt['weights_and_state_bytes'])} per rank "
+        hint = (f"train.sharding={other} needs {_size(alt['weights_and_state_bytes'])} per rank "
                 + ("and fits (--set train.sharding=" + other + ")" if alt["weights_and_state_bytes"] <= memory
                    else "and does not fit either: add ranks or use a smaller llm.dtype"))
         raise GraftConfigError(
             f"train.sharding={spec.train.sharding} on {world_size} rank(s): each rank needs "
-            f"{_gib(chosen['weights_and_state_bytes'])} for weights and optimizer state (LLM "
-            f"{_gib(chosen['llm_bytes'])}) but has {_gib(memory)}; {hint}; `graft train CONFIG "
+            f"{_size(chosen['weights_and_state_bytes'])} for weights and optimizer state (LLM "
+            f"{_size(chosen['llm_bytes'])}) but has {_size(memory)}; {hint}; `graft train CONFIG "
             "--plan` shows the whole plan")
     return plan
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
+def _size(n: int) -> str:
+    """MiB, to the MiB past 1000 (planning at GiB steps hid 10 MiB differences)."""
+    mib = n / MIB
+    return f"{mib:.2f} MiB" if mib < 10 else f"{mib:.1f} MiB" if mib < 1000 else f"{mib:,.0f} MiB"
 
 
 def format_plan(plan: dict) -> str:
     llm, enc, tr = plan["llm"], plan["encoder"], plan["trainable"]
     lines = [f"LLM {llm['path']} ({llm['model_type']}): {llm['params'] / 1e9:.3f}B parameters, "
-             f"{_gib(llm['bytes'])} in {llm['dtype']}, {llm['layers']} decoder layers "
-             f"(largest {_gib(llm['largest_layer_bytes'])})"]
+             f"{_size(llm['bytes'])} in {llm['dtype']}, {llm['layers']} decoder layers "
+             f"(largest {_size(llm['largest_layer_bytes'])}; root unit: embeddings, LM head "
+             f"and projector {_size(llm['root_unit_bytes'])})"]
     if llm["moe"]:
         moe = llm["moe"]
         lines.append(f"  MoE: {moe['experts']} experts, {moe['experts_per_token']} per token; "
                      f"{(llm['params'] - moe['inactive_params_per_token']) / 1e9:.3f}B parameters "
                      "active per token")
     lines.append(f"encoder ({enc['kind']}): {enc['params'] / 1e6:.1f}M parameters, "
-                 f"{_gib(enc['bytes'])} (fp32, whole on every rank)")
-    lines.append(f"trainable: {tr['params'] / 1e6:.2f}M parameters, {_gib(tr['state_bytes'])} "
+                 f"{_size(enc['bytes'])} (fp32, whole on every rank)")
+    lines.append(f"trainable: {tr['params'] / 1e6:.2f}M parameters, {_size(tr['state_bytes'])} "
                  "with gradients and AdamW state")
     memory = plan["device_memory"]
     lines.append(f"per rank at {plan['world_size']} rank(s), micro-batch {plan['micro_batch']} x "
-                 f"{plan['seq_len']} tokens" + (f", {_gib(memory)} each:" if memory else ":"))
+                 f"{plan['seq_len']} tokens" + (f", {_size(memory)} each:" if memory else ":"))
     for name, s in plan["strategies"].items():
         verdict = "" if s["fits"] is None else ("  fits" if s["fits"] else "  does NOT fit")
         label = "none (DDP)" if name == "none" else "fsdp" + (" (offload)" if plan["cpu_offload"] else "")
-        lines.append(f"  {label:<14} LLM {_gib(s['llm_bytes']):>12}   weights + state "
-                     f"{_gib(s['weights_and_state_bytes']):>12}   + activations ~"
-                     f"{_gib(s['activation_bytes'])} = {_gib(s['total_bytes'])}{verdict}")
+        lines.append(f"  {label:<14} LLM {_size(s['llm_bytes']):>12}   weights + state "
+                     f"{_size(s['weights_and_state_bytes']):>12}   + activations ~"
+                     f"{_size(s['activation_bytes'])} = {_size(s['total_bytes'])}{verdict}")
     fitting = [n for n, s in plan["strategies"].items() if s["fits"]]
     if memory:
         lines.append("fits: " + (", ".join(f"train.sharding={n}" for n in fitting) if fitting

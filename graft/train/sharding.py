@@ -191,21 +191,26 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-def memory_report(accel, llm, read_weights: bool) -> dict:
+def peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_report(accel, llm, read_weights: bool, rss_before_model: int) -> dict:
     """The LLM's bytes in all, the bytes of it resident on each rank, whether each rank read
-    the LLM's weights from disk, and each rank's peak RSS and peak device memory (measured;
-    every rank calls, collectives inside)."""
+    the LLM's weights from disk, and each rank's peak RSS (and what it was before the model
+    loaded) and peak device memory (measured; every rank calls, collectives inside)."""
     from accelerate.utils import gather_object
 
     whole = sum(p.numel() * p.element_size() for p in llm.parameters())
     local = sum(_local(p).numel() * p.element_size() for p in llm.parameters())
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     device = torch.cuda.max_memory_allocated() if accel.device.type == "cuda" else None
-    row = (local, rss, device, read_weights)
+    row = (local, peak_rss(), device, read_weights, rss_before_model)
     rows = gather_object([row]) if accel.num_processes > 1 else [row]
     return {"llm_param_bytes": whole,
             "llm_param_bytes_per_rank": [r[0] for r in rows],
             "peak_rss_bytes_per_rank": [r[1] for r in rows],
+            "peak_rss_before_model_bytes_per_rank": [r[4] for r in rows],
             "peak_device_memory_bytes_per_rank": [r[2] for r in rows],
             "llm_weights_read_per_rank": [r[3] for r in rows]}
 

@@ -36,7 +36,13 @@ def test_plan_counts_the_model_exactly_from_its_config(family, tiny_llm_factory,
     layer = max(sum(p.numel() for p in x.parameters()) for x in real.model.layers) * 4
     assert plan["llm"]["largest_layer_bytes"] == layer
     fsdp, ddp = plan["strategies"]["fsdp"], plan["strategies"]["none"]
-    assert fsdp["llm_bytes"] == -(-4 * params // 2) + 2 * layer and ddp["llm_bytes"] == 4 * params
+    # the root unit: everything outside the decoder layers (a tied embedding once), projector too
+    outside = params - sum(sum(p.numel() for p in x.parameters()) for x in real.model.layers)
+    projector = plan["trainable"]["params"]  # align stage: the projector alone trains
+    root = 4 * outside + 4 * projector
+    assert plan["llm"]["root_unit_bytes"] == root
+    assert fsdp["llm_bytes"] == -(-4 * params // 2) + root + 2 * layer + max(root, layer)
+    assert ddp["llm_bytes"] == 4 * params
     assert fsdp["fits"] and ddp["fits"]
     moe = plan["llm"]["moe"]
     if family == "llama":
@@ -59,10 +65,31 @@ def test_plan_cli_on_the_documented_example(capsys):
     assert out.rstrip().endswith("fits: train.sharding=fsdp")
 
 
+def test_plan_json_is_the_plan(capsys):
+    assert main(["train", str(EXAMPLE), "--plan", "--json", "--world-size", "8",
+                 "--device-memory", "80GiB"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    fsdp = plan["strategies"]["fsdp"]
+    assert plan["world_size"] == 8 and plan["device_memory"] == 80 * 2 ** 30 and fsdp["fits"]
+    # GLM-4.5-Air: the root unit (embeddings + LM head, 151552 x 4096 each, bf16) and projector
+    assert plan["llm"]["root_unit_bytes"] >= 2 * 151552 * 4096 * 2
+    assert fsdp["llm_bytes"] == fsdp["shard_bytes"] + fsdp["gathered_bytes"]
+
+
+def test_plan_prints_mib(capsys):
+    assert main(["train", str(EXAMPLE), "--plan", "--world-size", "8", "--device-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "81,920 MiB each:" in out and "GiB" not in out
+
+
 def test_plan_cli_errors_are_one_line(capsys):
     fails(capsys, ["train", str(EXAMPLE), "--plan", "--device-memory", "eighty"],
           "--device-memory='eighty': expected a size such as 80GiB")
-    fails(capsys, ["train", str(EXAMPLE), "--plan", "--world-size", "0"], "--world-size: 0 is out of range: use >= 1")
+    fails(capsys, ["train", str(EXAMPLE), "--plan", "--world-size", "0"], "--world-size: 0 is out of range")
+    # a shard of nothing would "fit" any device: the world size is bounded
+    fails(capsys, ["train", str(EXAMPLE), "--plan", "--world-size", "1000000000000"],
+          "--world-size: 1000000000000 is out of range: use 1 <= value <= 1048576")
+    fails(capsys, ["train", str(EXAMPLE), "--json"], "--json goes with --plan")
 
 
 def test_sizes_parse():
@@ -80,7 +107,7 @@ def test_a_run_that_cannot_fit_stops_before_loading(make_spec, tiny_llama, tmp_p
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("train.sharding=none on 1 rank(s): each rank needs")
-    assert "but has 0.00 GiB; train.sharding=fsdp needs" in message and "--plan" in message
+    assert "but has 0.06 MiB; train.sharding=fsdp needs" in message and "--plan" in message
     assert not (tmp_path / "run").exists()
 
 
