@@ -16,6 +16,7 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 
+from graft.serving.engine.kv_events import KVEventSink
 from graft.serving.engine.sequence import Sequence
 
 MAX_TAILS_PER_PARENT = 8  # bounds the scan in lookup_tail; the oldest extra tail is dropped
@@ -48,6 +49,7 @@ class BlockManager:
         self.tail_content: dict[int, tuple] = {}
         self.hit_tokens = 0  # prefix-cache statistics
         self.query_tokens = 0
+        self.events = KVEventSink()  # off until a KV-event publisher enables it
 
     # --- capacity -------------------------------------------------------------------
     @property
@@ -188,6 +190,8 @@ class BlockManager:
             key = self.block_key[bid]
             if self.cache.get(key) == bid:
                 del self.cache[key]
+                if self.events.enabled:
+                    self.events.removed(key)
             self.block_key[bid] = None
             self.block_content[bid] = None
         self.ref_counts[bid] = 1
@@ -199,6 +203,7 @@ class BlockManager:
             return
         bs = self.block_size
         full = seq.num_computed_tokens // bs
+        announce = _text_blocks(seq, bs) if self.events.enabled else 0
         for i in range(len(seq.block_hashes), full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             tokens = seq.token_ids[i * bs:(i + 1) * bs]
@@ -210,6 +215,8 @@ class BlockManager:
                 self.cache[key] = bid
                 self.block_key[bid] = key
                 self.block_content[bid] = (parent, tuple(tokens), extra)
+                if i < announce:
+                    self.events.stored(parent, key, tokens)
 
     def free(self, seq: Sequence) -> None:
         """Drop seq's references; tail blocks first so LRU evicts a prefix's end first."""
@@ -221,6 +228,22 @@ class BlockManager:
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block and tail (as vLLM's reset_prefix_cache); False, changing
+        nothing, while a sequence or a pin still holds a block."""
+        if any(self.ref_counts):
+            return False
+        self.free_ids = deque(range(self.num_blocks))
+        self.evictable.clear()
+        self.cache.clear()
+        self.tails.clear()
+        self.tail_content.clear()
+        self.block_key = [None] * self.num_blocks
+        self.block_content = [None] * self.num_blocks
+        if self.events.enabled:
+            self.events.cleared()
+        return True
 
     # --- tails (partly filled last blocks) --------------------------------------------
     def _tail_block(self, seq: Sequence) -> int | None:
@@ -254,6 +277,14 @@ class BlockManager:
         if not siblings:
             del self.tails[parent]
         self.evictable.pop(bid, None)
+
+
+def _text_blocks(seq: Sequence, block_size: int) -> float:
+    """How many of seq's leading blocks hold no image token (all of them: inf). A router
+    matches blocks by token ids alone, so blocks from the first image on are not announced:
+    any image of the same size would match them."""
+    ranges = seq.mm_inputs.ranges if seq.mm_inputs is not None else ()
+    return min(r.offset for r in ranges) // block_size if ranges else float("inf")
 
 
 def _images(seq: Sequence, start: int, end: int) -> tuple:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from graft.cli_types import number_in
 from graft.serving.engine.engine_args import add_engine_args
+from graft.serving.http.fleet import kv_events_config
 from graft.serving.http.plumbing import stats_log
 from graft.serving.http.serve_config import parse_args  # noqa: F401  (graft.cli's parse hook)
 
@@ -90,6 +91,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --trace: also the messages (text, images as data URLs)")
     p.add_argument("--trace-max-bytes", type=_at_least_1, default=64 << 20,
                    help="with --trace: rotate FILE to FILE.1 (FILE.2, ...) past this size")
+    p.add_argument(kv_events_config.FLAG, type=kv_events_config.flag_type, default=None,
+                   metavar="JSON",
+                   help="publish KV cache events over ZMQ in vLLM's format, for routers that "
+                        "route by each worker's prefix cache (vllm-router --policy kv_aware); "
+                        "vLLM's fields, e.g. " + kv_events_config.EXAMPLE.replace("%", "%%")
+                        + " (docs/fleet.md)")
     add_engine_args(p)  # --block-size, --dtype, --quantization, ...: every EngineConfig field
     p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                    help="take part in a prefill/decode split (vLLM's flag), e.g. "
@@ -162,12 +169,22 @@ def build(args: argparse.Namespace):
         request_timeout_s=args.request_timeout_s,
         kv_transfer=kv_transfer, advertised_address=advertised_address(args, kv_transfer))
     app = build_app(engine, settings)
+    app.state.kv_events = _kv_event_publisher(engine, getattr(args, "kv_events_config", None))
     if args.trace:
         from graft.serving.http.plumbing.trace_log import TraceWriter
 
         app.state.ctx.worker.tracer = TraceWriter(args.trace, args.trace_content,
                                                   args.trace_max_bytes)
     return app
+
+
+def _kv_event_publisher(engine, config):
+    """The ZMQ publisher of the engine's KV events when --kv-events-config asks for one."""
+    if config is None or not config.publishing:
+        return None
+    from graft.serving.http.fleet.kv_events import KVEventPublisher
+
+    return KVEventPublisher(engine.block_manager.events, config, engine.config.block_size)
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -229,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
                     **({"log_config": log_config} if log_config else {}), **uvicorn_options(args))
     if app.state.ctx.worker.tracer is not None:
         app.state.ctx.worker.tracer.close()  # the lines still queued
+    if app.state.kv_events is not None:
+        app.state.kv_events.shutdown()
     return 0
 
 
