@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from graft.serving.engine.sequence import Sequence
+
+log = logging.getLogger("graft.serving")
 
 DEFAULT_EXPORT_TTL_S = 60.0  # a prompt's KV unclaimed this long is freed (the router gave up)
 
@@ -31,12 +34,41 @@ class KVExport:
 
 @dataclass
 class KVPayload:
-    """What travels: the tokens, their images and their K/V rows over all layers."""
+    """What travels over HTTP: the tokens, their images and their K/V rows over all layers."""
     layout: dict  # kv_layout() of the engine that computed it
     token_ids: list[int]
     images: list[tuple[str, int, int]]
     kv: torch.Tensor  # [layers, 2, tokens, kv_heads, head_dim] in the cache's dtype
     scales: torch.Tensor | None = None  # [layers, 2, tokens, kv_heads] for an int8 cache
+    transport = "http"
+
+    def fill(self, runner, block_ids: list[int], n: int) -> None:
+        scatter_kv(runner, block_ids, self.kv[:, :, :n],
+                   self.scales[:, :, :n] if self.scales is not None else None)
+
+    def release(self) -> None:
+        """(The exporter freed its blocks when it handed the payload out.)"""
+
+
+@dataclass
+class NixlSource:
+    """KV still in the prefill engine's pool, read over NIXL straight into this pool."""
+    layout: dict
+    token_ids: list[int]
+    images: list[tuple[str, int, int]]
+    remote: dict  # the exporter's kv_nixl handshake
+    remote_block_ids: list[int]
+    request_id: str  # the exporter's: its blocks are freed when it hears this name back
+    agent: object  # this engine's kv_nixl.NixlAgent
+    transport = "nixl"
+
+    def fill(self, runner, block_ids: list[int], n: int) -> None:
+        self.agent.read(self.remote, self.remote_block_ids[:len(block_ids)], block_ids,
+                        self.request_id)
+
+    def release(self) -> None:
+        """Tell the exporter to free its blocks without reading them."""
+        self.agent.agent.send_notif(self.remote["agent"], self.request_id.encode())
 
 
 @dataclass
@@ -46,6 +78,7 @@ class KVTransferStats:
     export_expired: int = 0  # ... and freed unread after the TTL
     imported_tokens: int = 0  # prompt tokens whose KV came from another engine
     imports: int = 0
+    imports_by_transport: dict = field(default_factory=dict)
     import_failures: int = 0  # transfers that failed: the prompt was prefilled here instead
     failure_reasons: dict = field(default_factory=dict)
 
@@ -80,7 +113,7 @@ def layout_mismatch(mine: dict, theirs: dict) -> str | None:
 
 
 def importable_tokens(prompt: list[int], images: list[tuple[str, int, int]],
-                      payload: KVPayload) -> int:
+                      payload: "KVPayload | NixlSource") -> int:
     """How many leading prompt tokens the payload's KV stands for: the common prefix of the
     token ids, cut before the first image that differs (same placeholder ids, other pixels),
     and never the prompt's last token, whose logits the decode engine computes itself."""
@@ -108,6 +141,13 @@ class KVExports:
         self.ttl_s = ttl_s
         self.held: dict[str, KVExport] = {}
         self.stats = KVTransferStats()
+        self.nixl = None  # kv_nixl.NixlAgent when KV may leave over NIXL
+
+    def release(self, request_id: str) -> None:
+        export = self.held.pop(request_id, None)
+        if export is not None:
+            self.bm.unpin(export.block_ids)
+            self.stats.export_reads += 1
 
     def hold(self, seq: Sequence) -> None:
         """Pin a finishing sequence's prompt blocks (called before its blocks are freed)."""
@@ -140,6 +180,10 @@ class KVExports:
         return KVPayload(kv_layout(runner), export.token_ids, export.images, kv, scales)
 
     def expire(self, now: float | None = None) -> int:
+        """Free what readers have read over NIXL, and what waited past the TTL."""
+        if self.nixl is not None:
+            for rid in self.nixl.read_notifications():
+                self.release(rid)
         now = time.monotonic() if now is None else now
         late = [rid for rid, e in self.held.items() if e.expires < now]
         for rid in late:
@@ -174,32 +218,40 @@ def scatter_kv(runner, block_ids: list[int], kv: torch.Tensor,
             runner.kv_scales[:, :, bid, :hi - lo] = scales[:, :, lo:hi].to(cache.device)
 
 
-def import_into(runner, bm, seq: Sequence, payload: KVPayload, stats: KVTransferStats) -> int:
-    """Give a fresh sequence the payload's KV for its leading tokens: fresh blocks, the rows
+def import_into(runner, bm, seq: Sequence, source: KVPayload | NixlSource,
+                stats: KVTransferStats) -> int:
+    """Give a fresh sequence the source's KV for its leading tokens: fresh blocks, the rows
     written in, full blocks registered in the prefix cache. Returns the tokens imported; 0
-    (the prompt is prefilled here as usual, the reason counted) when the payload cannot be
+    (the prompt is prefilled here as usual, the reason counted) when the source cannot be
     used."""
-    problem = layout_mismatch(kv_layout(runner), payload.layout)
-    if problem is not None:
-        stats.failed("layout")
-        seq.error = f"KV transfer refused: {problem}"
-        return 0
+    problem = layout_mismatch(kv_layout(runner), source.layout)
     images = ([(r.content_hash, r.offset, r.length) for r in seq.mm_inputs.ranges]
               if seq.mm_inputs is not None else [])
-    n = importable_tokens(seq.token_ids, images, payload)
-    if n == 0:
-        stats.failed("prompt_mismatch")
+    n = importable_tokens(seq.token_ids, images, source) if problem is None else 0
+    reason = ("layout" if problem is not None else "prompt_mismatch" if n == 0
+              else "no_room" if bm.blocks_for(n) > bm.num_free_blocks else None)
+    if reason is None:
+        bm.append_slots(seq, n)
+        try:
+            source.fill(runner, seq.block_table, n)
+        except Exception as err:  # noqa: BLE001 - this request prefills instead
+            log.warning("KV transfer for %r failed (%s); prefilling it here", seq.request_id, err)
+            bm.unpin(seq.block_table)
+            seq.block_table = []
+            reason = "transfer"
+    if reason is not None:
+        try:
+            source.release()
+        except Exception:  # noqa: BLE001 - the exporter's TTL frees its blocks then
+            log.warning("could not tell the exporter to free %r's KV", seq.request_id)
+        stats.failed(reason)
         return 0
-    if bm.blocks_for(n) > bm.num_free_blocks:
-        stats.failed("no_room")
-        return 0
-    bm.append_slots(seq, n)
-    scatter_kv(runner, seq.block_table, payload.kv[:, :, :n],
-               payload.scales[:, :, :n] if payload.scales is not None else None)
     seq.num_computed_tokens = n
     bm.commit(seq)
     seq.num_cached_tokens = n
     stats.imports += 1
+    stats.imports_by_transport[source.transport] = \
+        stats.imports_by_transport.get(source.transport, 0) + 1
     stats.imported_tokens += n
     return n
 

@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 from graft.errors import GraftError
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.engine_worker import EngineWorker
+from graft.serving.http.fleet.server_info import load
 from graft.serving.http.plumbing.metrics import ServerMetrics, speculation_gauges
-from graft.serving.multimodal.media import MediaConfig
+from graft.serving.http.plumbing.vllm_metrics import VllmMetrics
+from graft.serving.multimodal.media import MediaConfig, is_remote
+from graft.serving.multimodal.remote_media import RemoteFetchPool
 
 
 @dataclass
@@ -58,8 +61,12 @@ class ServerContext:
         self.settings = settings
         self.kv_transfer = settings.kv_transfer
         self.advertised_address = settings.advertised_address
+        self.nixl = None  # kv_nixl.NixlAgent over the KV pool when KV moves over NIXL
         if self.kv_transfer is not None:
+            from graft.serving.http.fleet.pd import start_nixl
+
             engine.kv_exports.ttl_s = self.kv_transfer.export_ttl_s
+            start_nixl(self)
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.max_prompt_chars = prompt_char_bound(self.tokenizer, self.max_model_len)
@@ -99,13 +106,18 @@ class ServerContext:
             self.models.update(self.grafts.fronts)
         for name, front in self.models.items():
             self.metrics.add_graft(name, (lambda f=front: (f.hits, f.misses)) if front else None)
-        # requests with images are prepared (fetched, decoded, hashed) on threads of their own:
-        # slow image hosts then wait there, never in the pool that text requests use
+        # requests with images are prepared (fetched, decoded, hashed) on threads of their own,
+        # and those with remote image URLs on others again, each within one deadline: slow
+        # image hosts wait there, never in the pools that local images and text use
         self.media_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="graft-media")
+        self.remote_media_pool = RemoteFetchPool(settings.media)
         self.worker = EngineWorker(engine, self.metrics,
                                    settings.encoder_tokens_per_step, settings.admission_slack,
                                    max_queued=settings.max_queued_requests,
                                    max_queued_tokens=settings.max_queued_tokens)
+        bm = engine.block_manager  # vLLM's names for the same state (docs/fleet.md)
+        self.metrics.add_vllm(VllmMetrics(settings.model_name, lambda: load(self),
+                                          lambda: (bm.query_tokens, bm.hit_tokens)))
 
     def kv_blocks(self) -> tuple[int, int]:
         """(blocks in use, blocks in the pool)."""
@@ -113,6 +125,10 @@ class ServerContext:
 
     def _cache_stat(self, name: str) -> float:
         return float(self.worker.cache.stats()[name])
+
+    def image_pool(self, urls: list[str]):
+        """The pool that prepares a request with these image URLs."""
+        return self.remote_media_pool if any(map(is_remote, urls)) else self.media_pool
 
     def prepare(self, req, front):
         """The EngineRequest of a parsed chat (chat_request.to_engine_request) or text

@@ -15,8 +15,10 @@ from typing import Callable
 
 from graft.errors import GraftError
 from graft.kernels.omp_threads import release_thread_pool
+from graft.serving.engine.grammar_check import FIELD as GUIDED_FIELD, GrammarLimitError
 from graft.serving.http.plumbing.admission import AdmissionController, QueueItem, QueueLimits
 from graft.serving.http.openai.openai_chat import APIError
+from graft.serving.http.openai.tool_plan import guided_by_tools, refusal
 
 log = logging.getLogger("graft.serving")
 
@@ -35,6 +37,7 @@ class Job:
     graft: str | None = None  # served model name, for per-graft metrics
     estimate_s: float | None = None  # admission control's TTFT estimate
     first_token_at: float | None = None
+    last_output_at: float | None = None  # when its output last grew (inter-token latency)
     n_output: int = 0
     failed: bool = False  # failed before entering the engine (error already sent)
     request: object = None  # the parsed ChatCompletionRequest (for --trace)
@@ -186,7 +189,7 @@ class EngineWorker:
                 while not (self._stop or self._aborts or self.pending or self._calls
                            or self.engine.has_unfinished_requests()):
                     # held P/D exports expire even when nothing else happens
-                    if not self._cond.wait(timeout=5.0 if self.engine.kv_exports.held else None):
+                    if not self._cond.wait(timeout=0.5 if self.engine.kv_exports.held else None):
                         self.engine.kv_exports.expire()
                 if self._stop:
                     break
@@ -343,6 +346,10 @@ class EngineWorker:
         if out.finished and job.first_token_at is None and job.estimate_s:
             # stopped without a first token (deadline): its elapsed time is a lower bound
             self.admission.observe_ttft(now - job.arrival, job.estimate_s)
+        if len(out.token_ids) > job.n_output:
+            if self.metrics and job.last_output_at is not None:
+                self.metrics.token_gap(now - job.last_output_at)
+            job.last_output_at = now
         if self.metrics:  # counted as they come: a rate over an interval follows the stream
             self.metrics.generation_tokens.inc(len(out.token_ids) - job.n_output)
         job.n_output = len(out.token_ids)
@@ -356,6 +363,10 @@ class EngineWorker:
                 self.tracer.record(job, out, _STATUS.get(out.finish_reason, "ok"), now)
         if out.finish_reason == "internal_error":  # logged by the engine; no internals out
             job.sink("error", _internal_error())
+        elif out.finish_reason == "error" and (out.error or "").startswith(GUIDED_FIELD):
+            # its grammar met llguidance's row limit mid-generation (guided.advance): a 400
+            job.sink("error", refusal(GrammarLimitError(out.error, "max_items_in_row"),
+                                      guided_by_tools(job.request)))
         elif out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
             job.sink("error", APIError(out.error or "the engine rejected this prompt",
                                        param="messages", code="invalid_prompt"))
@@ -364,7 +375,7 @@ class EngineWorker:
 
     def _record_finish(self, job: Job, out, now: float) -> None:
         m = self.metrics
-        m.finished.inc()
+        m.request_finished(out.finish_reason)
         m.e2e.observe(now - job.arrival)
         if job.first_token_at is not None and job.n_output > 1:
             m.tpot.observe((now - job.first_token_at) / (job.n_output - 1))

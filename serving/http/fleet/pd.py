@@ -21,14 +21,18 @@ import logging
 from dataclasses import dataclass, field
 
 from graft.errors import GraftConfigError
-from graft.serving.engine.kv_transfer import DEFAULT_EXPORT_TTL_S, KVPayload, decode_payload
+from graft.serving.engine.kv_nixl import nixl_module
+from graft.serving.engine.kv_transfer import (DEFAULT_EXPORT_TTL_S, KVPayload, NixlSource,
+                                              decode_payload)
 from graft.serving.http.openai import openai_chat as P
 
 log = logging.getLogger("graft.serving")
 
 PULL_PATH = "/v1/graft/kv_transfer/{request_id}"
+META_PATH = PULL_PATH + "/meta"
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 CONNECTORS = ("GraftConnector",)
+TRANSPORTS = ("auto", "nixl", "http")
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 
 
@@ -42,6 +46,7 @@ class KVTransferConfig:
     kv_connector_extra_config: dict = field(default_factory=dict)
     pull_timeout_s: float = 30.0  # from kv_connector_extra_config
     export_ttl_s: float = DEFAULT_EXPORT_TTL_S  # from kv_connector_extra_config
+    transport: str = "auto"  # from kv_connector_extra_config: auto (NIXL where both have it)
 
     @property
     def produces(self) -> bool:
@@ -75,10 +80,17 @@ def parse_kv_transfer_config(text: str) -> KVTransferConfig:
             f"{flag}: kv_connector {connector!r} is not available in graft; leave it out "
             "(graft's own connector, GraftConnector, moves KV between graft workers)")
     extra = raw.get("kv_connector_extra_config") or {}
-    if not isinstance(extra, dict) or set(extra) - {"pull_timeout_s", "export_ttl_s"}:
+    if not isinstance(extra, dict) or set(extra) - {"pull_timeout_s", "export_ttl_s",
+                                                    "transport"}:
         raise GraftConfigError(f"{flag}: kv_connector_extra_config takes pull_timeout_s and "
-                               "export_ttl_s (seconds)")
+                               "export_ttl_s (seconds) and transport (auto, nixl, http)")
     numbers = {}
+    if extra.get("transport", "auto") not in TRANSPORTS:
+        raise GraftConfigError(f"{flag}: kv_connector_extra_config.transport must be one of "
+                               f"{', '.join(TRANSPORTS)}, got {extra['transport']!r}")
+    if extra.get("transport") == "nixl" and nixl_module() is None:
+        raise GraftConfigError(f"{flag}: transport nixl, but NIXL is not installed here "
+                               "(pip install --no-deps nixl-cu12), or use transport auto")
     for key in ("pull_timeout_s", "export_ttl_s"):
         if key in extra:
             value = extra[key]
@@ -90,7 +102,7 @@ def parse_kv_transfer_config(text: str) -> KVTransferConfig:
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise GraftConfigError(f"{flag}: {key} must be a string, got {raw[key]!r}")
     return KVTransferConfig(raw["kv_role"], connector, raw.get("kv_ip"), raw.get("engine_id"),
-                            extra, **numbers)
+                            extra, **numbers, transport=extra.get("transport", "auto"))
 
 
 def advertised_address(args, config: KVTransferConfig | None) -> tuple[str, int]:
@@ -106,7 +118,7 @@ def advertised_address(args, config: KVTransferConfig | None) -> tuple[str, int]
 
 @dataclass
 class PullSpec:
-    url: str  # where the prompt's KV waits
+    url: str  # where the prompt's KV waits (PULL_PATH; META_PATH is url + "/meta")
     request_id: str
 
 
@@ -189,9 +201,36 @@ def answer_params(ctx, request_id: str) -> dict:
             "tp_size": 1}
 
 
-async def pull(ctx, spec: PullSpec) -> KVPayload | None:
-    """The prompt's KV from the prefill worker; None (counted, logged) when the pull fails, so
-    the caller prefills the prompt itself."""
+def start_nixl(ctx) -> None:
+    """This worker's NIXL agent over its KV pool, when the transport may be NIXL and NIXL is
+    here (transport auto without NIXL: HTTP, said once in the log)."""
+    config = ctx.kv_transfer
+    if config is None or config.transport == "http":
+        return
+    if nixl_module() is None:
+        log.info("KV transfer: NIXL is not installed, so KV moves over HTTP")
+        return
+    from graft.serving.engine.kv_nixl import NixlAgent
+
+    ctx.nixl = ctx.engine.kv_exports.nixl = NixlAgent(ctx.engine.runner)
+
+
+def export_meta(ctx, request_id: str) -> dict | None:
+    """What a decode worker reads before it takes a held prompt's KV (any thread)."""
+    export = ctx.engine.kv_exports.held.get(request_id)
+    if export is None:
+        return None
+    from graft.serving.engine.kv_transfer import kv_layout
+
+    return {"token_ids": export.token_ids, "images": export.images,
+            "block_ids": export.block_ids, "layout": kv_layout(ctx.engine.runner),
+            "nixl": ctx.nixl.handshake() if ctx.nixl is not None else None}
+
+
+async def pull(ctx, spec: PullSpec) -> KVPayload | NixlSource | None:
+    """The prompt's KV from the prefill worker: a NixlSource the engine reads into its pool
+    when both workers have NIXL and one block size, else the bytes over HTTP; None (counted,
+    logged) when the pull fails, so the caller prefills the prompt itself."""
     import httpx
 
     stats = ctx.engine.kv_exports.stats
@@ -199,11 +238,21 @@ async def pull(ctx, spec: PullSpec) -> KVPayload | None:
         if ctx.settings.api_keys else {}
     try:
         async with httpx.AsyncClient(timeout=ctx.kv_transfer.pull_timeout_s) as client:
+            if ctx.nixl is not None:
+                resp = await client.get(spec.url + "/meta", headers=headers)
+                if resp.status_code != 200:
+                    raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                meta = resp.json()
+                remote = meta.get("nixl")
+                if remote is not None and remote["block_size"] == ctx.engine.runner.block_size:
+                    return NixlSource(meta["layout"], meta["token_ids"],
+                                      [tuple(im) for im in meta["images"]], remote,
+                                      meta["block_ids"], spec.request_id, ctx.nixl)
             resp = await client.get(spec.url, headers=headers)
         if resp.status_code != 200:
             raise ValueError(f"HTTP {resp.status_code}: {resp.text[:200]}")
         return await asyncio.to_thread(decode_payload, resp.content)
-    except (httpx.HTTPError, ValueError) as err:
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
         stats.failed("pull")
         log.warning("KV pull from %s failed (%s): prefilling request %s here", spec.url, err,
                     spec.request_id)

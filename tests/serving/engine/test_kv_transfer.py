@@ -136,3 +136,63 @@ def test_a_damaged_payload_is_named():
         decode_payload(b"\x05\x00\x00\x00{nope")
     with pytest.raises(ValueError, match="shorter"):
         decode_payload(b"\x01")
+
+
+def _nixl_pair(pair):
+    from graft.serving.engine.kv_nixl import NixlAgent, nixl_module
+
+    if nixl_module() is None:
+        pytest.skip("NIXL is not installed (pip install --no-deps nixl-cu12)")
+    prefill, decode = pair
+    for engine in pair:
+        if engine.kv_exports.nixl is None:
+            engine.kv_exports.nixl = NixlAgent(engine.runner)
+    return prefill, decode
+
+
+def _nixl_source(prefill, decode, rid, prompt):
+    from graft.serving.engine.kv_transfer import NixlSource, kv_layout
+
+    prefill.add_request(rid, prompt_token_ids=prompt, sampling_params=PREFILL, kv_export=True)
+    _run(prefill)
+    held = prefill.kv_exports.held[rid]
+    return NixlSource(kv_layout(prefill.runner), held.token_ids, held.images,
+                      prefill.kv_exports.nixl.handshake(), held.block_ids, rid,
+                      decode.kv_exports.nixl)
+
+
+def test_nixl_reads_the_blocks_into_the_pool_and_frees_them_there(tiny_llama):
+    pair = (Engine.from_pretrained(tiny_llama, EngineConfig(block_size=16)),
+            Engine.from_pretrained(tiny_llama, EngineConfig(block_size=16)))
+    prefill, decode = _nixl_pair(pair)
+    prompt = make_prompts([45], seed=12)[0]
+    source = _nixl_source(prefill, decode, "n1", prompt)
+    decode.add_request("d", prompt_token_ids=prompt, sampling_params=GREEDY, kv_import=source)
+    out = _run(decode)["d"]
+    assert out.num_cached_tokens == 44
+    assert out.token_ids == hf_greedy(tiny_llama, prompt, GREEDY.max_tokens)
+    _all_freed(pair)
+
+    # a read that fails (here: pools of other block sizes) frees what it took and prefills
+    prompt = make_prompts([45], seed=13)[0]
+    source = _nixl_source(prefill, decode, "n2", prompt)
+    source.remote = {**source.remote, "pools": [{**source.remote["pools"][0],
+                                                 "block_bytes": 1}]}
+    decode.add_request("d2", prompt_token_ids=prompt, sampling_params=GREEDY, kv_import=source)
+    out = _run(decode)["d2"]
+    assert out.num_cached_tokens == 0 and decode.kv_exports.stats.failure_reasons["transfer"] == 1
+    assert out.token_ids == hf_greedy(tiny_llama, prompt, GREEDY.max_tokens)
+    _all_freed(pair)  # the exporter is told to free its blocks all the same
+
+
+def _all_freed(pair):
+    import time
+
+    prefill = pair[0]
+    for _ in range(500):  # the exporter hears of the read through a NIXL notification
+        prefill.kv_exports.expire()
+        if not prefill.kv_exports.held:
+            break
+        time.sleep(0.01)
+    for engine in pair:
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

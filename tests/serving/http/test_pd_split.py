@@ -3,12 +3,15 @@ max_tokens 1 with kv_transfer_params, a decode worker given those pulls the prom
 tokens included, so its encoder does not run) and answers what one worker answers."""
 
 import argparse
+import json
+import time
 
 import httpx
 import pytest
 from PIL import Image
 
 from graft.errors import GraftConfigError
+from graft.serving.engine.kv_nixl import nixl_module
 from graft.serving.http.fleet.pd import parse_kv_transfer_config
 from graft.serving.multimodal.media import to_data_url
 from tests.serving.http.conftest import LiveServer
@@ -20,7 +23,7 @@ ROUTER_PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
                          "remote_host": None, "remote_port": None}  # what vllm-router sends
 
 
-def _worker(run_dir, role):
+def _worker(run_dir, role, transport="auto"):
     from graft.serving.http import serve_cli
 
     parser = argparse.ArgumentParser()
@@ -28,17 +31,35 @@ def _worker(run_dir, role):
     argv = [str(run_dir), "--served-model-name", "tiny", "--max-model-len", "256",
             "--num-kv-blocks", "64", "--block-size", "8"]
     if role is not None:
-        argv += ["--kv-transfer-config", f'{{"kv_role": "{role}"}}']
+        argv += ["--kv-transfer-config", json.dumps(
+            {"kv_role": role, "kv_connector_extra_config": {"transport": transport}})]
     server = LiveServer(serve_cli.build(parser.parse_args(argv)))
     server.app.state.ctx.advertised_address = ("127.0.0.1", server.port)
     return server
 
 
-@pytest.fixture(scope="module")
-def workers(tiny_run_dir):
-    with _worker(tiny_run_dir, "kv_both") as prefill, _worker(tiny_run_dir, "kv_both") as decode, \
+@pytest.fixture(scope="module", params=["http", "nixl"])
+def workers(request, tiny_run_dir):
+    """Prefill and decode workers moving KV over HTTP or NIXL, and one worker alone."""
+    if request.param == "nixl" and nixl_module() is None:
+        pytest.skip("NIXL is not installed (pip install --no-deps nixl-cu12)")
+    with _worker(tiny_run_dir, "kv_both", request.param) as prefill, \
+            _worker(tiny_run_dir, "kv_both", request.param) as decode, \
             _worker(tiny_run_dir, None) as alone:
+        assert (decode.app.state.ctx.nixl is not None) == (request.param == "nixl")
         yield prefill, decode, alone
+
+
+def _released(server, timeout=30.0):
+    """Every block back in the pool once the exporter heard its KV was read (NIXL tells it
+    after the read, on its engine thread)."""
+    _wait_idle(server)
+    ctx = server.app.state.ctx
+    end = time.monotonic() + timeout
+    while ctx.engine.kv_exports.held and time.monotonic() < end:
+        time.sleep(0.05)
+    bm = ctx.engine.block_manager
+    return not ctx.engine.kv_exports.held and bm.num_free_blocks == bm.num_blocks
 
 
 def _body(text, image=True, **extra):
@@ -67,7 +88,9 @@ def test_split_answers_equal_one_worker_and_skip_prefill_and_encoder(workers, im
     prefill, decode, alone = workers
     body = _body("Describe what you see in a few words, please." * 3, image=image)
     dctx = decode.app.state.ctx
-    encodes, imported = dctx.front.encode_calls, dctx.engine.kv_exports.stats.imported_tokens
+    stats = dctx.engine.kv_exports.stats
+    encodes, imported, by = dctx.front.encode_calls, stats.imported_tokens, \
+        dict(stats.imports_by_transport)
     params, answer = _via_router_protocol(prefill, decode, body)
     assert params["do_remote_prefill"] is True and params["remote_port"] == prefill.port
     assert params["remote_block_ids"]  # vLLM's field: the blocks held on the prefill worker
@@ -75,13 +98,11 @@ def test_split_answers_equal_one_worker_and_skip_prefill_and_encoder(workers, im
     expected = _post(alone, body).json()["choices"][0]["message"]["content"]
     assert answer.json()["choices"][0]["message"]["content"] == expected
     n_prompt = answer.json()["usage"]["prompt_tokens"]
-    assert dctx.engine.kv_exports.stats.imported_tokens - imported == n_prompt - 1
+    assert stats.imported_tokens - imported == n_prompt - 1
+    transport = "nixl" if dctx.nixl is not None else "http"
+    assert stats.imports_by_transport[transport] == by.get(transport, 0) + 1
     assert dctx.front.encode_calls == encodes  # the image's KV came with the prompt
-    for server in (prefill, decode):
-        _wait_idle(server)
-        bm = server.app.state.ctx.engine.block_manager
-        assert not server.app.state.ctx.engine.kv_exports.held
-        assert bm.num_free_blocks == bm.num_blocks
+    assert _released(prefill) and _released(decode)
 
 
 def test_a_failed_pull_is_prefilled_on_the_decode_worker(workers):
@@ -102,7 +123,7 @@ def test_a_failed_pull_is_prefilled_on_the_decode_worker(workers):
 def test_kv_is_handed_out_once(workers):
     prefill, decode, _ = workers
     params, answer = _via_router_protocol(prefill, decode, _body("Once only.", image=False))
-    assert answer.status_code == 200
+    assert answer.status_code == 200 and _released(prefill)
     again = httpx.get(f"{prefill.url}/v1/graft/kv_transfer/{params['remote_request_id']}")
     assert again.status_code == 404 and again.json()["error"]["code"] == "kv_not_found"
 
