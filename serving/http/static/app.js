@@ -1,40 +1,20 @@
 // graft chat page: a plain OpenAI-API client in the browser (no framework, no build step).
 // Streams /v1/chat/completions, shows TTFT and tokens/s, reads /metrics to tell whether the
-// image came from the server's encoder cache, and keeps the chat in localStorage. Stop
-// aborts the fetch: the server sees the client go and aborts the request at its next step.
+// image came from the server's encoder cache, and keeps conversations in localStorage
+// (conversations.js). Stop aborts the fetch: the server sees the client go and aborts the
+// request at its next step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const STORE = "graft-chat";  // localStorage key: messages and settings (never the API key)
-const SETTINGS = { system: "system", maxTokens: "max-tokens", temperature: "temperature", extra: "extra" };
-// messages: the OpenAI messages so far (user content may hold an image_url part)
-const chat = { messages: [], image: null, controller: null, model: "", busy: false };
+// models: id -> capabilities from v1/models ("multimodal": takes images)
+const page = { image: null, controller: null, busy: false, models: {} };
 
 function status(text) { $("status").textContent = text; }
 
-function save() {
-  const settings = Object.fromEntries(Object.entries(SETTINGS).map(([k, id]) => [k, $(id).value]));
-  const state = { messages: chat.messages, settings, model: $("model").value || chat.model };
-  try {
-    localStorage.setItem(STORE, JSON.stringify(state));
-  } catch (err) {  // over the quota (images are data: URLs): keep the text, drop the images
-    const textOnly = chat.messages.map((m) => (Array.isArray(m.content)
-      ? { ...m, content: m.content.filter((p) => p.type === "text") } : m));
-    try { localStorage.setItem(STORE, JSON.stringify({ ...state, messages: textOnly })); } catch (e) { /* full */ }
-    status("history saved without its images (browser storage is full)");
-  }
-}
-
-function restore() {
-  let state = null;
-  try { state = JSON.parse(localStorage.getItem(STORE) || "null"); } catch (err) { state = null; }
-  if (!state) return;
-  chat.messages = Array.isArray(state.messages) ? state.messages : [];
-  chat.model = state.model || "";
-  for (const [k, id] of Object.entries(SETTINGS)) {
-    if (state.settings && state.settings[k] !== undefined) $(id).value = state.settings[k];
-  }
-  render();
+function persist() {
+  const saved = saveChats();
+  if (saved === "without images") status("history saved without its images (browser storage is full)");
+  else if (!saved) status("browser storage is full: this conversation is not saved");
 }
 
 function headers() {
@@ -49,20 +29,43 @@ async function errorText(response) {
   return body.error ? body.error.message : `HTTP ${response.status}`;
 }
 
+// fetch() rejects with a TypeError ("Failed to fetch") only when no answer came at all
+function unreachable(err) {
+  return err instanceof TypeError;
+}
+
 async function loadModels() {
   try {
     const r = await fetch("v1/models", { headers: headers() });
     if (!r.ok) throw new Error(await errorText(r));
-    const models = (await r.json()).data.map((m) => m.id);
+    const data = (await r.json()).data;
+    page.models = Object.fromEntries(data.map((m) => [m.id, m.capabilities || []]));
+    const ids = data.map((m) => m.id);
     const select = $("model");
-    const keep = select.value || chat.model;
-    select.replaceChildren(...models.map((id) => new Option(id, id)));
-    if (models.includes(keep)) select.value = keep;
-    $("model-label").hidden = models.length < 2;  // a picker only when there is a choice
-    status(`${models.length} model(s) served: ${models.join(", ")}`);
+    const keep = select.value || select.dataset.wanted;
+    select.replaceChildren(...ids.map((id) => new Option(id, id)));
+    if (ids.includes(keep)) select.value = keep;
+    $("model-label").hidden = ids.length < 2;  // a picker only when there is a choice
+    status(`${ids.length} model(s) served: ${ids.join(", ")}`);
+    imageInput();
   } catch (err) {
-    status("could not list the models: " + err.message);
+    if (!unreachable(err)) { status("could not list the models: " + err.message); return; }
+    status("server unreachable (is graft serve running?): trying again every 5 s");
+    setTimeout(loadModels, 5000);
   }
+}
+
+function takesImages() {
+  return (page.models[$("model").value] || []).includes("multimodal");
+}
+
+// A text-only model gets no image input: the server would refuse every turn with one.
+function imageInput() {
+  const on = takesImages();
+  $("drop").hidden = !on;
+  if (!on) setImage(null);
+  $("prompt").placeholder = on ? "Message, or ask about an image (Enter sends, Shift+Enter: new line)"
+    : "Message (Enter sends, Shift+Enter: new line)";
 }
 
 // Encoder-cache hits of one graft from the Prometheus text (null when /metrics is closed).
@@ -81,14 +84,14 @@ async function cacheHits(model) {
   return null;
 }
 
-function textOf(message) {
-  return Array.isArray(message.content)
-    ? message.content.filter((p) => p.type === "text").map((p) => p.text).join("\n") : message.content;
-}
-
-function imageOf(message) {
-  const part = Array.isArray(message.content) && message.content.find((p) => p.type === "image_url");
-  return part ? part.image_url.url : null;
+function button(label, className, onclick, title) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = className;
+  b.textContent = label;
+  if (title) b.title = title;
+  b.onclick = onclick;
+  return b;
 }
 
 function bubble(role, text, image) {
@@ -100,6 +103,7 @@ function bubble(role, text, image) {
     div.append(img);
   }
   const body = document.createElement("div");
+  body.className = "body";
   div.append(body);
   show(body, role, text);
   $("log").append(div);
@@ -112,41 +116,114 @@ function show(body, role, text) {
   else body.textContent = text;
 }
 
-function actions(div, index) {
+// "‹ 2/3 ›" under a message with other versions (edits or regenerated answers)
+function versions(chat, node) {
+  const siblings = siblingsOf(chat, node);
+  const at = siblings.indexOf(node.id);
+  const bar = document.createElement("span");
+  bar.className = "versions";
+  if (siblings.length < 2) return bar;
+  const go = (step) => () => {
+    if (page.busy) return;
+    showVersion(chat, siblings[at + step]);
+    persist();
+    render();
+  };
+  const prev = button("‹", "prev", go(-1), "previous version");
+  const next = button("›", "next", go(1), "next version");
+  prev.disabled = at === 0;
+  next.disabled = at === siblings.length - 1;
+  const label = document.createElement("span");
+  label.className = "version";
+  label.textContent = `${at + 1}/${siblings.length}`;
+  bar.append(prev, label, next);
+  return bar;
+}
+
+function actions(chat, node, div) {
   const bar = document.createElement("div");
   bar.className = "actions";
-  const copy = document.createElement("button");
-  copy.type = "button";
-  copy.className = "copy";
-  copy.textContent = "copy";
-  copy.onclick = () => copyText(chat.messages[index].content, copy);
-  bar.append(copy);
-  if (index === chat.messages.length - 1) {
-    const again = document.createElement("button");
-    again.type = "button";
-    again.className = "regenerate";
-    again.textContent = "regenerate";
-    again.onclick = regenerate;
-    bar.append(again);
+  if (node.role === "assistant") {
+    const copy = button("copy", "copy", () => copyText(node.content, copy));
+    bar.append(copy, button("regenerate", "regenerate", () => regenerate(node)));
+  } else {
+    bar.append(button("edit", "edit", () => edit(node, div)));
   }
+  bar.append(versions(chat, node));
   div.append(bar);
 }
 
-async function copyText(text, button) {
-  try {
-    await navigator.clipboard.writeText(text);
-    button.textContent = "copied";
-  } catch (err) {
-    status("could not copy (the browser refused the clipboard): select the text instead");
+function render() {
+  const chat = currentChat();
+  $("log").replaceChildren();
+  for (const node of pathOf(chat)) {
+    const { div } = bubble(node.role, messageText(node), messageImage(node));
+    div.dataset.id = node.id;
+    if (node.stats) {
+      const line = document.createElement("span");
+      line.className = "stats";
+      line.textContent = node.stats;
+      div.append(line);
+    }
+    actions(chat, node, div);
   }
+  renderList();
 }
 
-function render() {
-  $("log").replaceChildren();
-  chat.messages.forEach((m, i) => {
-    const { div } = bubble(m.role, textOf(m), imageOf(m));
-    if (m.role === "assistant") actions(div, i);
+function renderList() {
+  const query = $("search").value;
+  const items = store.chats.filter((c) => matchesSearch(c, query)).map((chat) => {
+    const li = document.createElement("li");
+    li.dataset.id = chat.id;
+    li.classList.toggle("current", chat.id === store.current);
+    const open = button(chat.title || "new chat", "open", () => {
+      if (page.busy) return;
+      store.current = chat.id;
+      document.body.classList.remove("sidebar-open");
+      persist();
+      render();
+    });
+    const del = button("✕", "delete", () => {  // a second click within 3 s deletes
+      if (del.dataset.armed) { deleteChat(chat.id); persist(); render(); return; }
+      del.dataset.armed = "1";
+      del.textContent = "delete?";
+      setTimeout(() => { delete del.dataset.armed; del.textContent = "✕"; }, 3000);
+    }, "delete this conversation");
+    li.append(open, button("✎", "rename", () => rename(chat, li), "rename"),
+              button("⤓", "export", () => download(chat), "export as JSON"), del);
+    return li;
   });
+  $("chat-list").replaceChildren(...items);
+}
+
+function rename(chat, li) {
+  const input = document.createElement("input");
+  input.className = "rename-box";
+  input.value = chat.title;
+  let done = false;
+  const finish = (keep) => {
+    if (done) return;
+    done = true;
+    if (keep && input.value.trim()) { chat.title = input.value.trim(); chat.named = true; persist(); }
+    renderList();
+  };
+  input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter") finish(true);
+    if (e.key === "Escape") finish(false);
+  });
+  input.addEventListener("blur", () => finish(true));
+  li.querySelector(".open").replaceWith(input);
+  input.focus();
+  input.select();
+}
+
+function download(chat) {
+  const blob = new Blob([JSON.stringify(exportChat(chat), null, 1)], { type: "application/json" });
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = `graft-chat-${(chat.title || "chat").replace(/[^\w-]+/g, "-").slice(0, 40)}.json`;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
 }
 
 // Reads an SSE stream; calls onChunk(parsed JSON) per `data:` event until [DONE].
@@ -170,33 +247,40 @@ async function readEvents(response, onChunk) {
   }
 }
 
-function extraFields() {
-  const raw = $("extra").value.trim();
-  if (!raw) return {};
-  const parsed = JSON.parse(raw);  // a SyntaxError names the problem; shown as the answer's error
-  if (typeof parsed !== "object" || Array.isArray(parsed)) throw new Error("extra request fields: use a JSON object");
-  return parsed;
+function requestMessages(chat) {
+  const system = $("system").value.trim();
+  const images = takesImages();  // a text-only model gets the text of earlier image turns
+  const messages = pathOf(chat).map((n) => ({ role: n.role, content: images || !Array.isArray(n.content)
+    ? n.content : n.content.filter((p) => p.type === "text") }));
+  return [...(system ? [{ role: "system", content: system }] : []), ...messages];
 }
 
-// One answer to chat.messages (which ends with a user turn), streamed into a new bubble.
-async function generate() {
+function statsLine(stopped, t0, first, end, tokens) {
+  const stats = stopped ? ["stopped"] : [];
+  if (first !== null) stats.push(`TTFT ${Math.round(first - t0)} ms`);
+  if (!stopped && first !== null && tokens > 1 && end > first) {
+    stats.push(`${((tokens - 1) / ((end - first) / 1000)).toFixed(1)} tokens/s`);
+  }
+  stats.push(`${tokens} tokens`);
+  return stats;
+}
+
+// One answer to the current path (which ends with a user turn), streamed into a new bubble
+// and kept as the next version under that turn. Returns the error, if any, for the caller.
+async function generate(chat) {
   const model = $("model").value;
-  const system = $("system").value.trim();
-  const withImage = chat.messages.some((m) => imageOf(m));
+  const userId = chat.leaf;
+  const withImage = takesImages() && pathOf(chat).some((n) => messageImage(n));
   const hitsBefore = withImage ? await cacheHits(model) : null;
   const answer = bubble("assistant", "…");
   const t0 = performance.now();
-  let first = null, reply = "", pieces = 0, usage = null, stopped = false;
-  chat.controller = new AbortController();
+  let first = null, reply = "", pieces = 0, usage = null, stopped = false, frame = 0;
+  page.controller = new AbortController();
   try {
-    const request = {
-      max_tokens: Number($("max-tokens").value) || 128,
-      temperature: Number($("temperature").value) || 0,
-      ...extraFields(), model, stream: true, stream_options: { include_usage: true },
-      messages: [...(system ? [{ role: "system", content: system }] : []), ...chat.messages],
-    };
+    const request = { ...samplingFields(), model, stream: true, stream_options: { include_usage: true },
+                      messages: requestMessages(chat) };
     const r = await fetch("v1/chat/completions", { method: "POST", headers: headers(),
-      body: JSON.stringify(request), signal: chat.controller.signal });
+      body: JSON.stringify(request), signal: page.controller.signal });
     if (!r.ok) throw new Error(await errorText(r));
     await readEvents(r, (chunk) => {
       if (chunk.error) throw new Error(chunk.error.message);
@@ -206,86 +290,129 @@ async function generate() {
         if (first === null) first = performance.now();
         pieces += 1;
         reply += delta.content;
-        show(answer.body, "assistant", reply);
+        // one markdown pass per frame, however many pieces arrive in it
+        frame = frame || requestAnimationFrame(() => { frame = 0; show(answer.body, "assistant", reply); });
       }
     });
   } catch (err) {
-    if (err.name !== "AbortError") {  // the failed turn is forgotten; its text goes back to the box
-      answer.div.className = "msg error";
-      answer.body.textContent = "error: " + err.message;
-      const turn = chat.messages.pop();
-      if (!$("prompt").value) $("prompt").value = textOf(turn);
-      save();
-      return;
+    if (err.name !== "AbortError") {
+      answer.div.remove();
+      return err;
     }
     stopped = true;
   } finally {
-    chat.controller = null;
+    page.controller = null;
+    cancelAnimationFrame(frame);
   }
   const end = performance.now();
-  const tokens = usage ? usage.completion_tokens : pieces;
-  const stats = stopped ? ["stopped"] : [];
-  if (first !== null) stats.push(`TTFT ${Math.round(first - t0)} ms`);
-  if (!stopped && first !== null && tokens > 1 && end > first) {
-    stats.push(`${((tokens - 1) / ((end - first) / 1000)).toFixed(1)} tokens/s`);
-  }
-  stats.push(`${tokens} tokens`);
+  const stats = statsLine(stopped, t0, first, end, usage ? usage.completion_tokens : pieces);
   if (withImage && !stopped) {
     const hitsAfter = await cacheHits(model);
     if (hitsBefore !== null && hitsAfter !== null) {
       stats.push(hitsAfter > hitsBefore ? "image from the encoder cache" : "image encoded");
     }
   }
-  show(answer.body, "assistant", reply);
-  const line = document.createElement("span");
-  line.className = "stats";
-  line.textContent = stats.join(" · ");
-  answer.div.append(line);
-  document.querySelectorAll(".regenerate").forEach((b) => b.remove());  // only the last answer
-  chat.messages.push({ role: "assistant", content: reply });
-  actions(answer.div, chat.messages.length - 1);
-  save();
+  if (store.chats.includes(chat)) addNode(chat, userId, "assistant", reply, { stats: stats.join(" · ") });
+  persist();
+  if (chat === currentChat()) render();
+  return null;
+}
+
+function showError(err, retry) {
+  const text = unreachable(err)
+    ? "server unreachable (is graft serve still running?): your message is kept; retry when it is back"
+    : "error: " + err.message;
+  const { div } = bubble("error", text);
+  div.append(button("retry", "retry", () => { div.remove(); retry(); }));
 }
 
 async function busy(work) {
-  chat.busy = true;
+  page.busy = true;
   $("send").hidden = true;
   $("stop").hidden = false;
   try {
     await work();
   } finally {
-    chat.busy = false;
+    page.busy = false;
     $("send").hidden = false;
     $("stop").hidden = true;
   }
 }
 
+// A new turn: on failure it leaves the conversation, its text and image go back to the box.
 function send(text) {
+  const chat = currentChat();
   const content = [{ type: "text", text }];
-  if (chat.image) content.unshift({ type: "image_url", image_url: { url: chat.image } });
-  chat.messages.push({ role: "user", content });
-  bubble("user", text, chat.image);
+  const image = page.image;
+  if (image) content.unshift({ type: "image_url", image_url: { url: image } });
+  const node = addNode(chat, chat.leaf, "user", content);
   setImage(null);
-  save();
-  return busy(generate);
+  persist();
+  render();
+  return busy(async () => {
+    const err = await generate(chat);
+    if (!err) return;
+    dropNode(chat, node.id);
+    persist();
+    render();
+    if (!$("prompt").value) $("prompt").value = text;
+    if (image && takesImages()) setImage(image);
+    showError(err, () => $("composer").requestSubmit());
+  });
 }
 
-function regenerate() {
-  if (chat.busy || !chat.messages.length) return;
-  if (chat.messages[chat.messages.length - 1].role === "assistant") chat.messages.pop();
+// Another answer to the same question, kept beside the first (‹ 1/2 ›).
+function regenerate(node) {
+  if (page.busy) return;
+  const chat = currentChat();
+  chat.leaf = node.parent;
   render();
-  return busy(generate);
+  return answerLeaf(chat);
+}
+
+function answerLeaf(chat) {
+  return busy(async () => {
+    const err = await generate(chat);
+    if (err) showError(err, () => answerLeaf(chat));
+  });
+}
+
+// Edit a question: the new text is a sibling version of it, and gets an answer of its own.
+function edit(node, div) {
+  if (page.busy) return;
+  const box = document.createElement("textarea");
+  box.className = "edit-box";
+  box.value = messageText(node);
+  box.rows = Math.min(8, box.value.split("\n").length + 1);
+  const save = button("send", "save-edit", () => {
+    const text = box.value.trim();
+    if (!text || page.busy) return;
+    const chat = currentChat();
+    const parts = Array.isArray(node.content) ? node.content.filter((p) => p.type !== "text") : [];
+    addNode(chat, node.parent, "user", [...parts, { type: "text", text }]);
+    persist();
+    render();
+    answerLeaf(chat);
+  });
+  div.querySelector(".body").replaceWith(box);
+  div.querySelector(".actions").replaceChildren(save, button("cancel", "cancel-edit", render));
+  box.focus();
 }
 
 function setImage(dataUrl) {
-  chat.image = dataUrl;
+  page.image = dataUrl;
   $("preview").hidden = !dataUrl;
   $("clear-image").hidden = !dataUrl;
+  $("pick").hidden = !!dataUrl;
   if (dataUrl) $("preview").src = dataUrl; else $("file").value = "";
 }
 
 function readImage(file) {
   if (!file) return;
+  if (!takesImages()) {
+    status(`${$("model").value} takes text only: pick a model that takes images`);
+    return;
+  }
   if (!file.type.startsWith("image/")) {
     status(`${file.name} is not an image (${file.type || "unknown type"}): pick a PNG, JPEG, WebP or GIF`);
     $("file").value = "";
@@ -315,20 +442,31 @@ $("prompt").addEventListener("keydown", (e) => {
 $("composer").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = $("prompt").value.trim();
-  if (!text || chat.busy) return;
+  if (!text || page.busy) return;
   $("prompt").value = "";
   send(text);
 });
-$("stop").addEventListener("click", () => { if (chat.controller) chat.controller.abort(); });
-$("reset").addEventListener("click", () => {
-  if (chat.controller) chat.controller.abort();
-  chat.messages = [];
+$("stop").addEventListener("click", () => { if (page.controller) page.controller.abort(); });
+$("reset").addEventListener("click", () => {  // a new conversation; the others stay listed
+  if (page.controller) page.controller.abort();
+  if (pathOf(currentChat()).length) createChat();
   setImage(null);
-  $("log").replaceChildren();
-  save();
+  persist();
+  render();
 });
-for (const id of [...Object.values(SETTINGS), "model"]) $(id).addEventListener("change", save);
+$("search").addEventListener("input", renderList);
+$("sidebar-toggle").addEventListener("click", () => {
+  const open = document.body.classList.toggle("sidebar-open");
+  $("sidebar-toggle").setAttribute("aria-expanded", String(open));
+});
+$("settings-toggle").addEventListener("click", () => {
+  $("settings").hidden = !$("settings").hidden;
+  $("settings-toggle").setAttribute("aria-expanded", String(!$("settings").hidden));
+});
+$("model").addEventListener("change", imageInput);
 $("key").addEventListener("change", loadModels);
 
-restore();
+restoreSettings();
+loadChats();
+render();
 loadModels();
