@@ -21,9 +21,13 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def models(request: Request):
-    names = request.app.state.ctx.models
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                        "owned_by": "graft"} for name in names]}
+    # capabilities as llama.cpp's server names them: "multimodal" where the model takes images
+    # (a graft's vision encoder), so a client (the chat page) can hide image input elsewhere
+    fronts = request.app.state.ctx.models
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "graft",
+         "capabilities": ["completion", "multimodal"] if front else ["completion"]}
+        for name, front in fronts.items()]}
 
 
 @router.post(CHAT_PATH)

@@ -10,7 +10,14 @@ from PIL import Image
 from graft.cli import main
 
 PAGE_FILES = {"static/app.js": "javascript", "static/markdown.js": "javascript",
+              "static/conversations.js": "javascript", "static/settings.js": "javascript",
               "static/app.css": "text/css"}
+# the vendored libraries (tools/fetch_vendor.sh): served from the package, each beside its licence
+VENDOR_FILES = {"static/vendor/markdown-it/markdown-it.umd.min.js": "javascript",
+                "static/vendor/dompurify/purify.min.js": "javascript",
+                "static/vendor/highlight/highlight.min.js": "javascript",
+                "static/vendor/katex/katex.min.js": "javascript",
+                "static/vendor/katex/katex.min.css": "text/css"}
 
 
 def test_page_and_assets_are_served(live_server):
@@ -23,6 +30,18 @@ def test_page_and_assets_are_served(live_server):
         # offline: nothing is fetched from another host
         assert not re.search(r"https?://", asset.text), path
     assert not re.search(r"(src|href)=\"https?://", page.text)
+    for path, kind in VENDOR_FILES.items():
+        assert f'"{path}"' in page.text
+        asset = httpx.get(f"{live_server.url}/{path}")
+        assert asset.status_code == 200 and kind in asset.headers["content-type"]
+        licence = httpx.get(f"{live_server.url}/{path.rsplit('/', 1)[0]}/LICENSE")
+        assert licence.status_code == 200 and len(licence.text) > 200, path
+    # every font KaTeX's stylesheet names is shipped (woff2 only)
+    css = httpx.get(live_server.url + "/static/vendor/katex/katex.min.css").text
+    fonts = set(re.findall(r"url\((fonts/[^)]+)\)", css))
+    assert fonts and all(f.endswith(".woff2") for f in fonts)
+    for font in fonts:
+        assert httpx.get(f"{live_server.url}/static/vendor/katex/{font}").status_code == 200, font
     js = httpx.get(live_server.url + "/static/app.js").text
     for api in ("v1/models", "v1/chat/completions", "metrics"):  # the same OpenAI API
         assert f'"{api}"' in js
@@ -97,6 +116,9 @@ def test_page_chats_about_an_image_in_chromium(live_server, tmp_path):
         assert re.match(r"TTFT \d+ ms · [\d.]+ tokens/s · \d+ tokens · image encoded$", stats[0])
         assert stats[1].endswith("image from the encoder cache"), stats
         assert browser.js("document.querySelectorAll('.msg.user img').length") == 1
+        # offline: every resource the page loaded came from this server
+        loaded = browser.js("performance.getEntriesByType('resource').map(e => e.name)")
+        assert loaded and all(u.startswith(live_server.url + "/") for u in loaded), loaded
         browser.screenshot(os.environ.get("GRAFT_CHAT_SCREENSHOT") or tmp_path / "chat.png")
     finally:
         browser.close()
@@ -120,6 +142,14 @@ def test_page_picks_the_graft_in_chromium(graft_runs):
             assert browser.js("[...document.querySelectorAll('#model option')].map(o => o.value)") == listed
             assert set(listed) == {"base", "sig", "clip"}
             assert not browser.js("document.getElementById('model-label').hidden")  # a choice
+            # llama.cpp's capability names: the bare LLM takes text only, a graft images too
+            caps = {m["id"]: m["capabilities"] for m in httpx.get(server.url + "/v1/models").json()["data"]}
+            assert caps == {"base": ["completion"], "sig": ["completion", "multimodal"],
+                            "clip": ["completion", "multimodal"]}
+            for name, shown in (("base", False), ("sig", True)):
+                browser.js(f"{{ const m = document.getElementById('model'); m.value = {name!r}; "
+                           "m.dispatchEvent(new Event('change')); true }")
+                assert browser.js("!document.getElementById('drop').hidden") is shown, name
             browser.js("document.getElementById('model').value = 'clip'; "
                        "document.getElementById('max-tokens').value = 4; true")
             assert browser.js(_RED_IMAGE)

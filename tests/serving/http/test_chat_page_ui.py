@@ -1,7 +1,8 @@
-"""The chat page as a person uses it, in headless Chromium: the layout at 1280 px and 400 px
-(controls reachable, the text box never a sliver, screenshots checked against the DOM's boxes),
-Stop aborting the request on the server, the system prompt, history kept across reloads,
-regenerate and copy, markdown rendered without HTML injection, a non-image file refused."""
+"""The chat page as a person uses it, in headless Chromium: the layout at 1280x800 and 390x844
+(controls reachable, the text box never a sliver, the settings panel over the chat, screenshots
+checked against the DOM's boxes), Stop aborting the request on the server, the system prompt,
+regenerate keeping versions, copy, markdown rendered and sanitised, a non-image file refused.
+Conversations, dark mode and a text-only model: test_chat_page_conversations.py."""
 
 import json
 import os
@@ -14,7 +15,7 @@ from PIL import Image
 from tests.serving.http.test_chat_page import _ask
 from tests.serving.http.test_disconnect import _wait_gone, slow_steps  # noqa: F401 (fixture)
 
-CONTROLS = ("#prompt", "#send", "#file", "#reset", "#settings summary")
+CONTROLS = ("#prompt", "#send", "#pick", "#reset", "#settings-toggle", "#theme")
 ACCENT = (0x2E, 0x5B, 0xBA)  # --accent in app.css: the send button's fill
 # request bodies the page sends, recorded by wrapping fetch
 RECORD = ("{ window.sent = []; const real = window.fetch; window.fetch = (url, opts) => { "
@@ -41,8 +42,8 @@ def _set(browser, element_id: str, value) -> None:
 
 def test_layout_at_desktop_and_phone_width(live_server, tmp_path):
     boxes = {}
-    for width in (1280, 400):
-        browser = _open(width)
+    for width, height in ((1280, 800), (390, 844)):
+        browser = _open(width, height)
         try:
             _load(browser, live_server.url)
             assert browser.js("window.innerWidth") == width
@@ -51,50 +52,93 @@ def test_layout_at_desktop_and_phone_width(live_server, tmp_path):
             for selector in CONTROLS:
                 box = browser.box(selector)
                 assert box["shown"] and box["width"] > 0 and box["height"] > 0, (width, selector)
-                assert box["x"] >= 0 and box["right"] <= width and box["bottom"] <= 800, \
+                assert box["x"] >= 0 and box["right"] <= width and box["bottom"] <= height, \
                     (width, selector, box)
-            boxes[width] = {s: browser.box(s) for s in ("#prompt", "#drop", "#send")}
+            # the file picker's own label is the whole word, never "No fil...hosen"
+            assert browser.js("document.getElementById('pick').scrollWidth "
+                              "<= document.getElementById('pick').clientWidth")
+            boxes[width] = {s: browser.box(s) for s in ("#prompt", "#drop", "#send", "#log")}
             assert boxes[width]["#prompt"]["width"] >= 0.55 * width  # never a sliver
             # GRAFT_CHAT_SCREENSHOTS=DIR keeps them (docs/img), else they go with tmp_path
             shot = Path(os.environ.get("GRAFT_CHAT_SCREENSHOTS") or tmp_path) / f"chat-{width}.png"
             browser.screenshot(shot)
+            # the settings open over the chat: it stays where it was
+            browser.click("#settings-toggle")
+            assert browser.box("#settings")["shown"]
+            assert browser.box("#log")["y"] == boxes[width]["#log"]["y"]
+            assert browser.box("#settings")["right"] <= width
         finally:
             browser.close()
         # the screenshot shows the send button where the DOM puts it (not covered, not off-screen)
         image = Image.open(shot).convert("RGB")
-        assert image.size == (width, 800)
+        assert image.size == (width, height)
         send = boxes[width]["#send"]
         assert image.getpixel((int(send["x"] + 6), int(send["y"] + send["height"] / 2))) == ACCENT
-    desktop, phone = boxes[1280], boxes[400]
+    desktop, phone = boxes[1280], boxes[390]
     assert desktop["#drop"]["right"] <= desktop["#prompt"]["x"]  # side by side
     assert phone["#drop"]["bottom"] <= phone["#prompt"]["y"]  # stacked: the text box gets the row
 
 
-MARKDOWN = ("# Title\n**bold** and `x<y>`\n\n- one\n- two\n\n```\n<b>raw</b>\n```\n"
-            "<img src=x onerror=\"window.pwned = 1\">\n[ok](https://example.org/) "
-            "[bad](javascript:window.pwned=2)")
+MARKDOWN = ("# Title\n**bold** and `x<y>`\n\n- one\n- two\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+            "> quoted\n\n---\n\n~~gone~~ and $x^2$\n\n$$\n\\frac{1}{2}\n$$\n\n"
+            "```python\ndef f():\n    return '<b>raw</b>'\n```\n"
+            "<script>window.pwned = 3</script><img src=x onerror=\"window.pwned = 1\">\n"
+            "[ok](https://example.org/) [bad](javascript:window.pwned=2)")
 
 
-def test_markdown_safety_a_non_image_file_and_a_failed_turn(live_server, tmp_path):
+def test_markdown_rendered_and_sanitised(live_server):
     browser = _open(1000)
     try:
         _load(browser, live_server.url)
-        out = browser.js(f"""(() => {{ const d = document.createElement('div');
-          d.append(renderMarkdown({json.dumps(MARKDOWN)})); document.body.append(d);
+        out = browser.js(f"""(() => {{ const d = document.createElement('div'); d.className = 'msg';
+          d.append(renderMarkdown({json.dumps(MARKDOWN)})); document.getElementById('log').append(d);
           const all = (s) => [...d.querySelectorAll(s)];
-          return {{heading: all('h3').map(e => e.textContent), strong: all('strong').map(e => e.textContent),
+          return {{heading: all('h1').map(e => e.textContent), strong: all('strong').map(e => e.textContent),
                    code: all('p code').map(e => e.textContent), items: all('li').map(e => e.textContent),
-                   pre: all('pre code').map(e => e.textContent), imgs: all('img').length,
-                   bold_tags: all('b').length, links: all('a').map(a => a.href),
-                   text: d.textContent}}; }})()""")
+                   cells: all('table td').map(e => e.textContent), quote: all('blockquote').length,
+                   rule: all('hr').length, struck: all('s').map(e => e.textContent),
+                   inline_math: all('.math:not(.display) .katex').length,
+                   display_math: all('.math.display .katex-display').length,
+                   tex: all('annotation').map(e => e.textContent),
+                   pre: all('pre code').map(e => e.textContent),
+                   keywords: all('pre .hljs-keyword').map(e => e.textContent),
+                   code_buttons: all('pre .copy-code').length, scripts: all('script').length,
+                   imgs: all('img').length, handlers: all('[onerror]').length,
+                   links: all('a').map(a => [a.href, a.target, a.rel]), text: d.textContent}}; }})()""")
         assert out["heading"] == ["Title"] and out["strong"] == ["bold"]
         assert out["code"] == ["x<y>"] and out["items"] == ["one", "two"]
-        assert out["pre"] == ["<b>raw</b>"]
-        assert out["imgs"] == 0 and out["bold_tags"] == 0  # model output is never HTML
-        assert out["links"] == ["https://example.org/"]  # javascript: stays text
+        assert out["cells"] == ["1", "2"] and out["quote"] == 1 and out["rule"] == 1
+        assert out["struck"] == ["gone"]
+        assert out["inline_math"] == 1 and out["display_math"] == 1
+        assert out["tex"] == ["x^2", "\\frac{1}{2}"]
+        assert out["pre"] == ["def f():\n    return '<b>raw</b>'\n"]  # code stays text
+        assert out["keywords"] == ["def", "return"] and out["code_buttons"] == 1
+        # HTML the model writes stays text: no script, no image, no handler
+        assert out["scripts"] == 0 and out["imgs"] == 0 and out["handlers"] == 0
+        assert out["links"] == [["https://example.org/", "_blank", "noopener noreferrer"]]
         assert "[bad](javascript:window.pwned=2)" in out["text"] and "<img src=x" in out["text"]
+        # the sanitiser every answer goes through strips raw HTML's script and onerror too
+        clean = browser.js("""(() => { const f = sanitize('<p>hi<script>window.pwned = 4</script>'
+          + '<img src=x onerror="window.pwned = 5"><a href="javascript:window.pwned=6">x</a></p>');
+          const d = document.createElement('div'); d.append(f); document.body.append(d);
+          return {html: d.innerHTML, scripts: d.querySelectorAll('script').length,
+                  handlers: d.querySelectorAll('[onerror]').length}; })()""")
+        assert clean["scripts"] == 0 and clean["handlers"] == 0, clean
+        assert "javascript:" not in clean["html"] and "<p>hi" in clean["html"]
         time.sleep(0.2)
         assert browser.js("window.pwned === undefined")
+        # the copy button on a code block copies the code only
+        browser.js("navigator.clipboard.writeText = async (t) => { window.copied = t; }; true")
+        browser.click("pre .copy-code")
+        assert browser.wait_for("window.copied") == "def f():\n    return '<b>raw</b>'\n"
+    finally:
+        browser.close()
+
+
+def test_a_non_image_file_and_a_failed_turn(live_server, tmp_path):
+    browser = _open(1000)
+    try:
+        _load(browser, live_server.url)
         notes = tmp_path / "notes.txt"
         notes.write_text("not a picture")
         browser.set_files("#file", [notes])
@@ -107,50 +151,68 @@ def test_markdown_safety_a_non_image_file_and_a_failed_turn(live_server, tmp_pat
         browser.js("document.getElementById('prompt').value = 'hello'; "
                    "document.getElementById('composer').requestSubmit(); true")
         error = browser.wait_for("document.querySelector('.msg.error')?.textContent")
-        assert error.startswith("error: ") and "JSON" in error
+        assert error.startswith("error: other request fields: not valid JSON"), error
         assert browser.js("document.getElementById('prompt').value") == "hello"
-        assert json.loads(browser.js("localStorage.getItem('graft-chat')"))["messages"] == []
+        chats = json.loads(browser.js("localStorage.getItem('graft-chats')"))["chats"]
+        assert [c["nodes"] for c in chats] == [{}]
         assert not browser.js("document.getElementById('send').hidden")
+        # a field the server refuses: its message, naming the field
+        _set(browser, "extra", "")
+        _set(browser, "top-p", "0")
+        browser.click(".msg.error .retry")
+        error = browser.wait_for("document.querySelector('.msg.error')?.textContent")
+        assert "top_p" in error, error
     finally:
         browser.close()
 
 
-def test_system_prompt_history_across_reloads_regenerate_and_copy(live_server):
+def test_sampling_fields_system_prompt_regenerate_versions_and_copy(live_server):
     browser = _open(1000)
     try:
         _load(browser, live_server.url)
         browser.js(RECORD)
         _set(browser, "system", "Be brief.")
         _set(browser, "max-tokens", "3")
+        for field, value in (("top-p", "0.9"), ("top-k", "5"), ("presence-penalty", "0.5"),
+                             ("frequency-penalty", "0.25"), ("repetition-penalty", "1.1"),
+                             ("seed", "7"), ("stop", "END\nSTOP"), ("response-format", "json_object")):
+            _set(browser, field, value)
         _ask(browser, "hello", 1)
         assert browser.js("document.querySelector('.msg.error')") is None
         first = browser.js("window.sent")[0]
         assert first["messages"] == [{"role": "system", "content": "Be brief."},
                                      {"role": "user", "content": [{"type": "text", "text": "hello"}]}]
-        stored = json.loads(browser.js("localStorage.getItem('graft-chat')"))
-        answer = stored["messages"][1]["content"]
+        assert {k: first[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
+                                      "frequency_penalty", "repetition_penalty", "seed", "stop",
+                                      "response_format")} == {
+            "max_tokens": 3, "temperature": 0, "top_p": 0.9, "top_k": 5, "presence_penalty": 0.5,
+            "frequency_penalty": 0.25, "repetition_penalty": 1.1, "seed": 7, "stop": ["END", "STOP"],
+            "response_format": {"type": "json_object"}}
+        _set(browser, "response-format", "text")
+        shown_answer = "pathOf(currentChat())[1].content"
+        answer = browser.js(shown_answer)
         # a reload brings back the chat and the settings
         _load(browser, live_server.url)
         browser.wait_for("!!document.querySelector('.msg.assistant .regenerate')")
         assert browser.js("document.getElementById('system').value") == "Be brief."
-        assert browser.js("document.getElementById('max-tokens').value") == "3"
+        assert browser.js("document.getElementById('top-k').value") == "5"
         assert browser.js("[...document.querySelectorAll('.msg')].map(m => m.className)") == \
             ["msg user", "msg assistant"]
-        # regenerate: the same request again, the answer replaced (greedy: the same text)
+        # regenerate: the same request again, the new answer kept beside the first (1/2, 2/2)
         browser.js(RECORD)
         browser.click(".regenerate")
-        browser.wait_for("document.querySelectorAll('.stats').length === 1")
+        browser.wait_for("document.querySelector('.msg.assistant .version')?.textContent === '2/2'")
         assert browser.js("window.sent")[0]["messages"] == first["messages"]
         assert browser.js("document.querySelectorAll('.msg.assistant').length") == 1
-        assert json.loads(browser.js("localStorage.getItem('graft-chat')"))["messages"][1]["content"] == answer
+        browser.click(".msg.assistant .prev")
+        assert browser.js("document.querySelector('.msg.assistant .version').textContent") == "1/2"
+        assert browser.js(shown_answer) == answer
         # copy hands the answer's text to the clipboard
         browser.js("navigator.clipboard.writeText = async (t) => { window.copied = t; }; true")
         browser.click(".copy")
         browser.wait_for("window.copied !== undefined")
         assert browser.js("window.copied") == answer
         assert browser.js("document.querySelector('.copy').textContent") == "copied"
-        browser.click("#reset")  # a new chat also clears the stored history
-        assert json.loads(browser.js("localStorage.getItem('graft-chat')"))["messages"] == []
     finally:
         browser.close()
 
