@@ -12,6 +12,7 @@ from pathlib import Path
 
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
+from graft.serving.engine.grammar_check import GrammarLimitError
 from graft.serving.engine.guided import GrammarTokenizer, advance
 from graft.serving.engine.kv_transfer import KVExports, KVPayload, import_into
 from graft.serving.engine.mm_inputs import MultiModalInputs
@@ -246,8 +247,13 @@ class Engine:
         return sampling, tokens, logprobs
 
     def _fail(self, seq: Sequence, err: Exception) -> None:
-        """Finish seq with finish_reason "internal_error" (blocks freed); others go on."""
+        """Finish seq with finish_reason "internal_error" (blocks freed); others go on. A
+        grammar over llguidance's limits met mid-generation is the request's own "error"."""
         if seq.is_finished:
+            return
+        if isinstance(err, GrammarLimitError):
+            log.warning("request %r: %s", seq.request_id, err)
+            self.scheduler.finish(seq, "error", str(err))
             return
         log.exception("request %r failed inside the engine", seq.request_id)
         self.scheduler.finish(seq, "internal_error",

@@ -16,9 +16,9 @@ from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.engine_worker import Job
 from graft.serving.http.fleet.pd import pull, transfer_for
 from graft.serving.http.openai.responses import sink
-from graft.serving.http.openai.sampling_knobs import request_param
 from graft.serving.http.openai.tool_prompt import tool_prompt
-from graft.serving.http.openai.tool_plan import guide, plan_tools
+from graft.serving.http.openai.tool_plan import (check_output_schema, guide, guided_by_tools,
+                                                 plan_tools, refusal)
 from graft.serving.multimodal.media import load_image
 
 _MAX_SHRINK_STEPS = 6  # downscale attempts before a budget refusal stands
@@ -101,7 +101,9 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     messages, refs = P.to_chat_messages(req.messages)
     check_text_length(ctx, sum(len(m["content"]) for m in messages))
     parse = ctx.settings.parse_special_tokens_in_text
-    messages, tools = tool_prompt(ctx.tokenizer, messages, req.messages, plan_tools(req), parse)
+    plan = plan_tools(req)
+    check_output_schema(plan)  # before the prompt renders a schema that will be refused
+    messages, tools = tool_prompt(ctx.tokenizer, messages, req.messages, plan, parse)
     limit = ctx.settings.limit_images_per_prompt
     if refs and front is None:
         raise P.APIError("this model is text-only (served from an LLM dir, not a run dir); "
@@ -185,10 +187,17 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
             stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
             speculative=req.speculative, **req.sampling_kwargs())
         params.check_vocab(ctx.engine.runner.vocab_size)
+    except RequestError as err:  # the grammar compiler cannot run
+        raise P.APIError.from_request(err) from None
     except GraftError as err:
-        param, message = request_param(str(err))
-        raise P.APIError(message, param=param, code="invalid_value") from None
-    return guide(params, req)  # tool_choice required / named: the output's JSON schema
+        raise refusal(err) from None
+    params = guide(params, req)  # tool_choice required / named: the output's JSON schema
+    if params.guided_grammar is not None:
+        try:  # the matcher is built here, off the engine's thread (a big schema: ~1 s)
+            ctx.engine.grammar_tokenizer.prepare(params.guided_grammar)
+        except GraftError as err:
+            raise refusal(err, guided_by_tools(req)) from None
+    return params
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:

@@ -9,8 +9,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from graft.errors import GraftError
+from graft.errors import GraftError, RequestError
+from graft.serving.engine.grammar_check import GrammarLimitError
+from graft.serving.engine.guided import json_grammar
 from graft.serving.http.openai.openai_chat import APIError
+from graft.serving.http.openai.sampling_knobs import request_param
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function that takes no arguments
 
@@ -38,15 +41,32 @@ class ToolPlan:
             return self.parameters(self.named)
         if self.mode != "required":
             return None
+        at = "/items/properties/arguments" if len(self.names) == 1 \
+            else "/items/anyOf/{}/properties/arguments"
         calls = [{"type": "object", "additionalProperties": False,
                   "required": ["name", "arguments"],
-                  "properties": {"name": {"const": name}, "arguments": self.parameters(name)}}
-                 for name in self.names]
+                  "properties": {"name": {"const": name},
+                                 "arguments": _rebased(self.parameters(name), at.format(k))}}
+                 for k, name in enumerate(self.names)]
         array: dict[str, Any] = {"type": "array", "minItems": 1,
                                  "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
         if not self.parallel:
             array["maxItems"] = 1
         return array
+
+
+def _rebased(schema, at: str):
+    """`schema` moved to JSON pointer `at` of a bigger one: its local $refs ("#/$defs/x",
+    "#" for itself) are made to point where their targets now are."""
+    if isinstance(schema, list):
+        return [_rebased(v, at) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _rebased(v, at) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = "#" + at + ref[1:]
+    return out
 
 
 def plan_tools(req) -> ToolPlan:
@@ -89,12 +109,44 @@ def guide(params, req):
         raise APIError("tool_choice 'required' or a named function constrains the output to "
                        "tool calls; it cannot also follow response_format: send one of them",
                        param="response_format", code="invalid_value")
+    return _compiled(lambda: dataclasses.replace(params, guided_json=schema))
+
+
+def check_output_schema(plan: ToolPlan) -> None:
+    """400 naming `tools` when the output schema (tool_choice required / named) cannot be
+    compiled: before the prompt renders the tools (the verdict is cached for `guide`)."""
+    schema = plan.schema()
+    if schema is not None:
+        _compiled(lambda: json_grammar(schema))
+
+
+def _compiled(compile_it):
+    """compile_it(), its refusal as the 400 (503: no compiler) of a tools schema."""
     try:
-        return dataclasses.replace(params, guided_json=schema)
+        return compile_it()
+    except RequestError as err:  # the grammar compiler cannot run
+        raise APIError.from_request(err) from None
     except GraftError as err:  # a parameters schema the grammar engine cannot compile
+        raise refusal(err, tools=True) from None
+
+
+def refusal(err: GraftError, tools: bool = False) -> APIError:
+    """The 400 for a SamplingParams error ("SamplingParams.guided_json is ..."), naming the
+    request field: `tools` when the schema is a function's parameters (tool_choice required
+    or named), else the field SamplingParams' field came from (response_format, ...). A
+    schema over a grammar limit is code schema_too_complex."""
+    code = "schema_too_complex" if isinstance(err, GrammarLimitError) else "invalid_value"
+    if tools:
         detail = str(err).removeprefix("SamplingParams.guided_json ")
-        raise APIError(f"tools: a function's `parameters` {detail} (tool_choice needs it as "
-                       "the output's schema)", param="tools", code="invalid_value") from None
+        return APIError(f"tools: a function's `parameters` {detail} (tool_choice needs it as "
+                        "the output's schema)", param="tools", code=code)
+    param, message = request_param(str(err))
+    return APIError(message, param=param, code=code)
+
+
+def guided_by_tools(req) -> bool:
+    """Whether the request's output schema is its tools' (tool_choice required or named)."""
+    return bool(getattr(req, "tools", None)) and plan_tools(req).schema() is not None
 
 
 def arguments_object(text: str, where: str) -> dict:
