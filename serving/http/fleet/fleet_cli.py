@@ -75,6 +75,7 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
          free_port=None) -> FleetPlan:
     """Every process's command line, CPUs and environment (pure: tests check it)."""
     from graft.errors import GraftConfigError
+    from graft.serving.engine.config import EngineConfig
 
     free_port = free_port or _free_port
     roles = _roles(args)
@@ -112,6 +113,10 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
     if args.policy == "kv_aware":
         for w in workers:
             router += ["--kv-event-source", f"{w.url}={_endpoint(w.argv)}"]
+        router += ["--kv-event-model", _option(extra, "--served-model-name",
+                                               Path(args.path).resolve().name),
+                   "--kv-event-block-size", _option(extra, "--block-size",
+                                                    str(EngineConfig().block_size))]
     return FleetPlan(workers, Process("router", f"http://{args.host}:{args.port}", router))
 
 
@@ -142,14 +147,26 @@ def _split(cpus: list[int], n: int) -> list[list[int]]:
     return [[cpus[i % len(cpus)]] for i in range(n)]
 
 
+def _option(argv: list[str], flag: str, default: str) -> str:
+    """The value a worker gets for `flag` (the last one given), else the default."""
+    found = default
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
 def _kv_events_config(port: int) -> str:
-    return ('{"enable_kv_cache_events": true, "publisher": "zmq", '
-            f'"endpoint": "tcp://127.0.0.1:{port}"}}')
+    # "*": the worker binds its PUB socket (vLLM's rule); the router connects to it
+    return f'{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{port}"}}'
 
 
 def _endpoint(argv: list[str]) -> str:
+    """Where the router subscribes to a worker's KV events."""
     config = argv[argv.index("--kv-events-config") + 1]
-    return config.split('"endpoint": "')[1].split('"')[0]
+    return config.split('"endpoint": "')[1].split('"')[0].replace("*", "127.0.0.1")
 
 
 def find_router(given: str | None) -> str:
@@ -183,53 +200,102 @@ def parse_cpus(text: str | None) -> list[int]:
     return sorted(cpus)
 
 
+class FleetError(RuntimeError):
+    """A process of the fleet exited or did not start in time (the message says which)."""
+
+
+class Running:
+    """The fleet's processes, started in order (workers, then the router once every worker
+    answers /health) and stopped together; the workers' and router's output goes to
+    `log_dir` when one is given (else the workers' to this terminal)."""
+
+    def __init__(self, fleet: FleetPlan, timeout_s: float, log_dir: Path | None = None,
+                 stopping: list | None = None):
+        self.fleet, self.timeout_s, self.log_dir = fleet, timeout_s, log_dir
+        self.stopping = stopping if stopping is not None else []
+        self.procs: list[tuple[Process, subprocess.Popen]] = []
+        self.router_log: str | None = None
+
+    def __enter__(self) -> "Running":
+        try:
+            for i, w in enumerate(self.fleet.workers):
+                self.procs.append((w, _start(w, self._log(f"worker{i}.log"))))
+            self._wait_healthy(self.procs)
+            log = self._log("router.log") or tempfile.NamedTemporaryFile(
+                "w", prefix="graft-fleet-router-", suffix=".log", delete=False)
+            self.router_log = log.name
+            self.procs.append((self.fleet.router, _start(self.fleet.router, log)))
+            self._wait_healthy(self.procs[-1:])
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for _, popen in reversed(self.procs):
+            if popen.poll() is None:
+                popen.terminate()
+        for _, popen in self.procs:
+            try:
+                popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+
+    def check(self) -> None:
+        """FleetError when any process has exited."""
+        for proc, popen in self.procs:
+            if popen.poll() is not None:
+                raise FleetError(f"{proc.name} exited ({popen.returncode})")
+
+    def _log(self, name: str):
+        return open(self.log_dir / name, "w") if self.log_dir is not None else None
+
+    def _wait_healthy(self, procs) -> None:
+        import httpx
+
+        end = time.monotonic() + self.timeout_s
+        waiting = list(procs)
+        while waiting and not self.stopping:
+            for proc, popen in list(waiting):
+                if popen.poll() is not None:
+                    raise FleetError(f"{proc.name} exited ({popen.returncode}) while starting")
+                try:
+                    if httpx.get(proc.url + "/health", timeout=2).status_code == 200:
+                        waiting.remove((proc, popen))
+                except httpx.HTTPError:
+                    pass
+            if waiting and time.monotonic() > end:
+                raise FleetError(f"{waiting[0][0].name} did not answer /health within "
+                                 f"{self.timeout_s:g} s (--startup-timeout-s)")
+            time.sleep(0.2)
+
+
 def run(args: argparse.Namespace) -> int:
     from graft.serving.http.serve_cli import check_port_free
 
     check_port_free(args.host, args.port)
     _roles(args)  # a bad --pd is named before the router is looked for
     fleet = plan(args, parse_cpus(args.cpus), find_router(args.router))
-    procs: list[tuple[Process, subprocess.Popen]] = []
-    stopping = []
-
-    def stop(*_):
-        stopping.append(True)
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    stopping: list = []
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
-        for w in fleet.workers:
-            procs.append((w, _start(w)))
-        if not _wait_healthy([p for p in procs], args.startup_timeout_s, stopping):
-            return 1
-        log = tempfile.NamedTemporaryFile("w", prefix="graft-fleet-router-", suffix=".log",
-                                          delete=False)
-        procs.append((fleet.router, _start(fleet.router, log)))
-        if not _wait_healthy(procs[-1:], args.startup_timeout_s, stopping):
-            return 1
-        print(f"graft fleet: {fleet.router.url}/v1 ({args.policy}"
-              f"{', P/D ' + args.pd if args.pd else ''}); Ctrl-C stops everything")
-        for w in fleet.workers:
-            print(f"  {w.name}: {w.url} on CPUs {_ranges(w.cpus)}, metrics {w.url}/metrics")
-        print(f"  router log: {log.name}")
-        sys.stdout.flush()
-        while not stopping:
-            for proc, popen in procs:
-                if popen.poll() is not None:
-                    print(f"graft fleet: {proc.name} exited ({popen.returncode}); stopping the "
-                          "rest", file=sys.stderr)
-                    return 1
-            time.sleep(0.5)
+        with Running(fleet, args.startup_timeout_s, stopping=stopping) as running:
+            if stopping:
+                return 0
+            print(f"graft fleet: {fleet.router.url}/v1 ({args.policy}"
+                  f"{', P/D ' + args.pd if args.pd else ''}); Ctrl-C stops everything")
+            for w in fleet.workers:
+                print(f"  {w.name}: {w.url} on CPUs {_ranges(w.cpus)}, metrics {w.url}/metrics")
+            print(f"  router log: {running.router_log}")
+            sys.stdout.flush()
+            while not stopping:
+                running.check()
+                time.sleep(0.5)
         return 0
-    finally:
-        for _, popen in reversed(procs):
-            if popen.poll() is None:
-                popen.terminate()
-        for _, popen in procs:
-            try:
-                popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                popen.kill()
+    except FleetError as err:
+        print(f"graft fleet: {err}; stopping the rest", file=sys.stderr)
+        return 1
 
 
 def _start(proc: Process, log=None) -> subprocess.Popen:
@@ -237,30 +303,6 @@ def _start(proc: Process, log=None) -> subprocess.Popen:
     return subprocess.Popen(proc.argv, env={**os.environ, **proc.env}, stdout=log,
                             stderr=subprocess.STDOUT if log else None,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
-
-
-def _wait_healthy(procs, timeout_s: float, stopping: list) -> bool:
-    import httpx
-
-    end = time.monotonic() + timeout_s
-    waiting = list(procs)
-    while waiting and not stopping:
-        for proc, popen in list(waiting):
-            if popen.poll() is not None:
-                print(f"graft fleet: {proc.name} exited ({popen.returncode}) while starting",
-                      file=sys.stderr)
-                return False
-            try:
-                if httpx.get(proc.url + "/health", timeout=2).status_code == 200:
-                    waiting.remove((proc, popen))
-            except httpx.HTTPError:
-                pass
-        if time.monotonic() > end:
-            print(f"graft fleet: {waiting[0][0].name} did not answer /health within "
-                  f"{timeout_s:g} s (--startup-timeout-s)", file=sys.stderr)
-            return False
-        time.sleep(0.2)
-    return not stopping
 
 
 def _free_port() -> int:

@@ -54,7 +54,14 @@ def test_kv_aware_wires_each_workers_kv_events_to_the_router():
     sources = [r[i + 1] for i, a in enumerate(r) if a == "--kv-event-source"]
     assert [s.split("=")[0] for s in sources] == [w.url for w in fleet.workers]
     for w, source in zip(fleet.workers, sources):
-        assert source.split("=", 1)[1] in w.argv[w.argv.index("--kv-events-config") + 1]
+        port = source.rsplit(":", 1)[1]
+        assert f'"tcp://*:{port}"' in w.argv[w.argv.index("--kv-events-config") + 1]
+    assert r[r.index("--kv-event-model") + 1] == "model"  # the path's name, as graft serve
+    assert r[r.index("--kv-event-block-size") + 1] == "16"
+    r = _plan("--policy", "kv_aware", "--", "--block-size", "32",
+              "--served-model-name", "m").router.argv
+    assert (r[r.index("--kv-event-model") + 1], r[r.index("--kv-event-block-size") + 1]) == \
+        ("m", "32")
 
 
 def test_more_workers_than_cpus_share_them():
