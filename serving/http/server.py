@@ -22,7 +22,7 @@ from graft.serving.http.plumbing.auth import APIKeys
 from graft.serving.http.context import ServerContext, ServerSettings
 from graft.serving.http.plumbing.request_guard import RequestGuard
 from graft.serving.http.openai.responses import error_response
-from graft.serving.http.routes import kv_transfer, ops, page, v1
+from graft.serving.http.routes import fleet, kv_transfer, ops, page, v1
 
 __all__ = ["ServerSettings", "build_app"]
 
@@ -50,6 +50,7 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(ops.health_router, dependencies=keyed if ctx.settings.auth_health else [])
     app.include_router(v1.router, dependencies=keyed)  # every /v1 route
     app.include_router(kv_transfer.router, dependencies=keyed)
+    app.include_router(fleet.router, dependencies=keyed)  # what routers ask (docs/fleet.md)
     app.include_router(ops.metrics_router,
                        dependencies=keyed if ctx.settings.auth_metrics else [])
     app.include_router(page.router)

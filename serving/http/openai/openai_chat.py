@@ -298,10 +298,14 @@ def new_completion_id() -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, out=None) -> dict[str, Any]:
-    """OpenAI usage; a request that speculated also reports its proposals the way OpenAI's
-    predicted outputs do (completion_tokens_details.accepted/rejected_prediction_tokens)."""
+    """OpenAI usage: prompt_tokens_details.cached_tokens counts the prompt tokens whose KV
+    the engine did not compute for this request (prefix cache, or another engine's KV: the
+    sequence's num_cached_tokens); a request that speculated also reports its proposals the
+    way OpenAI's predicted outputs do (completion_tokens_details.*_prediction_tokens)."""
     body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                            "total_tokens": prompt_tokens + completion_tokens}
+                            "total_tokens": prompt_tokens + completion_tokens,
+                            "prompt_tokens_details": {
+                                "cached_tokens": out.num_cached_tokens if out is not None else 0}}
     if out is not None and out.spec_verify_steps:
         accepted = out.spec_accepted_tokens
         body["completion_tokens_details"] = {

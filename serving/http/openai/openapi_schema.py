@@ -31,10 +31,15 @@ SSE_EVENT = {"type": "object", "required": ["data"],
              "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens not computed for this request (prefix cache, transfer)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class CalledFunction(BaseModel):

@@ -31,11 +31,14 @@ class Counter:
     def __init__(self, name: str, help: str, labels: dict[str, str] | None = None):
         self.name, self.help, self.value = name, help, 0.0
         self.labels = labels or {}
+        self.mirrors: list[Counter] = []  # counted too (the same event under another name)
         self._lock = threading.Lock()
 
     def inc(self, n: float = 1.0) -> None:
         with self._lock:
             self.value += n
+        for m in self.mirrors:
+            m.inc(n)
 
     def render(self, header: bool = True) -> list[str]:
         return _header(self, "counter", header) + [
@@ -44,6 +47,7 @@ class Counter:
 
 class Gauge:
     """Read on scrape from a callable, so it can never go stale."""
+    kind = "gauge"
 
     def __init__(self, name: str, help: str, read: Callable[[], float],
                  labels: dict[str, str] | None = None):
@@ -51,7 +55,7 @@ class Gauge:
         self.labels = labels or {}
 
     def render(self, header: bool = True) -> list[str]:
-        return _header(self, "gauge", header) + [
+        return _header(self, self.kind, header) + [
             f"{self.name}{_labels(self.labels)} {_fmt(self.read())}"]
 
 
@@ -63,6 +67,7 @@ class Histogram:
         self.counts = [0] * (len(self.buckets) + 1)  # last slot: above every bound (+Inf)
         self.sum = 0.0
         self.count = 0
+        self.mirrors: list[Histogram] = []  # observed too (their own buckets)
         self._lock = threading.Lock()
 
     def observe(self, v: float) -> None:
@@ -70,6 +75,8 @@ class Histogram:
             self.counts[bisect.bisect_left(self.buckets, v)] += 1
             self.sum += v
             self.count += 1
+        for m in self.mirrors:
+            m.observe(v)
 
     def render(self, header: bool = True) -> list[str]:
         lines = _header(self, "histogram", header)
@@ -104,6 +111,16 @@ class GraftMetrics:
         return [self.requests, self.ttft, *self.gauges]
 
 
+def render_families(series: list) -> list[str]:
+    """Exposition lines of `series`, one HELP/TYPE per metric name: series sharing a name
+    (other label values) follow their first."""
+    by_name: dict[str, list] = {}
+    for m in series:
+        by_name.setdefault(m.name, []).append(m)
+    return [line for group in by_name.values()
+            for k, m in enumerate(group) for line in m.render(header=k == 0)]
+
+
 def _rate(hits: int, misses: int) -> float:
     return hits / (hits + misses) if hits + misses else 0.0
 
@@ -135,11 +152,30 @@ class ServerMetrics:
         self.generation_tokens = Counter("graft_generation_tokens_total", "Tokens generated.")
         self.gauges = [Gauge(name, help, read) for name, (help, read) in gauges.items()]
         self.grafts: dict[str, GraftMetrics] = {}  # served model name -> its labelled series
+        self.vllm = None  # vllm_metrics.VllmMetrics once add_vllm ran
 
     def add_graft(self, name: str, cache_counts: Callable[[], tuple[int, int]] | None = None
                   ) -> GraftMetrics:
         self.grafts[name] = GraftMetrics(name, cache_counts)
         return self.grafts[name]
+
+    def add_vllm(self, vllm) -> None:
+        """Feed `vllm` (a vllm_metrics.VllmMetrics) from the events counted here, and show it."""
+        self.vllm = vllm
+        self.ttft.mirrors.append(vllm.ttft)
+        self.e2e.mirrors.append(vllm.e2e)
+        self.prompt_tokens.mirrors.append(vllm.prompt_tokens)
+        self.generation_tokens.mirrors.append(vllm.generation_tokens)
+
+    def token_gap(self, seconds: float) -> None:
+        """A request's next output came `seconds` after its previous one."""
+        if self.vllm is not None:
+            self.vllm.token_gap(seconds)
+
+    def request_finished(self, reason: str | None) -> None:
+        self.finished.inc()
+        if self.vllm is not None:
+            self.vllm.finished(reason)
 
     def render(self) -> str:
         lines: list[str] = []
@@ -147,15 +183,10 @@ class ServerMetrics:
                   self.rejected_429, self.errors_4xx, self.aborted, self.timed_out,
                   self.deadline, self.prompt_tokens, self.generation_tokens, *self.gauges):
             lines += m.render()
-        seen: set[str] = set()  # one HELP/TYPE per family, then a sample set per graft
-        by_name: dict[str, list] = {}
-        for g in self.grafts.values():
-            for m in g.series():
-                by_name.setdefault(m.name, []).append(m)
-        for name, series in by_name.items():
-            for m in series:
-                lines += m.render(header=name not in seen)
-                seen.add(name)
+        # one HELP/TYPE per family, then a sample set per graft
+        lines += render_families([m for g in self.grafts.values() for m in g.series()])
+        if self.vllm is not None:
+            lines += self.vllm.render()
         return "\n".join(lines) + "\n"
 
 

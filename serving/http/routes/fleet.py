@@ -1,0 +1,56 @@
+"""What routers ask of a worker beside the OpenAI API (serving/http/fleet/): vLLM's
+/tokenize, /detokenize and render endpoints, SGLang's model, server and load info. Behind
+the API key like /v1: a router holding the key sends it on every call."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from graft.serving.http.fleet import server_info, tokenize
+from graft.serving.http.openai.chat_request import _read_body
+
+# vLLM's and SGLang's protocols, described by their code and docs/fleet.md, not by this
+# server's OpenAPI document (which lists the OpenAI API)
+router = APIRouter(include_in_schema=False)
+
+
+async def _body(request: Request) -> bytes:
+    ctx = request.app.state.ctx
+    return await _read_body(request, ctx.max_body_bytes, ctx.settings.request_body_timeout_s)
+
+
+@router.post("/tokenize")
+async def tokenize_(request: Request):
+    return await tokenize.tokenize(request.app.state.ctx, await _body(request))
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request):
+    return tokenize.detokenize(request.app.state.ctx, await _body(request))
+
+
+@router.post("/v1/chat/completions/render")
+async def render_chat(request: Request):
+    return await tokenize.render_chat(request.app.state.ctx, await _body(request))
+
+
+@router.post("/v1/completions/render")
+async def render_completion(request: Request):
+    return await tokenize.render_completion(request.app.state.ctx, await _body(request))
+
+
+@router.get("/get_model_info")
+@router.get("/model_info")
+async def model_info(request: Request):
+    return server_info.model_info(request.app.state.ctx)
+
+
+@router.get("/get_server_info")
+@router.get("/server_info")
+async def get_server_info(request: Request):
+    return server_info.server_info(request.app.state.ctx)
+
+
+@router.get("/get_load")
+async def get_load(request: Request):
+    return server_info.get_load(request.app.state.ctx)
