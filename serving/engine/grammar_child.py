@@ -8,6 +8,7 @@ Imports the standard library and llguidance only: no torch, no transformers, fas
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 
@@ -77,6 +78,7 @@ def main() -> None:
     from llguidance import LLTokenizer, TokenizerWrapper
 
     _limit_memory(int(sys.argv[1]))
+    os.nice(10)  # on a busy host the engine's thread gets the cores first
     options = json.loads(sys.argv[2])
     lltok = LLTokenizer(TokenizerWrapper(_ByteTokenizer()))
     out = sys.stdout.buffer
