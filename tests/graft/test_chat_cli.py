@@ -1,6 +1,7 @@
 """`graft chat`: ranges on sampling flags, plain LLM dirs, --system, the REPL; one-line errors."""
 
 import io
+import re
 import sys
 
 import pytest
@@ -164,3 +165,140 @@ def test_ctrl_c_at_the_prompt_keeps_the_repl_and_ctrl_d_ends_it():
                 out) == 0
     assert asked == [[{"role": "user", "content": "hi"}]]
     assert out.getvalue().count(">") == 3 and "ok\n" in out.getvalue()
+
+
+def test_a_failed_image_turn_is_forgotten_with_its_image(tmp_path):
+    """A model that refuses images: the turn fails once, and the next one works (the image is
+    not carried into every later turn until /reset)."""
+    from graft.errors import GraftConfigError
+
+    img = tmp_path / "q.png"
+    Image.new("RGB", (32, 32)).save(img)
+    seen = []
+
+    def answer(messages, images, on_text=None):
+        seen.append(len(images))
+        if images:
+            raise GraftConfigError("x is a plain LLM dir (no vision encoder)")
+        return "ok"
+
+    out = io.StringIO()
+    assert repl(answer, Conversation(), [], io.StringIO(f"/image {img}\nwhat?\nand now?\n"), out) == 0
+    assert seen == [1, 0]
+    text = out.getvalue()
+    assert "error: x is a plain LLM dir (no vision encoder) (this turn and its 1 image(s) " \
+           "is forgotten)" in text
+    assert "> ok\n" in text  # the next turn, without the image, answered
+
+
+def test_multi_line_messages_clear_and_set(tmp_path):
+    import argparse
+
+    seen = []
+
+    def answer(messages, images, on_text=None):
+        seen.append(messages[-1]["content"])
+        return "ok"
+
+    lines = ['"""first line', "", "third line", 'last"""', 'one \\', "two", '"""same line"""',
+             "/set", "/set temperature 0.7", "/set top_p 0", "/set max_tokens 9", "/set seed none",
+             "/set temperature", "/set bogus 1", "/set system Be brief.", "/clear", "after clear"]
+    options = argparse.Namespace(temperature=0.0, top_p=1.0, max_new_tokens=64, seed=3,
+                                 verbose=False)
+    out = io.StringIO()
+    assert repl(answer, Conversation(), [], io.StringIO("\n".join(lines)), out, options) == 0
+    assert seen == ["first line\n\nthird line\nlast", "one \ntwo", "same line", "after clear"]
+    assert (options.temperature, options.top_p, options.max_new_tokens, options.seed) == \
+        (0.7, 1.0, 9, None)
+    text = out.getvalue()
+    assert text.count("... ") == 4  # the continuation prompt, once per extra line
+    assert "(temperature 0.0, top_p 1.0, max_new_tokens 64, seed 3; quiet)" in text
+    assert "(temperature 0.7)" in text and "(max_new_tokens 9)" in text and "(seed None)" in text
+    assert "error: /set top_p: 0 is out of range: use 0.0 < value <= 1.0" in text
+    assert "error: /set temperature needs a value, e.g. /set temperature 0.0" in text
+    assert "error: /set bogus: unknown; use one of temperature, top_p, max_new_tokens, seed" in text
+    assert "(system: Be brief.)" in text and "(new chat)" in text
+
+
+def test_verbose_prints_tokens_and_tokens_per_second():
+    from graft.chat_backends import Answerer
+
+    def answer(messages, images, on_text=None):
+        on_text("four tokens of text")
+        return "four tokens of text", 4
+
+    out = io.StringIO()
+    answerer = Answerer(answer, False, "banner")
+    assert repl(answerer, Conversation(), [], io.StringIO("/set verbose\nhi\n/set quiet\nagain\n"),
+                out) == 0
+    lines = out.getvalue().splitlines()
+    timing = [line for line in lines if line.startswith("(4 tokens, ")]
+    assert len(timing) == 1, lines  # after the first answer only
+    assert re.fullmatch(r"\(4 tokens, [\d.]+ s, [\d.]+ tokens/s, first text after \d+ ms\)",
+                        timing[0])
+
+
+def test_repl_in_a_terminal(tiny_llama, tmp_path):
+    """`graft chat` on a pty, as a person types: the banner, /image refused on a text-only
+    model (and the next turn fine), a \"\"\" message over lines, a line continued with \\,
+    /set, timings with /set verbose, /clear, Ctrl-D."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import time
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "HOME": str(tmp_path), "TERM": "dumb"}  # history under tmp_path
+    proc = subprocess.Popen([sys.executable, "-m", "graft.cli", "chat", str(tiny_llama),
+                             "--max-new-tokens", "3"], stdin=slave, stdout=slave, stderr=slave,
+                            env=env, close_fds=True)
+    os.close(slave)
+    seen = b""
+
+    def expect(text: str, timeout: float = 300.0) -> str:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while text.encode() not in seen:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no {text!r} in {seen.decode(errors='replace')!r}"
+            try:
+                seen += os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+        assert text.encode() in seen, seen.decode(errors="replace")
+        before, _, seen = seen.partition(text.encode())
+        return before.decode(errors="replace")
+
+    def send(line: str) -> None:
+        os.write(master, line.encode() + b"\r")
+
+    try:
+        expect(f"graft chat: {tiny_llama} (text only; HF generate, cpu)")
+        expect("commands: /image PATH")
+        send(f"/image {tmp_path / 'cat.png'}")
+        expect("error: this model takes text only")
+        send("/set verbose")
+        expect("(verbose: timings after each answer)")
+        send('"""first line')
+        expect("... ")
+        send('second line"""')
+        assert re.search(r"\(\d+ tokens, [\d.]+ s, ", expect(" tokens/s"))
+        send("one \\")
+        expect("... ")
+        send("two")
+        expect(" tokens/s")
+        send("/set temperature 0.5")
+        expect("(temperature 0.5)")
+        send("/set top_p 2")
+        expect("error: /set top_p: 2 is out of range")
+        send("hello")
+        expect(" tokens/s")
+        send("/clear")
+        expect("(new chat)")
+        os.write(master, b"\x04")  # Ctrl-D
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
