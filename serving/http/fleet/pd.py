@@ -190,6 +190,35 @@ def _wrong_role(name: str, config: KVTransferConfig) -> P.APIError:
                       param=f"kv_transfer_params.{name}", code="kv_transfer_role")
 
 
+FAILURE_REASONS = ("pull", "layout", "prompt_mismatch", "no_room", "transfer")
+
+
+def transfer_series(engine) -> list:
+    """/metrics series of the P/D split, read from the engine's counters."""
+    from graft.serving.http.plumbing.vllm_metrics import ReadCounter
+
+    stats = engine.kv_exports.stats
+    series = [
+        ReadCounter("graft_kv_transfer_exports_total",
+                    "Prompts whose KV was held for a decode worker.", lambda: stats.exported),
+        ReadCounter("graft_kv_transfer_export_reads_total",
+                    "Held prompts a decode worker took.", lambda: stats.export_reads),
+        ReadCounter("graft_kv_transfer_export_expired_total",
+                    "Held prompts freed unread after export_ttl_s.", lambda: stats.export_expired),
+        ReadCounter("graft_kv_transfer_imported_tokens_total",
+                    "Prompt tokens whose KV came from a prefill worker.",
+                    lambda: stats.imported_tokens)]
+    series += [ReadCounter("graft_kv_transfer_imports_total",
+                           "Prompts that started from a prefill worker's KV, by transport.",
+                           lambda t=t: stats.imports_by_transport.get(t, 0), {"transport": t})
+               for t in ("nixl", "http")]
+    series += [ReadCounter("graft_kv_transfer_failures_total",
+                           "Transfers that failed (the decode worker prefilled), by reason.",
+                           lambda r=r: stats.failure_reasons.get(r, 0), {"reason": r})
+               for r in FAILURE_REASONS]
+    return series
+
+
 def answer_params(ctx, request_id: str) -> dict:
     """What the prefill worker's answer carries (vLLM NixlConnector's fields; graft's
     connector reads remote_host, remote_port and remote_request_id)."""

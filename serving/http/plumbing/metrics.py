@@ -153,6 +153,7 @@ class ServerMetrics:
         self.gauges = [Gauge(name, help, read) for name, (help, read) in gauges.items()]
         self.grafts: dict[str, GraftMetrics] = {}  # served model name -> its labelled series
         self.vllm = None  # vllm_metrics.VllmMetrics once add_vllm ran
+        self.families: list = []  # more series, labelled ones sharing a name (render_families)
 
     def add_graft(self, name: str, cache_counts: Callable[[], tuple[int, int]] | None = None
                   ) -> GraftMetrics:
@@ -185,6 +186,7 @@ class ServerMetrics:
             lines += m.render()
         # one HELP/TYPE per family, then a sample set per graft
         lines += render_families([m for g in self.grafts.values() for m in g.series()])
+        lines += render_families(self.families)
         if self.vllm is not None:
             lines += self.vllm.render()
         return "\n".join(lines) + "\n"

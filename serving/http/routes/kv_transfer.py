@@ -15,7 +15,7 @@ from graft.serving.engine.kv_transfer import encode_payload
 from graft.serving.http.fleet.pd import META_PATH, PULL_PATH, export_meta
 from graft.serving.http.openai import openai_chat as P
 
-router = APIRouter()
+router = APIRouter(include_in_schema=False)  # graft-to-graft protocol (binary body), not API
 
 
 @router.get(META_PATH)

@@ -194,3 +194,15 @@ def test_through_vllm_router_pd_mode(workers, tmp_path):
     assert r.json()["choices"][0]["message"]["content"] == \
         _post(alone, body).json()["choices"][0]["message"]["content"]
     assert stats.imported_tokens - imported == r.json()["usage"]["prompt_tokens"] - 1
+
+
+def test_transfers_are_counted_in_the_metrics(workers):
+    prefill, decode, _ = workers
+    _via_router_protocol(prefill, decode, _body("Count me.", image=False))
+    text = httpx.get(decode.url + "/metrics").text
+    imported = [line for line in text.splitlines()
+                if line.startswith("graft_kv_transfer_imported_tokens_total")]
+    assert imported and float(imported[0].split()[-1]) > 0
+    assert text.count("# TYPE graft_kv_transfer_failures_total counter") == 1
+    assert 'graft_kv_transfer_failures_total{reason="pull"}' in text
+    assert "graft_kv_transfer_exports_total" in httpx.get(prefill.url + "/metrics").text
