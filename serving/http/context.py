@@ -39,6 +39,7 @@ class ServerSettings:
     request_timeout_s: float | None = 600.0  # answer not complete this long after arrival: 408
     kv_transfer: object = None  # fleet.pd.KVTransferConfig: this worker's P/D role (None: none)
     advertised_address: tuple[str, int] = ("127.0.0.1", 8000)  # how other workers reach this one
+    encoder_cache_peers: tuple[str, ...] = ()  # workers asked for embeddings before encoding
 
 
 def prompt_char_bound(tokenizer, max_model_len: int) -> int | None:
@@ -95,6 +96,10 @@ class ServerContext:
                                               lambda: self._cache_stat("evictions")),
             **speculation_gauges(engine),
         })
+        if self.kv_transfer is not None:
+            from graft.serving.http.fleet.pd import transfer_series
+
+            self.metrics.families += transfer_series(engine)
         self.grafts = engine.grafts
         # served model name -> its multimodal front (None: the bare LLM, text only); named
         # grafts are served under their names beside the bare LLM, a default one as the model

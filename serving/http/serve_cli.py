@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-image-pixels", type=_at_least_1, default=4096 * 4096)
     p.add_argument("--encoder-cache-mb", type=number_in(float, low=0.0), default=256.0,
                    help="byte budget of the encoder (image embedding) cache")
+    p.add_argument("--encoder-cache-peers", nargs="+", default=[], metavar="URL",
+                   help="other graft serve workers whose encoder caches this one asks before "
+                        "encoding an image (graft fleet sets it); docs/fleet.md")
     p.add_argument("--encoder-tokens-per-step", type=_at_least_1, default=4096,
                    help="image tokens encoded between two engine steps")
     p.add_argument("--ttft-budget-ms", type=_positive_float, default=None,
@@ -167,7 +170,8 @@ def build(args: argparse.Namespace):
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
         request_body_timeout_s=args.request_body_timeout_s,
         request_timeout_s=args.request_timeout_s,
-        kv_transfer=kv_transfer, advertised_address=advertised_address(args, kv_transfer))
+        kv_transfer=kv_transfer, advertised_address=advertised_address(args, kv_transfer),
+        encoder_cache_peers=tuple(getattr(args, "encoder_cache_peers", None) or ()))
     app = build_app(engine, settings)
     app.state.kv_events = _kv_event_publisher(engine, getattr(args, "kv_events_config", None))
     if args.trace:

@@ -69,6 +69,13 @@ class EncoderCache:
         """Whether `nbytes` more could be stored now, evicting only unpinned entries."""
         return nbytes <= self.max_bytes - self.pinned_bytes
 
+    def peek(self, key: str) -> torch.Tensor | None:
+        """The entry, if held, without counting a hit or miss or refreshing its LRU place
+        (another worker asking: graft.serving.http.fleet.encoder_peers)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.value if entry is not None else None
+
     def get(self, key: str, owner: str | None = None) -> torch.Tensor | None:
         """Look up (counting a hit or miss); with `owner`, pin the entry for that request."""
         with self._lock:

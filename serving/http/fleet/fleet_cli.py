@@ -98,6 +98,9 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
             argv += ["--kv-transfer-config", f'{{"kv_role":"{role}"}}']
         if args.policy == "kv_aware":
             argv += ["--kv-events-config", _kv_events_config(free_port())]
+        if n > 1:  # each worker asks the others before it encodes an image
+            argv += ["--encoder-cache-peers", *(f"http://127.0.0.1:{base + k}"
+                                                for k in range(n) if k != i)]
         name = f"worker {i}" + {"kv_producer": " (prefill)", "kv_consumer": " (decode)"}.get(
             role, "")
         workers.append(Process(name, f"http://127.0.0.1:{port}", argv,

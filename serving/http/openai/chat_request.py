@@ -14,6 +14,7 @@ from fastapi import Request
 from graft.errors import GraftError, RequestError
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.engine_worker import Job
+from graft.serving.http.fleet.encoder_peers import fetch_missing
 from graft.serving.http.fleet.pd import pull, transfer_for
 from graft.serving.http.openai.responses import sink
 from graft.serving.http.openai.tool_prompt import tool_prompt
@@ -64,6 +65,8 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     if shrink is None:
         shrink = ctx.settings.shrink_images_to_budget
     kv_import = await pull(ctx, transfer.pull) if transfer.pull is not None else None
+    if er.prepared is not None and er.prepared.images:
+        await fetch_missing(ctx, front, er.prepared.images)  # other workers' encoder caches
     queue: asyncio.Queue = asyncio.Queue()
     cid = P.new_completion_id()
     for attempt in range(_MAX_SHRINK_STEPS + 1):

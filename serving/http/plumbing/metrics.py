@@ -150,6 +150,9 @@ class ServerMetrics:
                                 "Requests stopped at their deadline.")
         self.prompt_tokens = Counter("graft_prompt_tokens_total", "Prompt tokens processed.")
         self.generation_tokens = Counter("graft_generation_tokens_total", "Tokens generated.")
+        self.encoder_peer_fetches = Counter(
+            "graft_encoder_cache_peer_fetches_total",
+            "Image embeddings taken from another worker's encoder cache instead of encoded.")
         self.gauges = [Gauge(name, help, read) for name, (help, read) in gauges.items()]
         self.grafts: dict[str, GraftMetrics] = {}  # served model name -> its labelled series
         self.vllm = None  # vllm_metrics.VllmMetrics once add_vllm ran
@@ -182,7 +185,8 @@ class ServerMetrics:
         lines: list[str] = []
         for m in (self.ttft, self.tpot, self.e2e, self.ttft_vs_estimate, self.requests, self.finished,
                   self.rejected_429, self.errors_4xx, self.aborted, self.timed_out,
-                  self.deadline, self.prompt_tokens, self.generation_tokens, *self.gauges):
+                  self.deadline, self.prompt_tokens, self.generation_tokens,
+                  self.encoder_peer_fetches, *self.gauges):
             lines += m.render()
         # one HELP/TYPE per family, then a sample set per graft
         lines += render_families([m for g in self.grafts.values() for m in g.series()])

@@ -4,9 +4,13 @@ the API key like /v1: a router holding the key sends it on every call."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+import asyncio
 
-from graft.serving.http.fleet import server_info, tokenize
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from graft.serving.http.fleet import encoder_peers, server_info, tokenize
+from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.openai.chat_request import _read_body
 
 # vLLM's and SGLang's protocols, described by their code and docs/fleet.md, not by this
@@ -54,3 +58,16 @@ async def get_server_info(request: Request):
 @router.get("/get_load")
 async def get_load(request: Request):
     return server_info.get_load(request.app.state.ctx)
+
+
+@router.get(encoder_peers.PATH)
+async def encoder_cache_entry(key: str, request: Request):
+    """Another worker of the fleet asks for an image's embeddings (fleet/encoder_peers.py)."""
+    found = await asyncio.to_thread(encoder_peers.cached_rows,
+                                    request.app.state.ctx.worker.cache, key)
+    if found is None:
+        raise P.APIError(f"image {key[:16]} is not in this worker's encoder cache", status=404,
+                         type="not_found_error", code="not_cached")
+    body, shape = found
+    return Response(body, media_type="application/octet-stream",
+                    headers={"x-graft-shape": shape})

@@ -31,7 +31,9 @@ def test_replicas_split_the_cpus_and_sit_behind_cache_aware_routing():
     assert [w.cpus for w in fleet.workers] == [[0, 1], [2, 3]]
     assert [w.env["OMP_NUM_THREADS"] for w in fleet.workers] == ["2", "2"]
     assert [w.url for w in fleet.workers] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
-    assert fleet.workers[0].argv[-2:] == ["--max-model-len", "512"]
+    a = fleet.workers[0].argv
+    assert a[a.index("--max-model-len") + 1] == "512"
+    assert a[a.index("--encoder-cache-peers") + 1:][:1] == ["http://127.0.0.1:9002"]
     r = fleet.router.argv
     assert r[r.index("--policy") + 1] == "cache_aware"
     assert r[r.index("--worker-urls") + 1:][:2] == [w.url for w in fleet.workers]
