@@ -1,8 +1,10 @@
 """`graft tune TRACE --model M --slo ... --out tuned.yaml`: replay a trace against candidate
-serve configurations and write the best one meeting the SLO as a `graft serve --config` file.
+serve configurations and write the best one meeting the SLO as a `graft serve --config` file;
+a change from the default only when it beats the default by more than the replays' spread.
 
 Beside --out: tuned.state.jsonl (every measured point; a rerun resumes from it) and tuned.png
-(throughput against p99 TTFT, the SLO line). Nothing meets the SLO: no YAML, exit 1.
+(throughput against p99 TTFT, the SLO line, the finalists' medians and spreads). Nothing meets
+the SLO: no YAML, exit 1.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ EXAMPLES = """examples:
 """
 
 _positive = number_in(float, low=0.0, low_open=True)
+MAX_REPLAY_S = 24 * 3600.0  # one replay of the trace, arrival gaps / --speed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "alone, then seeded random combinations")
     p.add_argument("--requests", type=number_in(int, low=1), default=None,
                    help="use only the trace's first N requests (default: all)")
+    p.add_argument("--repeats", type=number_in(int, low=2, high=100), default=3,
+                   help="full replays of each finalist and the default, interleaved; their "
+                        "spread is the noise a change must beat")
     p.add_argument("--search-seed", type=number_in(int, low=0), default=0,
                    help="seed of the random combinations among the candidates")
     p.add_argument("--fresh", action="store_true",
@@ -60,10 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def tune(records, model, slo: dict, out: str | Path, measure, cands: list[dict],
          fingerprint: dict, fixed: dict | None = None, fresh: bool = False,
-         budget_s: float | None = None, log=print):
+         budget_s: float | None = None, repeats: int = 3, log=print):
     """The search over `cands` with `measure(options, n) -> replay summary`; writes the state
-    file, the plot and (when a candidate meets the SLO) the serve config. Returns the
-    search.Outcome."""
+    file, the plot and (when a finalist meets the SLO in every replay) the serve config.
+    Returns the search.Outcome."""
     from graft.tune.plot import plot_points
     from graft.tune.search import successive_halving
     from graft.tune.state import PointLog, state_path
@@ -73,15 +79,15 @@ def tune(records, model, slo: dict, out: str | Path, measure, cands: list[dict],
     if state.resumed:
         log(f"resuming: {state.resumed} points already measured in {state.path}")
     outcome = successive_halving(cands, len(records), measure, slo, state, budget_s=budget_s,
-                                 log=log)
-    plot_points(outcome.points, slo, outcome.best, out.with_suffix(".png"))
+                                 repeats=repeats, log=log)
+    plot_points(outcome.points, slo, outcome.finals, outcome.best, out.with_suffix(".png"))
     if outcome.best is None:
-        log(f"no configuration meets the SLO {_slo_text(slo)}; wrote nothing (every point: "
-            f"{state.path}, {out.with_suffix('.png')})")
+        log(f"no configuration meets the SLO {_slo_text(slo)} in every replay; wrote nothing "
+            f"(every point: {state.path}, {out.with_suffix('.png')})")
         return outcome
     write_serve_config(out, model, {**(fixed or {}), **outcome.best["options"]},
                        _comment(outcome, slo))
-    log(f"best: {outcome.best['key']}; wrote {out} (graft serve --config {out}), "
+    log(f"chosen: {outcome.best['key']}; wrote {out} (graft serve --config {out}), "
         f"{state.path}, {out.with_suffix('.png')}")
     return outcome
 
@@ -99,18 +105,21 @@ def write_serve_config(path: Path, model, options: dict, comment: str) -> Path:
 
 
 def _comment(outcome, slo: dict) -> str:
+    from graft.tune.decide import describe
     from graft.tune.search import slo_value
 
-    best, base = outcome.best["summary"], outcome.default["summary"]
+    def numbers(f: dict) -> str:
+        s = f["summary"]  # the median replay's: the SLO's own metrics
+        bounds = ", ".join(f"{k} {slo_value(s, k) or 0:.0f}" for k in slo)
+        return f"{describe(f)}; median replay: {bounds}"
 
-    def numbers(s: dict) -> str:
-        bounds = ", ".join(f"{k} {slo_value(s, k) or 0:.0f}" for k in slo)  # the SLO's own metrics
-        return (f"{s['capacity_tokens_per_s']:.1f} output tok/s while busy "
-                f"({s['output_tokens_per_s']:.1f} over the replay), {bounds}")
-
-    return (f"graft tune: the configuration meeting {_slo_text(slo)} with the most output "
-            f"tokens per second of engine stepping\nchosen:  {numbers(best)}\ndefault: {numbers(base)}"
-            f"{'' if outcome.default['meets_slo'] else ' (misses the SLO)'}")
+    replays = outcome.default["replays"]
+    lines = [f"graft tune: output tokens per second of engine stepping under {_slo_text(slo)}",
+             "rule: a change is chosen only when its median beats the default's by more than "
+             "the largest spread (max - min) of the finalists' replays",
+             f"decision: {outcome.reason}", f"chosen: {outcome.best['key']}",
+             f"finalists, {replays} replays each, interleaved (tok/s while busy):"]
+    return "\n".join(lines + [f"  {numbers(f)}" for f in outcome.finals])
 
 
 def _slo_text(slo: dict) -> str:
@@ -140,28 +149,54 @@ def wall_measure(model, records, fixed: dict, speed: float, log=print):
 
 def run(args: argparse.Namespace) -> int:
     from graft.digests import sha256_file
-    from graft.run_dir import model_dir_kind
     from graft.serving.engine.config import engine_values
     from graft.tune.search import candidates, label, pareto_choices, parse_slo, search_space
     from graft.tune.trace import read_trace
 
     slo = parse_slo(args.slo)
     model = Path(args.model).expanduser()
-    model_dir_kind(model, "--model")  # neither a run dir nor an LLM dir: the error says so
-    records = read_trace(args.trace)[:args.requests]
     fixed = engine_values(args)
+    records = read_trace(args.trace, context_length(model, fixed))[:args.requests]
+    check_replay_span(records, args.speed, args.trace)
     quant = pareto_choices(args.quality, args.max_accuracy_drop) if args.quality else []
     images = any(r.images for r in records)
     space = search_space(fixed, images, fixed.get("device", "cpu"), quant)
     cands = candidates(space, args.candidates, args.search_seed)
     fingerprint = {"trace": sha256_file(args.trace), "requests": len(records),
-                   "model": str(model.resolve()), "speed": args.speed,
+                   "model": str(model.resolve()), "speed": args.speed, "repeats": args.repeats,
                    "fixed": fixed, "candidates": [label(c) for c in cands]}
     print(f"graft tune: {len(records)} requests, {len(cands)} candidates over "
           f"{', '.join(space) or 'nothing'}; SLO {_slo_text(slo)}; budget "
           f"{args.budget_minutes:g} min")
     start = time.monotonic()
     outcome = tune(records, model, slo, args.out, wall_measure(model, records, fixed, args.speed),
-                   cands, fingerprint, fixed, args.fresh, args.budget_minutes * 60)
+                   cands, fingerprint, fixed, args.fresh, args.budget_minutes * 60, args.repeats)
     print(f"{outcome.replayed} replays in {time.monotonic() - start:.0f} s")
     return 0 if outcome.best is not None else 1
+
+
+def context_length(model: Path, fixed: dict) -> int:
+    """Tokens one request may hold on `model`, as the engine decides: --max-model-len, else
+    the LLM's max_position_embeddings (2048 when its config has none)."""
+    from transformers import AutoConfig
+
+    from graft.run_dir import RunDir, model_dir_kind
+
+    kind = model_dir_kind(model, "--model")  # neither a run dir nor an LLM dir: it says so
+    if fixed.get("max_model_len"):
+        return fixed["max_model_len"]
+    llm = model if kind == "llm" else Path(RunDir.open(model).load_spec().llm.path).expanduser()
+    return getattr(AutoConfig.from_pretrained(str(llm)), "max_position_embeddings", None) or 2048
+
+
+def check_replay_span(records, speed: float, trace) -> None:
+    """GraftConfigError when one replay of `records` would last past MAX_REPLAY_S: a replay
+    keeps the recorded gaps (divided by --speed) in real time."""
+    from graft.errors import GraftConfigError
+
+    span = records[-1].arrival - records[0].arrival
+    if span / speed > MAX_REPLAY_S:
+        raise GraftConfigError(
+            f"TRACE {trace}: its arrivals span {span:.4g} s, so one replay at --speed {speed:g} "
+            f"would last {span / speed:.4g} s, over {MAX_REPLAY_S:.0f} s (a day); raise --speed, "
+            "use the first requests only (--requests N), or fix the arrival times")

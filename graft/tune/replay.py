@@ -26,9 +26,8 @@ class WallClock:
         return time.perf_counter()
 
     def wait_until(self, t: float) -> None:
-        delay = t - self.now()
-        if delay > 0:
-            time.sleep(delay)
+        while (delay := t - self.now()) > 0:
+            time.sleep(min(delay, 60.0))  # time.sleep overflows past ~9e9 s
 
     def tick(self) -> None:
         pass  # real time passes by itself

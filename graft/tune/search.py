@@ -1,6 +1,7 @@
 """The search: candidate serve configurations, the SLO they must meet, and successive halving
-over replays of a growing prefix of the trace, then full replays of the finalists (and of the
-default configuration, the yardstick).
+over replays of a growing prefix of the trace, then full replays of the finalists and of the
+default configuration (the yardstick), each several times, interleaved, decided by
+graft.tune.decide (a change must beat the default by more than the replays' spread).
 
 A candidate is a flat dict of serve options (engine options + encoder_cache_mb); {} is the
 default configuration. `measure(options, n) -> summary` replays the first n records (the CLI
@@ -125,31 +126,42 @@ def label(options: dict) -> str:
 
 @dataclass
 class Outcome:
-    best: dict | None  # the full-replay point meeting the SLO with the most output tokens/s
-    default: dict | None  # the default configuration's full-replay point
+    best: dict | None  # the finalist to write (decide.finalist; the default when no change beat
+    # it beyond noise); None when no finalist met the SLO in every replay
+    default: dict | None  # the default configuration's finalist (decide.finalist)
     points: list[dict]  # every measured point, in order
     replayed: int  # points measured in this run (the rest came from the state file)
+    finals: list[dict]  # every finalist (decide.finalist), the default first
+    reason: str = ""  # the decision in one line
 
 
 def successive_halving(cands: list[dict], n_records: int, measure, slo: dict, state,
                        eta: int = 3, finalists: int = 2, min_requests: int = 8,
-                       budget_s: float | None = None, log=print) -> Outcome:
-    """Replay every candidate on a short prefix, keep the best 1/eta, replay those on an eta
-    times longer prefix, ... until `finalists` remain (or the prefix is the whole trace); then
-    replay the finalists and the default on the whole trace."""
+                       budget_s: float | None = None, repeats: int = 3, log=print) -> Outcome:
+    """A warm-up replay (not counted); every candidate on a short prefix, the best 1/eta on an
+    eta times longer prefix, ... until `finalists` remain (or the prefix is the whole trace);
+    then the finalists and the default on the whole trace `repeats` times, interleaved
+    (A B C A B C: a drift of the machine's speed hits each alike), and decide.decide."""
+    from graft.tune.decide import decide, describe, finalist
+
     start = time.monotonic()
     points: list[dict] = []
     replayed = [0]
+    first = min(n_records, min_requests)
 
-    def point(options: dict, n: int) -> dict:
+    def point(options: dict, n: int, repeat: int = 0) -> dict:
         key = label(options)
-        got = state.get(key, n)
+        got = state.get(key, n, repeat)
         if got is not None:  # measured before, maybe under another SLO: judged under this one
             got = {**got, "meets_slo": violation(got["summary"], slo) == 0}
         else:
+            if not replayed[0]:  # the process's first replay pays for loading code and
+                # weights into memory: it would count against whichever candidate came first
+                log(f"warm-up: the default on the first {first} requests (not counted)")
+                measure({}, first)
             summary = measure(options, n)
-            got = {"key": key, "options": options, "requests": n, "summary": summary,
-                   "meets_slo": violation(summary, slo) == 0}
+            got = {"key": key, "options": options, "requests": n, "repeat": repeat,
+                   "summary": summary, "meets_slo": violation(summary, slo) == 0}
             state.add(got)
             replayed[0] += 1
             log(f"  {_describe(got)}")
@@ -175,13 +187,16 @@ def successive_halving(cands: list[dict], n_records: int, measure, slo: dict, st
         n = min(n_records, n * eta)
     # out of budget: the best so far (ranked when a rung ran); else every one left
     finals = alive[:finalists] if over_budget() else alive
-    if {} not in finals:
-        finals = finals + [{}]
-    log(f"finals: {len(finals)} candidates on all {n_records} requests")
-    full = [point(options, n_records) for options in finals]
-    ok = sorted((p for p in full if p["meets_slo"]), key=lambda p: rank(p["summary"], slo))
-    default = next(p for p in full if p["key"] == "default")
-    return Outcome(ok[0] if ok else None, default, points, replayed[0])
+    finals = [{}] + [options for options in finals if options]
+    log(f"finals: {len(finals)} candidates on all {n_records} requests, {repeats} replays "
+        "each, interleaved")
+    full = [point(options, n_records, r) for r in range(repeats) for options in finals]
+    stats = [finalist([p for p in full if p["key"] == label(options)]) for options in finals]
+    decision = decide(stats)
+    for f in stats:
+        log(f"  {describe(f)}")
+    log(f"decision: {decision.reason}")
+    return Outcome(decision.chosen, stats[0], points, replayed[0], stats, decision.reason)
 
 
 def _describe(p: dict) -> str:

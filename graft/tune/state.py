@@ -25,7 +25,8 @@ class PointLog:
     def __init__(self, path: str | Path, fingerprint: dict, fresh: bool = False):
         self.path = Path(path)
         self.fingerprint = fingerprint
-        self.points: dict[tuple[str, int], dict] = {}  # (candidate key, replayed requests)
+        # (candidate key, replayed requests, repeat: 0 in the halving, 0.. in the finals)
+        self.points: dict[tuple[str, int, int], dict] = {}
         self.resumed = 0
         if self.path.is_file() and not fresh:
             self._load()
@@ -38,10 +39,14 @@ class PointLog:
         if len(lines) > 1 and not _parses(lines[-1]):
             lines = lines[:-1]  # a line cut short by an interruption: that point runs again
             self.path.write_text("\n".join(lines) + "\n")
+        from graft.loads import json_loads
+
+        where = f"{self.path} (a tune state file: delete it or pass --fresh)"
         try:
-            head = json.loads(lines[0])["fingerprint"] if lines else None
-            points = [json.loads(line) for line in lines[1:] if line.strip()]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            head = json_loads(lines[0], where)["fingerprint"] if lines else None
+            points = {(p["key"], p["requests"], p.get("repeat", 0)): p
+                      for p in (json_loads(line, where) for line in lines[1:] if line.strip())}
+        except (KeyError, TypeError, AttributeError) as err:
             raise GraftConfigError(f"{self.path} is not a tune state file ({err}); delete it or "
                                    "pass --fresh") from None
         if head != self.fingerprint:
@@ -49,15 +54,14 @@ class PointLog:
                              if (head or {}).get(k) != self.fingerprint.get(k))
             raise GraftConfigError(f"{self.path} belongs to a tune with other settings "
                                    f"({', '.join(changed)} differ); use another --out or --fresh")
-        for p in points:
-            self.points[p["key"], p["requests"]] = p
+        self.points = points
         self.resumed = len(self.points)
 
-    def get(self, key: str, requests: int) -> dict | None:
-        return self.points.get((key, requests))
+    def get(self, key: str, requests: int, repeat: int = 0) -> dict | None:
+        return self.points.get((key, requests, repeat))
 
     def add(self, point: dict) -> None:
-        self.points[point["key"], point["requests"]] = point
+        self.points[point["key"], point["requests"], point.get("repeat", 0)] = point
         with open(self.path, "a", encoding="utf-8") as fh:  # one line: a crash loses one point
             fh.write(json.dumps(point) + "\n")
 
@@ -66,5 +70,5 @@ def _parses(line: str) -> bool:
     try:
         json.loads(line)
         return True
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError, or an int past the digit limit
         return False

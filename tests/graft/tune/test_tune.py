@@ -48,8 +48,21 @@ def test_tune_picks_ngram_on_copy_heavy(tiny_llama, copy_trace, tmp_path):
     assert outcome.best["key"] == label(NGRAM)
     assert outcome.best["summary"]["steps"] < outcome.default["summary"]["steps"]
     assert out.with_suffix(".png").stat().st_size > 0
-    # halving: every candidate on a prefix, only finalists (and the default) on all 9
-    assert {n for _, n in calls} == {8, 9} and len([c for c in calls if c[1] == 9]) <= 3
+    # a warm-up replay of the default first (not a point), then every candidate on a prefix
+    assert calls[0] == ("default", 8) and len(outcome.points) == len(calls) - 1
+    assert [n for _, n in calls[1:len(CANDS) + 1]] == [8] * len(CANDS)
+    # only the finalists (and the default) on all 9, 3 times each, interleaved: A B A B A B
+    finals = [key for key, n in calls if n == 9]
+    per = len(outcome.finals)
+    assert 2 <= per <= 3 and finals == finals[:per] * 3 and finals[0] == "default"
+    assert outcome.finals[0] is outcome.default
+    # the header: the rule, the decision, each finalist's median and spread
+    header = [line for line in out.read_text().splitlines() if line.startswith("#")]
+    text = "\n".join(header)
+    assert "more than the largest spread" in text and "decision: the default missed the SLO" in text
+    for f in outcome.finals:
+        assert f"#   {f['key']}: {f['median']:.1f} tok/s median [{f['min']:.1f}-" in text
+        assert f"spread {f['spread']:.1f}" in text
     # serve's own parser reads the file: path, the fixed options and the winner's
     from graft.serving import EngineConfig
     from graft.serving.http import serve_cli
@@ -70,8 +83,8 @@ def test_resume_replays_no_finished_point(tiny_llama, copy_trace, tmp_path):
     measure = step_measure(tiny_llama, copy_trace, first)
 
     def interrupted(options, n):
-        if len(first) == 3:
-            raise KeyboardInterrupt  # Ctrl-C during the fourth replay
+        if len(first) == 4:
+            raise KeyboardInterrupt  # Ctrl-C during the fourth replay after the warm-up
         return measure(options, n)
 
     with pytest.raises(KeyboardInterrupt):
@@ -80,15 +93,17 @@ def test_resume_replays_no_finished_point(tiny_llama, copy_trace, tmp_path):
     assert len(state_path(out).read_text().splitlines()) == 1 + 3  # fingerprint + 3 points
     outcome = tune(copy_trace, tiny_llama, SLO, out, step_measure(tiny_llama, copy_trace, second),
                    CANDS, {"test": 1}, log=lambda *_: None)
-    assert not set(first) & set(second)  # nothing measured twice
-    assert outcome.replayed == len(second) and len(outcome.points) == len(first) + len(second)
+    # each run warms up once (its first call), then nothing finished is measured twice
+    assert first[0] == second[0] == ("default", 8) and not set(first[1:]) & set(second[1:])
+    assert outcome.replayed == len(second) - 1
+    assert len(outcome.points) == len(first) - 1 + len(second) - 1
     assert outcome.best["key"] == label(NGRAM)
-    # another SLO over the same measurements: judged anew, nothing replayed again
+    # another SLO over the same measurements: judged anew, nothing replayed again (nor warmed)
     third = []
     loose = tune(copy_trace, tiny_llama, {"tpot_p99_ms": 20.0}, out,
                  step_measure(tiny_llama, copy_trace, third), CANDS, {"test": 1},
                  log=lambda *_: None)
-    assert loose.default["meets_slo"] and not set(third) & set(first + second)
+    assert loose.default["meets_slo"] and third == []
     # another tune's settings: the state file is refused, not mixed in
     from graft.errors import GraftConfigError
 
