@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --allow-remote-media: fetch only from these hosts and their "
                         "subdomains (default: any public host)")
     p.add_argument("--remote-media-timeout-s", type=_positive_float, default=10.0,
-                   help="deadline for a whole remote image fetch, redirects included")
+                   help="deadline for all of a request's remote image fetches, redirects and "
+                   "time queued for a fetch thread included")
     p.add_argument("--limit-images-per-prompt", type=_count, default=4)
     p.add_argument("--max-image-bytes", type=_at_least_1, default=20 * 1024 * 1024)
     p.add_argument("--max-image-pixels", type=_at_least_1, default=4096 * 4096)

@@ -38,6 +38,7 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
         yield
         await asyncio.to_thread(ctx.worker.stop)
         ctx.media_pool.shutdown(wait=False, cancel_futures=True)
+        ctx.remote_media_pool.shutdown(wait=False, cancel_futures=True)
 
     # the docs and the schema are routes of openapi_schema, behind the key when one is set
     app = FastAPI(title="graft", lifespan=lifespan, docs_url=None, redoc_url=None,

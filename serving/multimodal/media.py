@@ -25,7 +25,7 @@ class MediaConfig:
     allow_remote_media: bool = False  # fetch http(s) URLs (off: a server should not browse)
     max_image_bytes: int = 20 * 1024 * 1024  # encoded size limit per image
     max_image_pixels: int = 4096 * 4096  # width * height limit, checked before decoding
-    remote_timeout_s: float = 10.0  # whole remote fetch, redirects and slow bodies included
+    remote_timeout_s: float = 10.0  # all of a request's remote fetches, queue wait included
     remote_max_redirects: int = 3  # each redirect target is checked like the first URL
     remote_domains: tuple[str, ...] = ()  # allowed hosts (and their subdomains); empty: any
 
@@ -94,12 +94,17 @@ def _remote_bytes(url: str, cfg: MediaConfig, param: str) -> bytes:
                         cfg.remote_max_redirects, cfg.remote_domains, param)
 
 
+def is_remote(url: str) -> bool:
+    """An http(s) URL (fetched on the remote pool, within the request's deadline)."""
+    return url.partition(":")[0].lower() in ("http", "https")
+
+
 def fetch_bytes(url: str, cfg: MediaConfig, param: str = "image_url.url") -> bytes:
     """Encoded image bytes from any allowed source (size-limited)."""
     scheme = url.partition(":")[0].lower()  # URL schemes are case-insensitive: DATA: too
     if scheme == "data":
         data = _data_url_bytes(url, cfg, param)
-    elif scheme in ("http", "https"):
+    elif is_remote(url):
         data = _remote_bytes(url, cfg, param)
     elif scheme == "file" or "://" not in url:
         data = _local_bytes(url, cfg, param)

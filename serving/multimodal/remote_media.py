@@ -7,6 +7,11 @@ rebind), redirects are followed by hand so each target is checked, and the whole
 one deadline (connect, response headers and body of every hop: a host trickling its headers
 is cut off like one trickling its body) and a byte cap. Every refused or failed fetch gets the same message, so
 errors cannot be used to probe which internal hosts or ports exist.
+
+Requests that fetch remote images are prepared on a pool of their own (`RemoteFetchPool`),
+bounded in threads, so slow hosts hold only its threads, never the pool that local images
+and text use; each request has one deadline for all its fetches, counted from when it was
+queued, so a request that waited in the queue gets only what is left of it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import threading
 import time
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from urllib.parse import urljoin, urlsplit
 
 from graft.errors import RequestError
@@ -23,6 +30,34 @@ from graft.errors import RequestError
 log = logging.getLogger("graft.serving")
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")  # IPv4 addresses embedded by NAT64 gateways
+REMOTE_FETCH_WORKERS = 8  # requests fetching remote images at once; more wait in the queue
+_request = threading.local()  # .deadline: the request this thread prepares (RemoteFetchPool)
+
+
+class RemoteFetchPool(Executor):
+    """A bounded pool for preparing requests that fetch remote images. Each submitted call
+    gets a deadline of `media.remote_timeout_s` (a MediaConfig's, read at submission) from
+    submission, which every `fetch_remote` it makes shares (time in the queue counts: the
+    request's total stays within it)."""
+
+    def __init__(self, media, workers: int = REMOTE_FETCH_WORKERS):
+        self.media = media
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graft-remote-media")
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        deadline = time.monotonic() + self.media.remote_timeout_s
+        return self._pool.submit(_with_deadline, deadline, fn, args, kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def _with_deadline(deadline: float, fn, args, kwargs):
+    _request.deadline = deadline
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _request.deadline = None
 
 
 class _Refused(Exception):
@@ -89,15 +124,20 @@ def _target(url: str, domains: tuple[str, ...]) -> tuple[str, str, str]:
 def fetch_remote(url: str, max_bytes: int, timeout_s: float, max_redirects: int,
                  domains: tuple[str, ...], param: str) -> bytes:
     """The body of a public http(s) URL (after at most `max_redirects` checked redirects),
-    within `timeout_s` in total and `max_bytes`; RequestError otherwise. Blocking: call it
-    from a worker thread (it runs its own event loop, so that the one deadline can cancel
-    the fetch wherever it waits; httpx's own timeouts are per read)."""
+    within `timeout_s` in total (less, on a RemoteFetchPool thread: what is left of the
+    request's deadline) and `max_bytes`; RequestError otherwise. Blocking: call it from a
+    worker thread (it runs its own event loop, so that the one deadline can cancel the fetch
+    wherever it waits; httpx's own timeouts are per read)."""
     import httpx
 
+    deadline = time.monotonic() + timeout_s
+    deadline = min(deadline, getattr(_request, "deadline", None) or deadline)
     try:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise asyncio.TimeoutError  # queued past the request's deadline: no connection
         return asyncio.run(asyncio.wait_for(
-            _fetch(url, max_bytes, max_redirects, domains, param, time.monotonic() + timeout_s),
-            timeout_s))
+            _fetch(url, max_bytes, max_redirects, domains, param, deadline), left))
     except _Refused as why:
         log.info("refused image fetch %.120r: %s", url, why)
     except asyncio.TimeoutError:

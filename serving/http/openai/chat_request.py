@@ -57,8 +57,10 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     """(Job, its event queue) once the engine worker accepted it; image work runs in a thread."""
     transfer = transfer_for(ctx.kv_transfer, req)  # P/D fields: 400 before any work
     loop = asyncio.get_running_loop()
-    # image work in its own pool (slow hosts never delay text requests); text in the default
-    pool = ctx.media_pool if _carries_images(req) else None
+    # image work in its own pool, remote fetches in theirs (slow hosts never delay local
+    # images or text requests); text in the default
+    urls = _image_urls(req)
+    pool = ctx.image_pool(urls) if urls else None
     er = await loop.run_in_executor(pool, ctx.prepare, req, front)  # to_engine_request below
     budget_ms = req.ttft_budget_ms or ctx.settings.default_ttft_budget_ms
     shrink = req.shrink_images_to_budget
@@ -90,9 +92,14 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
 
 
 def _carries_images(req: P.ChatCompletionRequest) -> bool:
+    return bool(_image_urls(req))
+
+
+def _image_urls(req: P.ChatCompletionRequest) -> list[str]:
     # a /v1/completions request has no messages (text only)
-    return any(getattr(part, "type", None) == "image_url" for msg in getattr(req, "messages", ())
-               if isinstance(msg.content, list) for part in msg.content)
+    return [part.image_url.url for msg in getattr(req, "messages", ())
+            if isinstance(msg.content, list) for part in msg.content
+            if getattr(part, "type", None) == "image_url"]
 
 
 def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest:
