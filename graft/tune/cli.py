@@ -180,12 +180,16 @@ def context_length(model: Path, fixed: dict) -> int:
     the LLM's max_position_embeddings (2048 when its config has none)."""
     from transformers import AutoConfig
 
-    from graft.run_dir import RunDir, model_dir_kind
+    from graft.errors import GraftConfigError
+    from graft.run_dir import RunDir, is_llm_dir, model_dir_kind
 
     kind = model_dir_kind(model, "--model")  # neither a run dir nor an LLM dir: it says so
     if fixed.get("max_model_len"):
         return fixed["max_model_len"]
     llm = model if kind == "llm" else Path(RunDir.open(model).load_spec().llm.path).expanduser()
+    if not is_llm_dir(llm):  # a run dir whose LLM moved: one line, not transformers' OSError
+        raise GraftConfigError(f"--model {model}: its llm.path {llm} is not an HF LLM dir (no "
+                               "config.json); fix llm.path in its graft.yaml")
     return getattr(AutoConfig.from_pretrained(str(llm)), "max_position_embeddings", None) or 2048
 
 

@@ -114,6 +114,20 @@ def test_tune_counts_bounded_by_the_models_own_context(capsys, tiny_llama, tmp_p
                            f"model's context of {context} tokens")
 
 
+def test_tune_run_dir_whose_llm_moved(capsys, tiny_run_dir, tmp_path):
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    spec = yaml.safe_load((run / "graft.yaml").read_text())
+    spec["llm"]["path"] = str(tmp_path / "moved")
+    (run / "graft.yaml").write_text(yaml.safe_dump(spec))
+    argv = _tune(_trace(tmp_path, {}), run, tmp_path)[:-2]
+    one_line(capsys, argv, f"its llm.path {tmp_path / 'moved'} is not an HF LLM dir")
+
+
 def test_world_size_not_a_number(capsys, make_spec, tmp_path, monkeypatch):
     spec = tmp_path / "graft.yaml"
     make_spec().save(spec)
