@@ -7,7 +7,7 @@ whole LLM once while loading, before it shards), peak RSS at the end of training
 RSS just before the model loads (both ru_maxrss, in train_summary.json), against the plan's
 fsdp total (shard + root unit + two decoder layers + one all-gather buffer + encoder +
 trainable state + activations at the longest sample's length). Measured 2026-12-05: plan
-375.5 MiB, rank 1 grew by 375.9-378.4 MiB (docs/training.md)."""
+375.5 MiB, rank 1 grew by 375.9-379.4 MiB (docs/training.md)."""
 
 import json
 
