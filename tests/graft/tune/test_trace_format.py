@@ -76,3 +76,12 @@ def test_bad_slo(text, needle):
 def test_slo_parses():
     assert parse_slo("ttft_p99_ms=500, tpot_p50_ms=20") == {"ttft_p99_ms": 500.0,
                                                             "tpot_p50_ms": 20.0}
+
+
+def test_image_bound_is_the_replays_own():
+    """The reader's pixel bound is what the replay's server settings (graft serve's defaults)
+    accept: a trace image the reader lets through is one the replay can serve."""
+    from graft.serving.multimodal.media import MediaConfig
+    from graft.tune.trace import MAX_IMAGE_PIXELS
+
+    assert MAX_IMAGE_PIXELS == MediaConfig().max_image_pixels
