@@ -74,6 +74,7 @@ class Result:
     itl: list[float] = field(default_factory=list)  # gaps between content chunks
     output_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens
     finish_reason: str | None = None
     error: str | None = None
 
@@ -146,6 +147,8 @@ async def send(client, url: str, body: dict, has_image: bool) -> Result:
                 if chunk.get("usage"):
                     res.output_tokens = chunk["usage"]["completion_tokens"]
                     res.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    res.cached_tokens = (chunk["usage"].get("prompt_tokens_details")
+                                         or {}).get("cached_tokens", 0)
                 for choice in chunk.get("choices", []):
                     now = time.perf_counter()
                     if choice["delta"].get("content"):

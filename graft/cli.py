@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("graft.serving.http.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
     "fleet": ("graft.serving.http.fleet.fleet_cli", "N graft serve workers behind vllm-router on one port: cache-aware routing or a prefill/decode split"),
     "bench engine": ("graft.benchmarks.engine", "engine vs HF generate tok/s on a seeded workload, FLOP/s vs matmul roofline"),
+    "bench fleet": ("graft.benchmarks.fleet", "2 workers behind vllm-router: prefix-cache hits per policy, encoder-cache hits on an image burst, chats' TPOT under a P/D split"),
     "bench serve": ("graft.benchmarks.serve", "load generator against a server: TTFT/TPOT/ITL, goodput, 429s"),
     "bench grafts": ("graft.benchmarks.grafts", "N grafts in one engine vs N separate engines: bytes, RSS, tok/s, TTFT"),
     "bench linears": ("graft.benchmarks.linears", "CPU linear paths (fp32 MKL/oneDNN, torch int8/int4, torch.ao, graft's C kernels) on a model's shapes"),
