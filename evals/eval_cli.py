@@ -1,4 +1,5 @@
-"""`graft eval`: run tasks on a model or endpoint, `--list` the tasks, or `compare A B`."""
+"""`graft eval`: run tasks on a model or endpoint, or `--list` the tasks (`graft eval compare
+A B`: compare_cli.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from graft.serving.engine.engine_args import add_engine_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("mode", nargs="*", metavar="compare A B",
-                        help="`compare RUN_A RUN_B`: per-task deltas of two --out folders")
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--model", help="run dir (graft.yaml) or plain HF LLM dir")
     target.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
@@ -50,34 +49,13 @@ def _list() -> int:
     return 0
 
 
-def _compare(args) -> int:
-    from pathlib import Path
-
-    from graft.errors import GraftConfigError
-    from graft.evals.compare import compare_runs, compare_table
-    from graft.io import atomic_write_json
-
-    if len(args.mode) != 3:
-        raise GraftConfigError("usage: graft eval compare RUN_A RUN_B [--out DIR]")
-    report = compare_runs(args.mode[1], args.mode[2], n_boot=args.bootstrap, seed=args.seed)
-    print(compare_table(report))
-    if args.out:
-        atomic_write_json(Path(args.out) / "compare.json", report)
-        print(f"wrote {args.out}/compare.json")
-    return 0
-
-
 def run(args) -> int:
     from graft.errors import GraftConfigError
 
     if args.list:
         return _list()
-    if args.mode:
-        if args.mode[0] != "compare":
-            raise GraftConfigError(f"unknown mode {args.mode[0]!r}; the only mode is `compare A B`")
-        return _compare(args)
     if not (args.model or args.endpoint):
-        raise GraftConfigError("pass --model RUN_DIR or --endpoint URL (or --list, or compare A B)")
+        raise GraftConfigError("pass --model RUN_DIR or --endpoint URL (or --list; or `graft eval compare A B`)")
     from graft.evals.report import results_table
     from graft.evals.runner import run_eval
 

@@ -18,7 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("graft.inspect_cli", "components, parameter counts, frozen vs trainable, image tokens"),
     "extract": ("graft.interop.extract_cli", "take the vision tower / projector out of a Kimi or Llava checkpoint"),
     "export": ("graft.interop.export_cli", "write a run dir for another engine: an HF Llava checkpoint (--format hf-llava) or a vLLM model dir (--format vllm)"),
-    "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list; compare A B"),
+    "eval": ("graft.evals.eval_cli", "score a run dir or endpoint on tasks; --list"),
+    "eval compare": ("graft.evals.compare_cli", "per-task deltas of two `graft eval --out` folders, with bootstrap CIs"),
     "quantize": ("graft.quantize.cli", "per-group weight schemes for the LLM, measured end to end: quant.json + Pareto front"),
     "serve": ("graft.serving.http.serve_cli", "OpenAI-compatible chat server for a run dir or LLM dir"),
     "fleet": ("graft.serving.http.fleet.fleet_cli", "N graft serve workers behind vllm-router on one port: cache-aware routing or a prefill/decode split"),
@@ -46,7 +47,7 @@ EXAMPLES: dict[str, str] = {
     "extract": "graft extract ~/models/kimi-vl donors/kimi --part both",
     "export": "graft export runs/quickstart exports/quickstart-llava --format hf-llava",
     "eval": "graft eval --model runs/quickstart --tasks quickstart_shape_color --limit 50\n"
-            "  graft eval --list",
+            "  graft eval --list\n  graft eval compare runs/eval/base runs/eval/tuned",
     "quantize": "graft quantize runs/quickstart --tasks quickstart_shape_color --out quant/ "
                 "--max-accuracy-drop 0.01",
     "serve": "graft serve runs/quickstart --port 8000",

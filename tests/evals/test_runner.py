@@ -85,6 +85,21 @@ def test_cli_eval_list_and_errors(tiny_llama, text_data, tmp_path, capsys):
     assert json.loads((out / "results.json").read_text())["tasks"]["text_only"]["n"] == 1
 
 
+def test_eval_compare_help_is_its_own(capsys):
+    """`graft eval compare --help` shows compare's arguments, not eval's; a missing run is a
+    usage error naming it."""
+    from graft.cli import main
+
+    assert main(["eval", "compare", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: graft eval compare [-h]") and "RUN_A" in out and "RUN_B" in out
+    assert "--endpoint" not in out and "--tasks" not in out
+    assert main(["eval", "compare", "only_one"]) == 2
+    assert "the following arguments are required: RUN_B" in capsys.readouterr().err
+    assert main(["eval", "--help"]) == 0
+    assert "graft eval compare" in capsys.readouterr().out  # the example points to it
+
+
 def test_unwritable_cache_is_a_clear_error(tmp_path):
     from graft.errors import GraftConfigError
 
