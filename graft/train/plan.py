@@ -181,7 +181,9 @@ def default_device_memory(spec: GraftSpec) -> int | None:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return None
-    return ram // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    from graft.cli_types import env_int
+
+    return ram // env_int("LOCAL_WORLD_SIZE", 1)
 
 
 def check_fits(spec: GraftSpec, world_size: int) -> dict:

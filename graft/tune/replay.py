@@ -75,6 +75,19 @@ def load_engine(model, options: dict):
     return Engine.from_pretrained(model, EngineConfig.for_serving(**engine_options), cache_bytes)
 
 
+_RECHECK: list = []  # the process's graft.threads.ThreadRecheck, made on the first replay
+
+
+def _recheck_threads() -> None:
+    """A tune runs for minutes: other work that ended since the last replay frees its cores
+    for the next (graft.threads)."""
+    if not _RECHECK:
+        from graft.threads import ThreadRecheck
+
+        _RECHECK.append(ThreadRecheck())
+    _RECHECK[0].tick()
+
+
 def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,
            warmup: bool = True, seed: int = 0) -> dict:
     """Replay `records` (arrival gaps divided by `speed`) on `engine`; returns the summary:
@@ -83,6 +96,7 @@ def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,
     from graft.serving.http.engine_worker import Job
 
     clock = clock or WallClock()
+    _recheck_threads()  # between replays, never inside one: a replay's speed is one setting's
     settings = ServerSettings(model_name=MODEL_NAME, limit_images_per_prompt=max(
         [1] + [len(r.images) for r in records]))
     ctx = ServerContext(engine, settings)

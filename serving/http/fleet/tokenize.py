@@ -85,11 +85,11 @@ def _served(ctx, model: str | None) -> tuple[str, object]:
 
 async def _engine_request(ctx, req, front):
     """The EngineRequest /v1/chat/completions would submit for `req` (images fetched and
-    sized on the media pool, as there)."""
-    from graft.serving.http.openai.chat_request import _carries_images
+    sized on the same pools as there)."""
+    from graft.serving.http.openai.chat_request import prepare_pool
 
-    pool = ctx.media_pool if _carries_images(req) else None
-    return await asyncio.get_running_loop().run_in_executor(pool, ctx.prepare, req, front)
+    return await asyncio.get_running_loop().run_in_executor(prepare_pool(ctx, req),
+                                                            ctx.prepare, req, front)
 
 
 def _features(er) -> dict[str, Any] | None:

@@ -57,11 +57,7 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     """(Job, its event queue) once the engine worker accepted it; image work runs in a thread."""
     transfer = transfer_for(ctx.kv_transfer, req)  # P/D fields: 400 before any work
     loop = asyncio.get_running_loop()
-    # image work in its own pool, remote fetches in theirs (slow hosts never delay local
-    # images or text requests); text in the default
-    urls = _image_urls(req)
-    pool = ctx.image_pool(urls) if urls else None
-    er = await loop.run_in_executor(pool, ctx.prepare, req, front)  # to_engine_request below
+    er = await loop.run_in_executor(prepare_pool(ctx, req), ctx.prepare, req, front)
     budget_ms = req.ttft_budget_ms or ctx.settings.default_ttft_budget_ms
     shrink = req.shrink_images_to_budget
     if shrink is None:
@@ -91,8 +87,11 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
             er = smaller
 
 
-def _carries_images(req: P.ChatCompletionRequest) -> bool:
-    return bool(_image_urls(req))
+def prepare_pool(ctx, req: P.ChatCompletionRequest):
+    """Where a request is prepared (to_engine_request): image work in its own pool, remote
+    fetches in theirs (slow hosts never delay local images or text); text in the default."""
+    urls = _image_urls(req)
+    return ctx.image_pool(urls) if urls else None
 
 
 def _image_urls(req: P.ChatCompletionRequest) -> list[str]:
