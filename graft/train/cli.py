@@ -21,8 +21,6 @@ to the current directory."""
 
 
 def add_arguments(parser) -> None:
-    from graft.cli_types import number_in
-
     parser.add_argument("config", help="GraftSpec YAML (see docs/training.md)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a field, e.g. train.lr=1e-4 (repeatable)")
@@ -37,15 +35,21 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plan", action="store_true",
                         help="print the memory each rank needs with sharding none (DDP) and fsdp, "
                         "read from config.json files only (no weights, no data); train nothing")
-    from graft.train.plan import MAX_WORLD_SIZE
-
-    parser.add_argument("--world-size", type=number_in(int, 1, MAX_WORLD_SIZE), default=None,
+    parser.add_argument("--world-size", type=_world_size, default=None,
                         metavar="N", help="ranks to plan for (default: $WORLD_SIZE, else 1)")
     parser.add_argument("--json", action="store_true",
                         help="with --plan: the plan as one JSON object (bytes), for scripts")
     parser.add_argument("--device-memory", default=None, metavar="SIZE",
                         help="memory of one rank to plan against, e.g. 80GiB (default: "
                         "train.device_memory, else this machine's)")
+
+
+def _world_size(text: str) -> int:
+    # plan.py imports torch: loaded when the flag is given, not for --help
+    from graft.cli_types import number_in
+    from graft.train.plan import MAX_WORLD_SIZE
+
+    return number_in(int, 1, MAX_WORLD_SIZE)(text)
 
 
 def run(args) -> int:

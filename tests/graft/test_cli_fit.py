@@ -51,6 +51,17 @@ def test_top_level_imports_stay_light():
     assert out.stdout.split() == ["GraftSpec", "Engine", "SamplingParams"]
 
 
+def test_help_needs_no_torch():
+    """`graft train --help` and `graft eval compare --help` print without importing torch (it took
+    3-6 s on a busy machine); `graft.train.train` still loads when asked for."""
+    code = ("import sys; from graft.cli import main; main(['train', '--help']); "
+            "main(['eval', 'compare', '--help']); "
+            "assert 'torch' not in sys.modules, 'torch loaded'; "
+            "from graft.train import train; print('torch' in sys.modules, train.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == ["True", "graft.train.loop"]
+
+
 def test_py_typed_is_shipped():
     from importlib.resources import files
 
