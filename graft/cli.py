@@ -101,7 +101,14 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors are one line (not the whole usage block); an unknown flag gets a "did you
     mean" from the parser's own flags."""
 
+    argv: list[str] = []  # what main() parses, for hints about the words as typed
+
     def error(self, message: str):
+        argv = self.argv
+        for i, word in enumerate(argv[:-2]):  # `--set train.lr 1e-3`: the value split off
+            if word == "--set" and "=" not in argv[i + 1] and not argv[i + 2].startswith("-"):
+                self.exit(2, f"{self.prog}: error: --set {argv[i + 1]} {argv[i + 2]}: write it "
+                             f"as one word, --set {argv[i + 1]}={argv[i + 2]}\n")
         if message.startswith("unrecognized arguments:"):
             flags = [o for a in self._actions for o in a.option_strings]
             for word in message.split(":", 1)[1].split():
@@ -159,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog=prog, description=help_text, formatter_class=_HelpFormatter,
                      epilog=getattr(module, "EXAMPLES", None) or f"example:\n  {example}")
     module.add_arguments(parser)
+    parser.argv = list(argv)
     from graft.errors import GraftError
 
     try:

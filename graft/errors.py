@@ -41,10 +41,15 @@ def check_fields(cls, d, section: str) -> dict:
 
     if not isinstance(d, dict):
         raise GraftConfigError(f"{section} must be a mapping of fields, got {type(d).__name__}")
+    import difflib
+
     allowed = [f.name for f in fields(cls)]
-    unknown = sorted(set(d) - set(allowed))
+    unknown = sorted(set(d) - set(allowed), key=str)
     if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), allowed, n=1)
+        hint = f"did you mean {section}.{close[0]}? " if close else ""
         raise GraftConfigError(
             f"unknown {section} field(s) {', '.join(map(repr, unknown))} "
-            f"({', '.join(f'{section}.{k}' for k in unknown)}); allowed: {', '.join(allowed)}")
+            f"({', '.join(f'{section}.{k}' for k in unknown)}); {hint}"
+            f"allowed: {', '.join(allowed)}")
     return dict(d)

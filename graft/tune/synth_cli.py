@@ -20,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="chat: short questions after a shared system prompt; copy-heavy: "
                         "repeat/fix a passage; image-burst: bursts of 8 image requests")
     p.add_argument("--out", required=True, metavar="trace.jsonl")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--n", type=number_in(int, low=1), default=64, help="requests")
     p.add_argument("--seed", type=number_in(int, low=0), default=0)
     p.add_argument("--rate", type=number_in(float, low=0.0, low_open=True), default=4.0,
@@ -32,6 +33,13 @@ def run(args: argparse.Namespace) -> int:
     from graft.tune.synth import synth_trace
     from graft.tune.trace import write_trace
 
+    from pathlib import Path
+
+    from graft.errors import GraftConfigError
+
+    if Path(args.out).exists() and not args.force:
+        raise GraftConfigError(f"--out {args.out} exists; pass --force to overwrite it or "
+                               "choose another name")
     records = synth_trace(args.profile, args.n, args.seed, args.rate, args.image_size)
     write_trace(args.out, records)
     span = records[-1]["arrival"] - records[0]["arrival"]
