@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graft.cli_types import number_in
+
 POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consistent_hash",
             "random")
 EXAMPLES = """examples:
@@ -26,7 +28,7 @@ EXAMPLES = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a run dir or LLM dir, as for graft serve")
-    p.add_argument("--replicas", type=_positive, default=2,
+    p.add_argument("--replicas", type=number_in(int, low=1), default=2,
                    help="graft serve workers (default 2); with --pd, P+D of them")
     p.add_argument("--pd", default=None, metavar="P:D",
                    help="a prefill/decode split: P prefill and D decode workers "
@@ -35,8 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vllm-router's policy (default cache_aware; kv_aware reads the "
                         "workers' KV events)")
     p.add_argument("--host", default="127.0.0.1", help="where the router listens")
-    p.add_argument("--port", type=_port, default=8000, help="the router's port (default 8000)")
-    p.add_argument("--worker-port", type=_port, default=None,
+    p.add_argument("--port", type=number_in(int, low=1, high=65535), default=8000,
+                   help="the router's port (default 8000)")
+    p.add_argument("--worker-port", type=number_in(int, low=1, high=65535), default=None,
                    help="the first worker's port (default --port + 1; the others follow)")
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="CPUs to split between the workers, e.g. 0-7 (default: all this "
@@ -323,17 +326,3 @@ def _ranges(cpus: list[int]) -> str:
             out.append(f"{start}" if start == c else f"{start}-{c}")
             start = None
     return ",".join(out)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port in 1-65535, got {text}")
-    return value
