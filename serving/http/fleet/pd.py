@@ -94,7 +94,8 @@ def parse_kv_transfer_config(text: str) -> KVTransferConfig:
     for key in ("pull_timeout_s", "export_ttl_s"):
         if key in extra:
             value = extra[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not 0 < value < 1e6:
                 raise GraftConfigError(f"{flag}: kv_connector_extra_config.{key} must be a "
                                        f"number of seconds in (0, 1e6), got {value!r}")
             numbers[key] = float(value)
