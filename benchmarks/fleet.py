@@ -9,8 +9,8 @@ vllm-router (started by graft fleet's own launcher), under three workloads:
           by its own encoder cache or a peer's), per policy, against one worker alone on the
           same trace (needs a run dir)
   pd      long prompts arriving among streaming chats: the chats' TPOT p99 with a
-          prefill/decode split (1 prefill + 1 decode worker), against two workers that each
-          do both
+          prefill/decode split (1 prefill + 1 decode worker), against one worker doing both
+          roles and against two workers that each do both
 
 Every run sends content no earlier run sent, so no run starts warm; each (workload, layout)
 gets a fresh fleet. Writes JSON (--out) and prints min/median/max over --runs.
@@ -80,9 +80,10 @@ def run(args: argparse.Namespace) -> int:
         report["images"] = {"one_worker": alone, **{
             p: _runs(args, router, logs, images_run, policy=p) for p in policies}}
     if "pd" in workloads:
-        report["pd"] = {"both_roles": _runs(args, router, logs, pd_run, policy="round_robin"),
-                        "split": _runs(args, router, logs, pd_run, policy="round_robin",
-                                       pd="1:1")}
+        report["pd"] = {
+            "one_worker": _runs(args, router, logs, pd_run, policy="round_robin", replicas=1),
+            "both_roles": _runs(args, router, logs, pd_run, policy="round_robin"),
+            "split": _runs(args, router, logs, pd_run, policy="round_robin", pd="1:1")}
     report["logs"] = str(logs)
     print(table(report))
     emit(report, args.out)
