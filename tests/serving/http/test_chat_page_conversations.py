@@ -11,16 +11,14 @@ from pathlib import Path
 from PIL import Image
 
 from tests.serving.http.test_chat_page import _ask
-from tests.serving.http.test_chat_page_ui import _load, _open, _set
+from tests.serving.http.test_chat_page_ui import _load, _open, _page, _set
 
 TITLES = "[...document.querySelectorAll('#chat-list .open')].map(b => b.textContent)"
 SHOWN = "[...document.querySelectorAll('.msg .body')].map(b => b.textContent)"
 
 
 def test_conversations_kept_switched_searched_renamed_exported_deleted(live_server):
-    browser = _open(1280)
-    try:
-        _load(browser, live_server.url)
+    with _page(live_server.url, 1280) as browser:
         _set(browser, "max-tokens", "2")
         _ask(browser, "first question", 1)
         browser.click("#reset")  # a new conversation; the first stays listed
@@ -57,14 +55,10 @@ def test_conversations_kept_switched_searched_renamed_exported_deleted(live_serv
         _load(browser, live_server.url)
         browser.wait_for("document.querySelectorAll('.msg').length === 2")
         assert browser.js(TITLES) == ["second question"]
-    finally:
-        browser.close()
 
 
 def test_an_edited_question_branches(live_server):
-    browser = _open(1000)
-    try:
-        _load(browser, live_server.url)
+    with _page(live_server.url, 1000) as browser:
         _set(browser, "max-tokens", "2")
         _ask(browser, "one", 1)
         _ask(browser, "two", 2)
@@ -83,8 +77,6 @@ def test_an_edited_question_branches(live_server):
         _load(browser, live_server.url)  # versions survive a reload
         browser.wait_for("document.querySelectorAll('.msg').length === 4")
         assert browser.js(f"document.querySelector('{user} .version').textContent") == "2/2"
-    finally:
-        browser.close()
 
 
 BACKGROUND = "getComputedStyle(document.body).backgroundColor"
@@ -92,9 +84,7 @@ BACKGROUND = "getComputedStyle(document.body).backgroundColor"
 
 def test_dark_mode_follows_the_system_and_the_toggle(live_server, tmp_path):
     shots = Path(os.environ.get("GRAFT_CHAT_SCREENSHOTS") or tmp_path)
-    browser = _open(1280)
-    try:
-        _load(browser, live_server.url)
+    with _page(live_server.url, 1280) as browser:
         _set(browser, "max-tokens", "12")
         _ask(browser, "Show a table, some code and a formula.", 1)
         # a rendered answer in the screenshots: markdown the tiny random model cannot write
@@ -118,8 +108,6 @@ def test_dark_mode_follows_the_system_and_the_toggle(live_server, tmp_path):
         _load(browser, live_server.url)
         assert browser.wait_for("document.getElementById('theme').textContent") == "dark"
         assert browser.js(BACKGROUND) == "rgb(21, 24, 30)"
-    finally:
-        browser.close()
     # the screenshots show the two schemes (the page's background at a corner)
     for name, colour in (("chat-light.png", (255, 255, 255)), ("chat-dark.png", (21, 24, 30))):
         assert Image.open(shots / name).convert("RGB").getpixel((1270, 400)) == colour, name

@@ -7,6 +7,7 @@ Conversations, dark mode and a text-only model: test_chat_page_conversations.py.
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,17 @@ def _open(width: int, height: int = 800):
     return Browser(width, height)
 
 
+@contextmanager
+def _page(url: str, width: int = 1000, height: int = 800):
+    """A browser on the chat page, closed after the block."""
+    browser = _open(width, height)
+    try:
+        _load(browser, url)
+        yield browser
+    finally:
+        browser.close()
+
+
 def _load(browser, url: str) -> None:
     browser.goto(url + "/")
     browser.wait_for("document.getElementById('model')?.value")
@@ -43,9 +55,7 @@ def _set(browser, element_id: str, value) -> None:
 def test_layout_at_desktop_and_phone_width(live_server, tmp_path):
     boxes = {}
     for width, height in ((1280, 800), (390, 844)):
-        browser = _open(width, height)
-        try:
-            _load(browser, live_server.url)
+        with _page(live_server.url, width, height) as browser:
             assert browser.js("window.innerWidth") == width
             assert browser.js("document.getElementById('model-label').hidden")  # one model: no picker
             assert browser.js("document.documentElement.scrollWidth") <= width  # no sideways scroll
@@ -67,8 +77,6 @@ def test_layout_at_desktop_and_phone_width(live_server, tmp_path):
             assert browser.box("#settings")["shown"]
             assert browser.box("#log")["y"] == boxes[width]["#log"]["y"]
             assert browser.box("#settings")["right"] <= width
-        finally:
-            browser.close()
         # the screenshot shows the send button where the DOM puts it (not covered, not off-screen)
         image = Image.open(shot).convert("RGB")
         assert image.size == (width, height)
@@ -87,9 +95,7 @@ MARKDOWN = ("# Title\n**bold** and `x<y>`\n\n- one\n- two\n\n| a | b |\n|---|---
 
 
 def test_markdown_rendered_and_sanitised(live_server):
-    browser = _open(1000)
-    try:
-        _load(browser, live_server.url)
+    with _page(live_server.url, 1000) as browser:
         out = browser.js(f"""(() => {{ const d = document.createElement('div'); d.className = 'msg';
           d.append(renderMarkdown({json.dumps(MARKDOWN)})); document.getElementById('log').append(d);
           const all = (s) => [...d.querySelectorAll(s)];
@@ -131,14 +137,10 @@ def test_markdown_rendered_and_sanitised(live_server):
         browser.js("navigator.clipboard.writeText = async (t) => { window.copied = t; }; true")
         browser.click("pre .copy-code")
         assert browser.wait_for("window.copied") == "def f():\n    return '<b>raw</b>'\n"
-    finally:
-        browser.close()
 
 
 def test_a_non_image_file_and_a_failed_turn(live_server, tmp_path):
-    browser = _open(1000)
-    try:
-        _load(browser, live_server.url)
+    with _page(live_server.url, 1000) as browser:
         notes = tmp_path / "notes.txt"
         notes.write_text("not a picture")
         browser.set_files("#file", [notes])
@@ -162,14 +164,10 @@ def test_a_non_image_file_and_a_failed_turn(live_server, tmp_path):
         browser.click(".msg.error .retry")
         error = browser.wait_for("document.querySelector('.msg.error')?.textContent")
         assert "top_p" in error, error
-    finally:
-        browser.close()
 
 
 def test_sampling_fields_system_prompt_regenerate_versions_and_copy(live_server):
-    browser = _open(1000)
-    try:
-        _load(browser, live_server.url)
+    with _page(live_server.url, 1000) as browser:
         browser.js(RECORD)
         _set(browser, "system", "Be brief.")
         _set(browser, "max-tokens", "3")
@@ -213,16 +211,12 @@ def test_sampling_fields_system_prompt_regenerate_versions_and_copy(live_server)
         browser.wait_for("window.copied !== undefined")
         assert browser.js("window.copied") == answer
         assert browser.js("document.querySelector('.copy').textContent") == "copied"
-    finally:
-        browser.close()
 
 
 def test_stop_aborts_the_request_on_the_server(live_server, slow_steps):  # noqa: F811
     ctx = live_server.app.state.ctx
     aborted0, finished0 = ctx.metrics.aborted.value, ctx.metrics.finished.value
-    browser = _open(1000)
-    try:
-        _load(browser, live_server.url)
+    with _page(live_server.url, 1000) as browser:
         _set(browser, "max-tokens", "150")
         _set(browser, "extra", '{"ignore_eos": true}')  # long enough to be stopped midway
         browser.js("document.getElementById('prompt').value = 'Describe the scene.'; "
@@ -239,5 +233,3 @@ def test_stop_aborts_the_request_on_the_server(live_server, slow_steps):  # noqa
         assert ctx.metrics.finished.value == finished0  # it never ran to its end
         assert browser.js("document.getElementById('stop').hidden")
         assert not browser.js("document.getElementById('send').hidden")
-    finally:
-        browser.close()
