@@ -50,6 +50,7 @@ class BlockManager:
         self.hit_tokens = 0  # prefix-cache statistics
         self.query_tokens = 0
         self.events = KVEventSink()  # off until a KV-event publisher enables it
+        self._planned: set[bytes] = set()  # announced when scheduled, registered after the step
 
     # --- capacity -------------------------------------------------------------------
     @property
@@ -218,6 +219,27 @@ class BlockManager:
                 if i < announce:
                     self.events.stored(parent, key, tokens)
 
+    def announce_scheduled(self, batch) -> None:
+        """Announce the full prompt blocks a step is about to compute (`batch`: the
+        scheduler's), as vLLM announces blocks once they are scheduled: a router hears of a
+        prompt a step sooner. A block announced so that the step then did not register (its
+        request failed) is announced as removed at the next step."""
+        for key in self._planned - self.cache.keys():
+            self.events.removed(key)
+        self._planned = set()
+        bs = self.block_size
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            end = min(min(seq.num_computed_tokens + n, seq.num_prompt_tokens) // bs,
+                      _text_blocks(seq, bs))
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            for i in range(len(seq.block_hashes), end):
+                tokens = seq.token_ids[i * bs:(i + 1) * bs]
+                key = chain_hash(parent, tokens)  # (a text block has no extra key)
+                if key not in self.cache:
+                    self.events.stored(parent, key, tokens)
+                    self._planned.add(key)
+                parent = key
+
     def free(self, seq: Sequence) -> None:
         """Drop seq's references; tail blocks first so LRU evicts a prefix's end first."""
         tail = self._tail_block(seq)
@@ -241,6 +263,7 @@ class BlockManager:
         self.tail_content.clear()
         self.block_key = [None] * self.num_blocks
         self.block_content = [None] * self.num_blocks
+        self._planned = set()
         if self.events.enabled:
             self.events.cleared()
         return True

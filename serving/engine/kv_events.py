@@ -52,6 +52,8 @@ class KVEventSink:
 
     def stored(self, parent: bytes | None, block_hash: bytes, token_ids) -> None:
         with self._cond:
+            if block_hash in self._announced:  # (announced when scheduled)
+                return
             last = self._events[-1] if self._events else None
             # a block continuing the previous event's chain joins it, as vLLM groups a
             # request's new blocks into one BlockStored

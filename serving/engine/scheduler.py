@@ -149,6 +149,8 @@ class Scheduler:
 
         entries = decodes + chunks
         batch = ScheduledBatch([s for s, _ in entries], [n for _, n in entries], len(decodes))
+        if self.bm.events.enabled:
+            self.bm.announce_scheduled(batch)
         return batch, finished
 
     def _grow(self, seq: Sequence, n: int, scheduled: set[int], finished: list[Sequence]) -> int:

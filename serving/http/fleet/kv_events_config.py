@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 
 from graft.errors import GraftConfigError
@@ -50,8 +51,9 @@ def parse_kv_events_config(value: str | dict) -> KVEventsConfig:
     fields = {f.name: f for f in dataclasses.fields(KVEventsConfig)}
     for key, item in value.items():
         if key not in fields:
-            raise GraftConfigError(f"{FLAG}: unknown field {key!r}; the fields are "
-                                   f"{', '.join(fields)}")
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the fields: {', '.join(fields)}"
+            raise GraftConfigError(f"{FLAG}: unknown field {key!r}; {hint}")
         _check(key, item)
     return KVEventsConfig(**value)
 

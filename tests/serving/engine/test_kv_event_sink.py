@@ -103,3 +103,28 @@ def test_sink_bounds_what_waits_and_counts_drops():
     assert got == [BlockStored([b"a", b"b"], None, [1, 2]), BlockStored([b"c"], None, [3])]
     sink.removed(b"d")  # never announced (dropped): not announced as removed either
     assert sink.take() == []
+
+
+def test_prompt_blocks_are_announced_when_scheduled_and_withdrawn_if_never_computed():
+    from graft.serving.engine.scheduler import ScheduledBatch
+
+    bm = BlockManager(num_blocks=8, block_size=2)
+    bm.events.enable()
+    seq = Sequence("r", [1, 2, 3, 4, 5], SamplingParams(), order=0)
+    assert bm.append_slots(seq, 5)
+    bm.announce_scheduled(ScheduledBatch([seq], [5], 0))  # before the step computes anything
+    blocks = _stored_blocks(bm.events.take())
+    assert [tokens for _, _, tokens in blocks] == [[1, 2], [3, 4]]
+    assert blocks[0][1] == chain_hash(None, [1, 2]) and blocks[1][0] == blocks[0][1]
+    seq.num_computed_tokens = 5
+    bm.commit(seq)  # the step ran: registered, and not announced twice
+    assert bm.events.take() == []
+
+    other = Sequence("s", [7, 8, 9], SamplingParams(), order=1)
+    assert bm.append_slots(other, 3)
+    bm.announce_scheduled(ScheduledBatch([other], [3], 0))
+    planned = [h for _, h, _ in _stored_blocks(bm.events.take())]
+    bm.free(other)  # its step failed: nothing was registered
+    bm.announce_scheduled(ScheduledBatch([], [], 0))  # the next step withdraws it
+    assert bm.events.take() == [BlockRemoved(planned)]
+    assert chain_hash(None, [1, 2]) in bm.cache  # the computed request's blocks stay

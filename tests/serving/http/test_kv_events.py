@@ -83,7 +83,9 @@ def test_config_has_vllms_fields_and_defaults():
 @pytest.mark.parametrize("text, words", [
     ('{"enable_kv_cache_events": true', "not valid JSON"),
     ('["zmq"]', "must be a JSON object"),
-    ('{"enable_kv_cache_event": true}', "unknown field 'enable_kv_cache_event'"),
+    ('{"enable_kv_cache_event": true}',
+     "unknown field 'enable_kv_cache_event'; did you mean 'enable_kv_cache_events'?"),
+    ('{"colour": 1}', "unknown field 'colour'; the fields: enable_kv_cache_events, publisher"),
     ('{"publisher": "kafka"}', "publisher must be one of null, zmq"),
     ('{"endpoint": "localhost:5557"}', "endpoint must be a ZMQ address"),
     ('{"hwm": 0}', "hwm must be a positive integer"),
