@@ -6,7 +6,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-// models: id -> capabilities from v1/models ("multimodal": takes images)
+// models: id -> capabilities from v1/models ("multimodal": takes images; null: the server
+// does not say, so image input stays on)
 const page = { image: null, controller: null, busy: false, models: {} };
 
 function status(text) { $("status").textContent = text; }
@@ -39,7 +40,7 @@ async function loadModels() {
     const r = await fetch("v1/models", { headers: headers() });
     if (!r.ok) throw new Error(await errorText(r));
     const data = (await r.json()).data;
-    page.models = Object.fromEntries(data.map((m) => [m.id, m.capabilities || []]));
+    page.models = Object.fromEntries(data.map((m) => [m.id, m.capabilities || null]));
     const ids = data.map((m) => m.id);
     const select = $("model");
     const keep = select.value || select.dataset.wanted;
@@ -56,7 +57,8 @@ async function loadModels() {
 }
 
 function takesImages() {
-  return (page.models[$("model").value] || []).includes("multimodal");
+  const caps = page.models[$("model").value];
+  return !caps || caps.includes("multimodal");
 }
 
 // A text-only model gets no image input: the server would refuse every turn with one.
@@ -459,10 +461,16 @@ $("sidebar-toggle").addEventListener("click", () => {
   const open = document.body.classList.toggle("sidebar-open");
   $("sidebar-toggle").setAttribute("aria-expanded", String(open));
 });
-$("settings-toggle").addEventListener("click", () => {
-  $("settings").hidden = !$("settings").hidden;
-  $("settings-toggle").setAttribute("aria-expanded", String(!$("settings").hidden));
+function showSettings(open) {
+  $("settings").hidden = !open;
+  $("settings-toggle").setAttribute("aria-expanded", String(open));
+}
+$("settings-toggle").addEventListener("click", () => showSettings($("settings").hidden));
+// the panel lies over the chat: a click elsewhere or Escape puts it away
+document.addEventListener("click", (e) => {
+  if (!$("settings").hidden && !e.target.closest("#settings, #settings-toggle")) showSettings(false);
 });
+document.addEventListener("keydown", (e) => { if (e.key === "Escape") showSettings(false); });
 $("model").addEventListener("change", imageInput);
 $("key").addEventListener("change", loadModels);
 

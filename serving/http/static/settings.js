@@ -74,7 +74,8 @@ function restoreSettings() {
 function setTheme(theme) {
   if (theme === "auto") delete document.documentElement.dataset.theme;
   else document.documentElement.dataset.theme = theme;
-  el$("theme").textContent = theme;
+  el$("theme").textContent = "theme: " + theme;
+  el$("theme").dataset.theme = theme;
 }
 
 el$("theme").addEventListener("click", () => {

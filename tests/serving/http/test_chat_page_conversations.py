@@ -57,6 +57,17 @@ def test_conversations_kept_switched_searched_renamed_exported_deleted(live_serv
         assert browser.js(TITLES) == ["second question"]
 
 
+def test_the_single_conversation_of_an_older_page_is_carried_over(live_server):
+    old = {"messages": [{"role": "user", "content": [{"type": "text", "text": "kept from before"}]},
+                        {"role": "assistant", "content": "an old answer"}]}
+    with _page(live_server.url) as browser:
+        browser.js(f"localStorage.clear(); localStorage.setItem('graft-chat', {json.dumps(json.dumps(old))}); true")
+        _load(browser, live_server.url)
+        browser.wait_for("document.querySelectorAll('.msg').length === 2")
+        assert [t.strip() for t in browser.js(SHOWN)] == ["kept from before", "an old answer"]
+        assert browser.js(TITLES) == ["kept from before"]
+
+
 def test_an_edited_question_branches(live_server):
     with _page(live_server.url, 1000) as browser:
         _set(browser, "max-tokens", "2")
@@ -98,15 +109,15 @@ def test_dark_mode_follows_the_system_and_the_toggle(live_server, tmp_path):
                      features=[{"name": "prefers-color-scheme", "value": "dark"}])
         assert browser.js(BACKGROUND) == "rgb(21, 24, 30)"  # follows the system
         browser.screenshot(shots / "chat-dark.png")
-        assert browser.js("document.getElementById('theme').textContent") == "auto"
+        assert browser.js("document.getElementById('theme').dataset.theme") == "auto"
         browser.click("#theme")  # auto -> light: pinned, whatever the system says
-        assert browser.js("document.getElementById('theme').textContent") == "light"
+        assert browser.js("document.getElementById('theme').dataset.theme") == "light"
         assert browser.js(BACKGROUND) == "rgb(255, 255, 255)"
         browser.click("#theme")  # -> dark, kept across a reload on a light system
         browser.call("Emulation.setEmulatedMedia",
                      features=[{"name": "prefers-color-scheme", "value": "light"}])
         _load(browser, live_server.url)
-        assert browser.wait_for("document.getElementById('theme').textContent") == "dark"
+        assert browser.wait_for("document.getElementById('theme').dataset.theme") == "dark"
         assert browser.js(BACKGROUND) == "rgb(21, 24, 30)"
     # the screenshots show the two schemes (the page's background at a corner)
     for name, colour in (("chat-light.png", (255, 255, 255)), ("chat-dark.png", (21, 24, 30))):

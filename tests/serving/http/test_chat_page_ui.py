@@ -77,6 +77,16 @@ def test_layout_at_desktop_and_phone_width(live_server, tmp_path):
             assert browser.box("#settings")["shown"]
             assert browser.box("#log")["y"] == boxes[width]["#log"]["y"]
             assert browser.box("#settings")["right"] <= width
+            browser.click("#log")  # a click elsewhere puts it away
+            assert browser.js("document.getElementById('settings').hidden")
+            # the conversation list: beside the chat at desktop width, behind ☰ on a phone
+            assert browser.js("document.getElementById('sidebar-toggle').offsetParent === null") \
+                is (width > 640)
+            if width < 640:
+                assert browser.box("#sidebar")["right"] <= 0  # out of sight
+                browser.click("#sidebar-toggle")
+                browser.wait_for("document.getElementById('sidebar').getBoundingClientRect().x === 0")
+                assert browser.box("#search")["right"] <= width
         # the screenshot shows the send button where the DOM puts it (not covered, not off-screen)
         image = Image.open(shot).convert("RGB")
         assert image.size == (width, height)
