@@ -68,7 +68,8 @@ class Sampler:
 
     @staticmethod
     def probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """The distribution each row samples from: temperature, then top-k, then top-p."""
+        """The distribution each row samples from: temperature, then top-k, then top-p, then
+        min-p (vLLM's order)."""
         vocab = logits.shape[-1]
         temps = torch.tensor([s.params.temperature for s in seqs], device=logits.device)
         logits = logits / temps[:, None]  # [b, V]
@@ -88,6 +89,11 @@ class Sampler:
             drop = (probs.cumsum(-1) - probs) >= top_ps[:, None]
             sorted_logits = sorted_logits.masked_fill(drop, -float("inf"))
             logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        min_ps = torch.tensor([s.params.min_p for s in seqs], device=logits.device)
+        if bool((min_ps > 0.0).any()):
+            probs = torch.softmax(logits, dim=-1)
+            keep = probs >= min_ps[:, None] * probs.max(dim=-1, keepdim=True).values
+            logits = logits.masked_fill(~keep, -float("inf"))
         return torch.softmax(logits, dim=-1)
 
 

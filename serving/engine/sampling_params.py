@@ -19,6 +19,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     top_k: int = 0  # keep the k most likely tokens; 0 or -1 = all
+    min_p: float = 0.0  # drop tokens less likely than min_p x the likeliest's probability
     max_tokens: int = 16  # most new tokens
     ignore_eos: bool = False  # keep going past the model's eos token(s)
     seed: int | None = None  # per-request generator: same seed, same tokens, any batch
@@ -55,6 +56,9 @@ class SamplingParams:
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise GraftConfigError(
                 f"SamplingParams.top_k must be an int >= -1 (0/-1 = off), got {self.top_k!r}")
+        if (not isinstance(self.min_p, (int, float)) or isinstance(self.min_p, bool)
+                or not 0.0 <= self.min_p <= 1.0):
+            raise GraftConfigError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p!r}")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
             raise GraftConfigError(
                 f"SamplingParams.logprobs must be None or an int >= 0, got {self.logprobs!r}")

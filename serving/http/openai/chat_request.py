@@ -192,7 +192,8 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
         params = SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0, max_tokens=limit or room, seed=req.seed,
+            top_k=req.top_k or 0, min_p=req.min_p or 0.0, max_tokens=limit or room,
+            seed=req.seed,
             stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
             speculative=req.speculative, **req.sampling_kwargs())
         params.check_vocab(ctx.engine.runner.vocab_size)

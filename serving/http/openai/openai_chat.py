@@ -132,6 +132,7 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: Int | None = Field(default=None, ge=-1)  # vLLM-style extension; -1/0 = off
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # vLLM-style extension; 0 = off
     seed: Int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what the sampler takes
     stop: Union[str, list[str], None] = None
     n: Int = Field(default=1, ge=1, le=1)

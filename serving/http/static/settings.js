@@ -4,10 +4,10 @@
 "use strict";
 
 const SETTINGS_KEY = "graft-settings";
-// field id -> [request field, parse]; min_p is not here: graft's server has no min_p sampler
+// field id -> [request field, parse]
 const NUMBER_FIELDS = {
   "max-tokens": ["max_tokens", parseInt], temperature: ["temperature", Number],
-  "top-p": ["top_p", Number], "top-k": ["top_k", parseInt],
+  "top-p": ["top_p", Number], "top-k": ["top_k", parseInt], "min-p": ["min_p", Number],
   "presence-penalty": ["presence_penalty", Number], "frequency-penalty": ["frequency_penalty", Number],
   "repetition-penalty": ["repetition_penalty", Number], seed: ["seed", parseInt],
 };

@@ -46,6 +46,29 @@ def test_top_k_restricts_support(engine):
         assert token in top3
 
 
+def test_min_p_keeps_only_tokens_near_the_likeliest():
+    import torch
+
+    from graft.serving.engine.sampler import Sampler
+
+    class Seq:  # the sampler reads only seq.params
+        def __init__(self, **kw):
+            self.params = SamplingParams(**kw)
+
+    # probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps those >= 0.25
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 2))
+    probs = Sampler.probs(logits, [Seq(temperature=1.0, min_p=0.5), Seq(temperature=1.0)])
+    assert torch.allclose(probs[0], torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    assert torch.allclose(probs[1], torch.tensor([0.5, 0.3, 0.15, 0.05]))  # a neighbour: untouched
+
+
+def test_min_p_one_is_greedy(engine):
+    p = make_prompts((20,), seed=9)[0]
+    greedy = _gen(engine, [p], SamplingParams(temperature=0.0, max_tokens=10))[0].token_ids
+    m1 = _gen(engine, [p], SamplingParams(temperature=1.5, min_p=1.0, max_tokens=10))[0].token_ids
+    assert greedy == m1
+
+
 def test_stop_token_ids_and_max_tokens(engine):
     p = make_prompts((15,), seed=11)[0]
     base = _gen(engine, [p], SamplingParams(temperature=0.0, max_tokens=16))[0]
@@ -121,6 +144,8 @@ def test_incremental_outputs_add_up(engine):
     ("temperature", dict(temperature=-0.1)),
     ("top_p", dict(top_p=0.0)),
     ("top_p", dict(top_p=1.01)),
+    ("min_p", dict(min_p=-0.1)),
+    ("min_p", dict(min_p=1.5)),
 ])
 def test_bad_sampling_params(field, kwargs):
     with pytest.raises(ValueError, match=field):

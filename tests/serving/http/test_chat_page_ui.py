@@ -181,7 +181,8 @@ def test_sampling_fields_system_prompt_regenerate_versions_and_copy(live_server)
         browser.js(RECORD)
         _set(browser, "system", "Be brief.")
         _set(browser, "max-tokens", "3")
-        for field, value in (("top-p", "0.9"), ("top-k", "5"), ("presence-penalty", "0.5"),
+        for field, value in (("top-p", "0.9"), ("top-k", "5"), ("min-p", "0.05"),
+                             ("presence-penalty", "0.5"),
                              ("frequency-penalty", "0.25"), ("repetition-penalty", "1.1"),
                              ("seed", "7"), ("stop", "END\nSTOP"), ("response-format", "json_object")):
             _set(browser, field, value)
@@ -190,10 +191,12 @@ def test_sampling_fields_system_prompt_regenerate_versions_and_copy(live_server)
         first = browser.js("window.sent")[0]
         assert first["messages"] == [{"role": "system", "content": "Be brief."},
                                      {"role": "user", "content": [{"type": "text", "text": "hello"}]}]
-        assert {k: first[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
+        assert {k: first[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "min_p",
+                                      "presence_penalty",
                                       "frequency_penalty", "repetition_penalty", "seed", "stop",
                                       "response_format")} == {
-            "max_tokens": 3, "temperature": 0, "top_p": 0.9, "top_k": 5, "presence_penalty": 0.5,
+            "max_tokens": 3, "temperature": 0, "top_p": 0.9, "top_k": 5, "min_p": 0.05,
+            "presence_penalty": 0.5,
             "frequency_penalty": 0.25, "repetition_penalty": 1.1, "seed": 7, "stop": ["END", "STOP"],
             "response_format": {"type": "json_object"}}
         _set(browser, "response-format", "text")

@@ -48,3 +48,11 @@ def test_upper_case_data_url_scheme():
     url = to_data_url(Image.new("RGB", (4, 3), (1, 2, 3)))
     for spelling in ("DATA:" + url[5:], "Data:IMAGE/PNG;BASE64," + url.partition(",")[2]):
         assert load_image(spelling, MediaConfig()).width == 4
+
+
+def test_min_p_is_vllms_field_in_range():
+    assert parse_chat_request(_raw(min_p=0.1)).min_p == 0.1
+    for bad in (-0.1, 1.5):
+        with pytest.raises(APIError) as err:
+            parse_chat_request(_raw(min_p=bad))
+        assert err.value.status == 400 and err.value.param == "min_p"
