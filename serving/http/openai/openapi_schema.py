@@ -99,6 +99,8 @@ class Model(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    # llama.cpp's names: "completion", and "multimodal" where the model takes images
+    capabilities: list[Literal["completion", "multimodal"]]
 
 
 class ModelList(BaseModel):
