@@ -75,6 +75,8 @@ def fleet(tiny_llama_2k, tmp_path_factory):
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.1)
+            else:
+                pytest.fail(f"vllm-router did not answer /health: {log.read_text()[-3000:]}")
             yield url, (a, b), log
         finally:
             router.terminate()
