@@ -71,3 +71,15 @@ async def encoder_cache_entry(key: str, request: Request):
     body, shape = found
     return Response(body, media_type="application/octet-stream",
                     headers={"x-graft-shape": shape})
+
+
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(request: Request):
+    """vLLM's: forget every cached KV block (KV-event subscribers get AllBlocksCleared); 409
+    while a request runs or a prompt's KV waits for a decode worker."""
+    engine = request.app.state.ctx.engine
+    if not await request.app.state.ctx.worker.call(engine.block_manager.reset_prefix_cache):
+        raise P.APIError("the prefix cache cannot be reset while requests hold KV blocks "
+                         "(running, or held for a decode worker); retry when idle",
+                         status=409, type="invalid_request_error", code="kv_in_use")
+    return {"reset": True}
