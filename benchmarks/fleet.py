@@ -12,8 +12,9 @@ vllm-router (started by graft fleet's own launcher), under three workloads:
           prefill/decode split (1 prefill + 1 decode worker), against one worker doing both
           roles and against two workers that each do both
 
-Every run sends content no earlier run sent, so no run starts warm; each (workload, layout)
-gets a fresh fleet. Writes JSON (--out) and prints min/median/max over --runs.
+Every run sends content no earlier run sent, so no run starts warm, and run k of every layout
+sends the same content; each (workload, layout) gets a fresh fleet. Writes JSON (--out) and
+prints min/median/max over --runs.
 """
 
 from __future__ import annotations
@@ -73,12 +74,17 @@ def run(args: argparse.Namespace) -> int:
     report = {"model": str(args.model), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "cpu": _cpu_name(), "runs": args.runs}
     logs = Path(tempfile.mkdtemp(prefix="graft-bench-fleet-"))
+    # run k of every layout sends the same content (seed base + k), never sent before
+    args.seed_base = time.time_ns() % (1 << 30)
     if "prefix" in workloads:
         report["prefix"] = {p: _runs(args, router, logs, prefix_run, policy=p) for p in policies}
     if "images" in workloads:
         alone = _runs(args, router, logs, images_run, policy="round_robin", replicas=1)
         report["images"] = {"one_worker": alone, **{
-            p: _runs(args, router, logs, images_run, policy=p) for p in policies}}
+            p: _runs(args, router, logs, images_run, policy=p) for p in policies},
+            # what the routers alone achieve: each worker's own cache only
+            f"{policies[0]}_no_peers": _runs(args, router, logs, images_run,
+                                             policy=policies[0], peers=False)}
     if "pd" in workloads:
         report["pd"] = {
             "one_worker": _runs(args, router, logs, pd_run, policy="round_robin", replicas=1),
@@ -91,13 +97,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _runs(args, router: str, logs: Path, one_run, policy: str, replicas: int = 2,
-          pd: str | None = None) -> dict:
+          pd: str | None = None, peers: bool = True) -> dict:
     """`args.runs` runs of one workload on a fresh fleet; each run's numbers and their
     min/median/max."""
     from graft.serving.http.fleet.fleet_cli import Running, parse_cpus, plan
 
     fleet_args = argparse.Namespace(
         path=args.model, replicas=replicas, pd=pd, policy=policy, host="127.0.0.1",
+        encoder_cache_peers=peers,
         port=_free_port(), worker_port=None, cpus=None, router=router,
         startup_timeout_s=args.startup_timeout_s,
         serve_args=["--served-model-name", "m", *args.serve_args])
@@ -105,13 +112,14 @@ def _runs(args, router: str, logs: Path, one_run, policy: str, replicas: int = 2
     fleet = plan(fleet_args, parse_cpus(None), router)
     for w in fleet.workers:  # one thread each, whatever the CPU split gave
         w.env["OMP_NUM_THREADS"] = "1"
-    name = f"{one_run.__name__}-{policy}{'-pd' if pd else ''}-{replicas}"
+    name = (f"{one_run.__name__}-{policy}{'-pd' if pd else ''}"
+            f"{'' if peers else '-nopeers'}-{replicas}")
     (logs / name).mkdir()
     runs = []
     with Running(fleet, args.startup_timeout_s, logs / name):
         time.sleep(1.0)  # the router's KV-event subscriptions connect in the background
         for k in range(args.runs):
-            result = one_run(args, fleet, seed=time.time_ns() % (1 << 31) + k)
+            result = one_run(args, fleet, seed=args.seed_base + k)
             print(json.dumps({"workload": name, "run": k, **result}), flush=True)
             runs.append(result)
     return {"runs": runs, "summary": summarize_runs(runs)}
@@ -178,11 +186,12 @@ def pd_run(args, fleet, seed: int) -> dict:
     longs = [_chat(_filler(fleet.workers[0].url, f"{seed}-{i}", args.long_tokens),
                    "Summarize the rules above.", 8) for i in range(args.clients)]
     bodies = [b for pair in zip(chats[::3], chats[1::3], chats[2::3], longs) for b in pair]
+    before = [_scrape(w.url) for w in fleet.workers]
     results = asyncio.run(_send_all(fleet.router.url, bodies, args.clients))
+    after = [_scrape(w.url) for w in fleet.workers]
     chat_results = [r for r, b in zip(results, bodies) if b in chats]
     long_results = [r for r, b in zip(results, bodies) if b in longs]
-    transferred = sum(_scrape(w.url).get("graft_kv_transfer_imported_tokens_total", 0.0)
-                      for w in fleet.workers)
+    transferred = _delta(before, after, "graft_kv_transfer_imported_tokens_total")
     return {"chat_tpot_p99_ms": percentiles([r.tpot for r in chat_results if r.tpot])["p99"],
             "chat_tpot_p50_ms": percentiles([r.tpot for r in chat_results if r.tpot])["p50"],
             "long_ttft_p50_ms": percentiles([r.ttft for r in long_results if r.ttft])["p50"],

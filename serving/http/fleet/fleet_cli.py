@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="CPUs to split between the workers, e.g. 0-7 (default: all this "
                         "process may use)")
+    p.add_argument("--no-encoder-cache-peers", dest="encoder_cache_peers",
+                   action="store_false", help="workers do not ask each other for image "
+                   "embeddings before encoding (they do by default; docs/fleet.md)")
     p.add_argument("--router", default=None, metavar="PATH",
                    help="the vllm-router binary (default: $GRAFT_VLLM_ROUTER, then PATH)")
     p.add_argument("--startup-timeout-s", type=float, default=900.0,
@@ -101,7 +104,8 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
             argv += ["--kv-transfer-config", f'{{"kv_role":"{role}"}}']
         if args.policy == "kv_aware":
             argv += ["--kv-events-config", _kv_events_config(free_port())]
-        if n > 1:  # each worker asks the others before it encodes an image
+        if n > 1 and getattr(args, "encoder_cache_peers", True):
+            # each worker asks the others before it encodes an image
             argv += ["--encoder-cache-peers", *(f"http://127.0.0.1:{base + k}"
                                                 for k in range(n) if k != i)]
         name = f"worker {i}" + {"kv_producer": " (prefill)", "kv_consumer": " (decode)"}.get(

@@ -39,6 +39,11 @@ def test_replicas_split_the_cpus_and_sit_behind_cache_aware_routing():
     assert r[r.index("--worker-urls") + 1:][:2] == [w.url for w in fleet.workers]
 
 
+def test_encoder_cache_peers_can_be_turned_off():
+    fleet = _plan("--replicas", "2", "--no-encoder-cache-peers")
+    assert all("--encoder-cache-peers" not in w.argv for w in fleet.workers)
+
+
 def test_a_pd_layout_gives_roles_and_the_routers_pd_mode():
     fleet = _plan("--pd", "1:2", cpus=(0, 1, 2))
     roles = [w.argv[w.argv.index("--kv-transfer-config") + 1] for w in fleet.workers]
