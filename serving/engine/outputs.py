@@ -21,7 +21,8 @@ class RequestOutput:
     finish_reason: str | None = None  # stop | length | deadline | error | abort | internal_error
     error: str | None = None  # what went wrong, for finish_reason "error" / "internal_error"
     logprobs: list[dict[int, float]] | None = None  # per output token: {token id: logprob}
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (or transferred)
+    num_transferred_tokens: int = 0  # ... of them, those whose KV came from another engine
     spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed for this request ...
     spec_accepted_tokens: int = 0  # ... and accepted
     spec_verify_steps: int = 0  # steps that verified proposals
@@ -84,6 +85,7 @@ def make_output(seq: Sequence, final: bool) -> RequestOutput:
         error=seq.error,
         logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         num_cached_tokens=seq.num_cached_tokens,
+        num_transferred_tokens=seq.num_transferred_tokens,
         spec_proposed_tokens=seq.spec.proposed if seq.spec else 0,
         spec_accepted_tokens=seq.spec.accepted if seq.spec else 0,
         spec_verify_steps=seq.spec.steps if seq.spec else 0,

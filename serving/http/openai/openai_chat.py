@@ -301,12 +301,16 @@ def new_completion_id() -> str:
 def usage(prompt_tokens: int, completion_tokens: int, out=None) -> dict[str, Any]:
     """OpenAI usage: prompt_tokens_details.cached_tokens counts the prompt tokens whose KV
     the engine did not compute for this request (prefix cache, or another engine's KV: the
-    sequence's num_cached_tokens); a request that speculated also reports its proposals the
-    way OpenAI's predicted outputs do (completion_tokens_details.*_prediction_tokens)."""
+    sequence's num_cached_tokens); `transferred_tokens` (graft) those of them whose KV came
+    from a prefill worker, which vllm-router keeps where it replaces cached_tokens with the
+    prefill worker's. A request that speculated also reports its proposals the way OpenAI's
+    predicted outputs do (completion_tokens_details.*_prediction_tokens)."""
+    details = {"cached_tokens": out.num_cached_tokens if out is not None else 0}
+    if out is not None and out.num_transferred_tokens:
+        details["transferred_tokens"] = out.num_transferred_tokens
     body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                             "total_tokens": prompt_tokens + completion_tokens,
-                            "prompt_tokens_details": {
-                                "cached_tokens": out.num_cached_tokens if out is not None else 0}}
+                            "prompt_tokens_details": details}
     if out is not None and out.spec_verify_steps:
         accepted = out.spec_accepted_tokens
         body["completion_tokens_details"] = {

@@ -97,8 +97,11 @@ def test_split_answers_equal_one_worker_and_skip_prefill_and_encoder(workers, im
     assert answer.status_code == 200, answer.text
     expected = _post(alone, body).json()["choices"][0]["message"]["content"]
     assert answer.json()["choices"][0]["message"]["content"] == expected
-    n_prompt = answer.json()["usage"]["prompt_tokens"]
+    usage = answer.json()["usage"]
+    n_prompt = usage["prompt_tokens"]
     assert stats.imported_tokens - imported == n_prompt - 1
+    assert usage["prompt_tokens_details"] == {"cached_tokens": n_prompt - 1,
+                                              "transferred_tokens": n_prompt - 1}
     transport = "nixl" if dctx.nixl is not None else "http"
     assert stats.imports_by_transport[transport] == by.get(transport, 0) + 1
     assert dctx.front.encode_calls == encodes  # the image's KV came with the prompt
@@ -193,7 +196,11 @@ def test_through_vllm_router_pd_mode(workers, tmp_path):
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == \
         _post(alone, body).json()["choices"][0]["message"]["content"]
-    assert stats.imported_tokens - imported == r.json()["usage"]["prompt_tokens"] - 1
+    usage = r.json()["usage"]
+    assert stats.imported_tokens - imported == usage["prompt_tokens"] - 1
+    # the router reports the prefill worker's own cache hits as cached_tokens (vLLM's rule for
+    # P/D) and keeps graft's transferred_tokens beside it
+    assert usage["prompt_tokens_details"]["transferred_tokens"] == usage["prompt_tokens"] - 1
 
 
 def test_transfers_are_counted_in_the_metrics(workers):
