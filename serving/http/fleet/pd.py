@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 
 from graft.errors import GraftConfigError
@@ -163,16 +164,22 @@ def transfer_for(config: KVTransferConfig | None, req) -> Transfer:
             raise _wrong_role("do_remote_prefill", config)
         host, port, rid = (params.get("remote_host"), params.get("remote_port"),
                            params.get("remote_request_id"))
-        if not (isinstance(host, str) and host and isinstance(rid, str) and rid
-                and isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536):
-            raise P.APIError("kv_transfer_params: do_remote_prefill needs remote_host (string), "
-                             "remote_port (1-65535) and remote_request_id (string), as the "
-                             "prefill worker's answer gives them", param="kv_transfer_params",
-                             code="invalid_value")
+        if not (isinstance(host, str) and _HOST.fullmatch(host) and isinstance(rid, str)
+                and _REQUEST_ID.fullmatch(rid) and isinstance(port, int)
+                and not isinstance(port, bool) and 0 < port < 65536):
+            raise P.APIError("kv_transfer_params: do_remote_prefill needs remote_host (a host "
+                             "name or address), remote_port (1-65535) and remote_request_id "
+                             "(letters, digits, '.', '_', '-'), as the prefill worker's answer "
+                             "gives them", param="kv_transfer_params", code="invalid_value")
         host = f"[{host}]" if ":" in host else host
         return Transfer(pull=PullSpec(f"http://{host}:{port}" + PULL_PATH.format(request_id=rid),
                                       rid))
     return Transfer()
+
+
+# what a decode worker puts into the URL it fetches: never a path, query or user part
+_HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}|[0-9A-Fa-f:]{2,39}")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._\-]{1,128}")
 
 
 def _flag(params: dict, name: str) -> bool:

@@ -146,6 +146,10 @@ def test_fields_that_change_meaning_are_refused_not_ignored(workers, extra, para
     ({"do_remote_decode": True, "do_remote_prefill": True}, "both"),
     ({"do_remote_prefill": True, "remote_host": "127.0.0.1"}, "remote_port"),
     ({"do_remote_decode": "yes"}, "true or false"),
+    ({"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 80,
+      "remote_request_id": "../../v1/models?"}, "remote_request_id"),
+    ({"do_remote_prefill": True, "remote_host": "user@evil/x", "remote_port": 80,
+      "remote_request_id": "abc"}, "remote_host"),
 ])
 def test_malformed_kv_transfer_params_are_named(workers, params, where):
     prefill, _, _ = workers
