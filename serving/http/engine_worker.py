@@ -155,6 +155,11 @@ class EngineWorker:
             return len(self.pending) + sum(1 for j in self.active.values()
                                            if j.first_token_at is None)
 
+    def queued_prompts(self) -> tuple[int, int]:
+        """(jobs admitted but not in the engine yet, their prompt tokens)."""
+        with self._cond:
+            return len(self.pending), sum(len(j.prompt_token_ids) for j in self.pending)
+
     def num_running(self) -> int:
         return len(self.active)
 

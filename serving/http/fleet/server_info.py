@@ -14,16 +14,20 @@ class Load:
     waiting: int  # requests not yet running: queued in the server or in the scheduler
     kv_tokens: int  # KV slots held (blocks in use x block size)
     kv_usage: float  # blocks in use / blocks in the pool, 0..1
+    waiting_tokens: int  # prompt tokens of the waiting requests, still to prefill
 
 
 def load(ctx) -> Load:
     """Plain length reads beside the engine thread (no lock; a scrape may be a step late)."""
     engine = ctx.engine
     used, total = engine.kv_usage()
-    return Load(running=len(engine.scheduler.running),
-                waiting=len(ctx.worker.pending) + len(engine.scheduler.waiting),
+    queued, queued_tokens = ctx.worker.queued_prompts()
+    scheduled = list(engine.scheduler.waiting)
+    return Load(running=len(engine.scheduler.running), waiting=queued + len(scheduled),
                 kv_tokens=used * engine.config.block_size,
-                kv_usage=used / total if total else 0.0)
+                kv_usage=used / total if total else 0.0,
+                waiting_tokens=queued_tokens + sum(len(s) - s.num_computed_tokens
+                                                   for s in scheduled))
 
 
 def _serves_images(ctx) -> bool:
@@ -65,8 +69,9 @@ def server_info(ctx) -> dict[str, Any]:
 
 def get_load(ctx) -> list[dict[str, Any]]:
     """SGLang's GET /get_load: one entry per data-parallel rank (graft has one);
-    sglang-router's power_of_two sums num_tokens over the entries."""
+    sglang-router's power_of_two sums num_tokens over the entries. As SGLang's scheduler:
+    the KV slots in use plus the waiting requests' prompt tokens."""
     now = load(ctx)
     return [{"rid": None, "http_worker_ipc": None, "dp_rank": None,
              "num_reqs": now.running + now.waiting, "num_waiting_reqs": now.waiting,
-             "num_tokens": now.kv_tokens}]
+             "num_tokens": now.kv_tokens + now.waiting_tokens}]

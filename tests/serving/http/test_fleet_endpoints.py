@@ -235,3 +235,18 @@ def test_cached_tokens_in_usage_count_the_prefix_cache(plain_server):
     done = _post(plain_server, "/v1/completions", {"model": "plain", "prompt": ids,
                                                    "max_tokens": 1}).json()
     assert done["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
+
+
+def test_get_load_counts_waiting_prompts_as_sglang_does(tiny_llama):
+    from graft.serving import Engine, EngineConfig, SamplingParams
+    from graft.serving.http.context import ServerContext, ServerSettings
+    from graft.serving.http.engine_worker import Job
+    from graft.serving.http.fleet.server_info import get_load
+
+    ctx = ServerContext(Engine.from_pretrained(tiny_llama, EngineConfig(num_kv_blocks=32)),
+                        ServerSettings(model_name="m"))
+    params = SamplingParams(max_tokens=2)
+    ctx.engine.add_request("in-scheduler", prompt_token_ids=[5] * 30, sampling_params=params)
+    ctx.worker.submit(Job("in-server", [7] * 12, params, sink=lambda *a: None), None)
+    (load,) = get_load(ctx)  # nothing has run: no KV in use, 42 prompt tokens wait
+    assert (load["num_tokens"], load["num_waiting_reqs"], load["num_reqs"]) == (42, 2, 2)
