@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -88,20 +89,36 @@ class KVTransferStats:
 
 
 def kv_layout(runner) -> dict:
-    """What must agree between two engines for KV to move between them: the model's config,
-    the weights' precision as loaded (dtype and quantization plan), the attention shape and
-    the cache's dtype. (Two checkpoints with one config but other weights are not told apart.)"""
+    """What must agree between two engines for KV to move between them: the model's config
+    and weights (weights_fingerprint), the weights' precision as loaded (dtype and
+    quantization plan), the attention shape and the cache's dtype."""
     cached = getattr(runner, "_kv_layout", None)
     if cached is not None:
         return cached
     m = runner.model
     ident = hashlib.sha256(runner.hf_config.to_json_string(use_diff=False).encode())
+    ident.update(weights_fingerprint(runner.model_dir).encode())
     plan = sorted((name, str(spec)) for name, spec in runner.quant_plan.items())
     ident.update(f"{runner.dtype}|{plan}".encode())
     runner._kv_layout = {"model": ident.hexdigest()[:16], "layers": len(m.layers),
                          "kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
                          "dtype": str(runner.config.kv_torch_dtype).removeprefix("torch.")}
     return runner._kv_layout
+
+
+def weights_fingerprint(model_dir, samples: int = 64, chunk: int = 1 << 16) -> str:
+    """A cheap identity of a checkpoint's weights: each safetensors file's name and size and
+    the sha256 of its header and of `samples` chunks spread evenly over the file (4 MiB read
+    per file at most: hashing whole multi-GB files at every start would cost minutes)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        size = path.stat().st_size
+        h.update(f"{path.name}|{size}|".encode())
+        with open(path, "rb") as f:
+            for k in range(samples + 1):
+                f.seek(size * k // samples if k < samples else max(0, size - chunk))
+                h.update(f.read(chunk))
+    return h.hexdigest()
 
 
 def layout_mismatch(mine: dict, theirs: dict) -> str | None:

@@ -61,6 +61,7 @@ class ModelRunner:
 
         resolve_architecture(model_dir)  # a clear error before transformers sees the config
         self.config = config
+        self.model_dir = Path(model_dir)
         self.hf_config = AutoConfig.from_pretrained(str(model_dir))
         self.device = torch.device(config.device)
         self.dtype = config.torch_dtype

@@ -196,3 +196,20 @@ def _all_freed(pair):
         time.sleep(0.01)
     for engine in pair:
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_other_weights_under_one_config_are_told_apart(tiny_llama, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from graft.serving.engine.kv_transfer import weights_fingerprint
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama, other)
+    weights = load_file(str(other / "model.safetensors"))
+    name = sorted(weights)[-1]
+    weights[name] = weights[name] + 1.0
+    save_file(weights, str(other / "model.safetensors"), metadata={"format": "pt"})
+    assert weights_fingerprint(tiny_llama) == weights_fingerprint(tiny_llama)
+    assert weights_fingerprint(other) != weights_fingerprint(tiny_llama)
