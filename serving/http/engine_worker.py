@@ -42,7 +42,7 @@ class Job:
     failed: bool = False  # failed before entering the engine (error already sent)
     request: object = None  # the parsed ChatCompletionRequest (for --trace)
     kv_export: bool = False  # P/D prefill half: hold the prompt's KV for a decode worker
-    kv_import: object = None  # P/D decode half: the prompt's KV pulled (kv_transfer.KVPayload)
+    kv_import: object = None  # P/D decode half: kv_transfer.KVPayload or NixlSource
 
     def queue_item(self) -> QueueItem:
         return QueueItem(self.deadline if self.deadline is not None else float("inf"),
