@@ -18,7 +18,7 @@ def _job(with_image: bool):
 
     from graft.serving.engine.sampling_params import SamplingParams
     from graft.serving.http.openai import openai_chat as P
-    from graft.serving.http.engine_worker import Job
+    from graft.serving.http.job import Job
     from graft.serving.multimodal.front import PreparedImage, PreparedPrompt
 
     body = {"model": "m", "messages": [{"role": "user", "content": " ".join(["word"] * 24)}],

@@ -93,7 +93,7 @@ def replay(engine, records: list[TraceRecord], speed: float = 1.0, clock=None,
     """Replay `records` (arrival gaps divided by `speed`) on `engine`; returns the summary:
     TTFT/TPOT/e2e percentiles (ms), output tokens/s, requests/s, engine steps, failures."""
     from graft.serving.http.context import ServerContext, ServerSettings
-    from graft.serving.http.engine_worker import Job
+    from graft.serving.http.job import Job
 
     clock = clock or WallClock()
     _recheck_threads()  # between replays, never inside one: a replay's speed is one setting's

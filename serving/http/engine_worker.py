@@ -10,43 +10,17 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 from graft.errors import GraftError
 from graft.kernels.omp_threads import release_thread_pool
 from graft.serving.engine.grammar_check import FIELD as GUIDED_FIELD, GrammarLimitError
+from graft.serving.http.job import Job
 from graft.serving.http.plumbing.admission import AdmissionController, QueueItem, QueueLimits
 from graft.serving.http.openai.openai_chat import APIError
 from graft.serving.http.openai.tool_plan import guided_by_tools, refusal
 
 log = logging.getLogger("graft.serving")
-
-
-@dataclass
-class Job:
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: object  # SamplingParams
-    sink: Callable[[str, object], None]  # thread-safe; kinds: output, error, deadline
-    prepared: object = None  # multimodal.PreparedPrompt when the prompt has images
-    deadline: float | None = None  # absolute time.monotonic() for the first token
-    arrival: float = field(default_factory=time.monotonic)
-    encode_tokens: int = 0  # image tokens not in the encoder cache at admission
-    front: object = None  # MultimodalFront of the graft it asked for (None: text only)
-    graft: str | None = None  # served model name, for per-graft metrics
-    estimate_s: float | None = None  # admission control's TTFT estimate
-    first_token_at: float | None = None
-    last_output_at: float | None = None  # when its output last grew (inter-token latency)
-    n_output: int = 0
-    failed: bool = False  # failed before entering the engine (error already sent)
-    request: object = None  # the parsed ChatCompletionRequest (for --trace)
-    kv_export: bool = False  # P/D prefill half: hold the prompt's KV for a decode worker
-    kv_import: object = None  # P/D decode half: kv_transfer.KVPayload or NixlSource
-
-    def queue_item(self) -> QueueItem:
-        return QueueItem(self.deadline if self.deadline is not None else float("inf"),
-                         len(self.prompt_token_ids), self.encode_tokens)
 
 
 class EngineWorker:
@@ -305,7 +279,7 @@ class EngineWorker:
             groups = [jobs]
             while groups:
                 group = groups.pop()
-                items = [(im, j.request_id) for j in group for im in _to_encode(j)]
+                items = [(im, j.request_id) for j in group for im in j.images_to_encode()]
                 start = time.perf_counter()
                 try:
                     got, encoded = front.encode(items)
@@ -404,20 +378,6 @@ class EngineWorker:
                     log.exception("abort after engine error failed")
             self._release(job.request_id)
             job.sink("error", err)
-
-
-def _to_encode(job: Job) -> list:
-    """The job's images whose embeddings its prefill needs: not those whose positions all
-    came with KV from a prefill worker (they are encoded on demand if a preemption drops
-    that KV; MultimodalFront.mm_inputs)."""
-    if job.kv_import is None:
-        return job.prepared.images
-    from graft.serving.engine.kv_transfer import importable_tokens
-
-    spans = list(zip(job.prepared.images, job.prepared.spans))
-    n = importable_tokens(job.prompt_token_ids,
-                          [(im.key, off, length) for im, (off, length) in spans], job.kv_import)
-    return [im for im, (off, length) in spans if off + length > n]
 
 
 def _settle(future: asyncio.Future, result, error) -> None:

@@ -13,7 +13,7 @@ from fastapi import Request
 
 from graft.errors import GraftError, RequestError
 from graft.serving.http.openai import openai_chat as P
-from graft.serving.http.engine_worker import Job
+from graft.serving.http.job import Job
 from graft.serving.http.fleet.encoder_peers import fetch_missing
 from graft.serving.http.fleet.pd import pull, transfer_for
 from graft.serving.http.openai.responses import sink

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from graft.serving.http.openai import openai_chat as P
-from graft.serving.http.engine_worker import Job
+from graft.serving.http.job import Job
 
 
 def sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):

@@ -240,7 +240,7 @@ def test_cached_tokens_in_usage_count_the_prefix_cache(plain_server):
 def test_get_load_counts_waiting_prompts_as_sglang_does(tiny_llama):
     from graft.serving import Engine, EngineConfig, SamplingParams
     from graft.serving.http.context import ServerContext, ServerSettings
-    from graft.serving.http.engine_worker import Job
+    from graft.serving.http.job import Job
     from graft.serving.http.fleet.server_info import get_load
 
     ctx = ServerContext(Engine.from_pretrained(tiny_llama, EngineConfig(num_kv_blocks=32)),

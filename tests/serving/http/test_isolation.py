@@ -6,7 +6,8 @@ import pytest
 from PIL import Image
 
 from graft.serving import Engine, EngineConfig, SamplingParams
-from graft.serving.http.engine_worker import EngineWorker, Job
+from graft.serving.http.engine_worker import EngineWorker
+from graft.serving.http.job import Job
 
 PROMPTS = {"a": [5, 9, 13, 17, 21, 25, 29], "bad": [6, 10, 14, 18], "c": [7, 11, 15, 19, 23]}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -186,7 +186,8 @@ def test_token_counters_follow_the_stream(tiny_run_dir):
     """Prompt tokens count at the first token, generated tokens step by step, so the stats
     line's throughput over an interval shows a long answer while it is written."""
     from graft.serving import Engine, EngineConfig, SamplingParams
-    from graft.serving.http.engine_worker import EngineWorker, Job
+    from graft.serving.http.engine_worker import EngineWorker
+    from graft.serving.http.job import Job
     from graft.serving.http.plumbing.metrics import ServerMetrics
 
     metrics = ServerMetrics({})

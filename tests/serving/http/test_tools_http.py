@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from graft.serving.engine.outputs import RequestOutput
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.openai.chat_answer import ChatAnswer
-from graft.serving.http.engine_worker import Job
+from graft.serving.http.job import Job
 from graft.serving.http.openai.responses import stream
 from graft.serving.http.openai.tool_prompt import HERMES_TOOLS
 from tests.serving.http.test_tool_calls import HISTORY, NAMES, PARALLEL, TOOL_TEMPLATE, WEATHER

@@ -7,7 +7,8 @@ import pytest
 from PIL import Image
 
 from graft.serving import Engine, EngineConfig, SamplingParams
-from graft.serving.http.engine_worker import EngineWorker, Job
+from graft.serving.http.engine_worker import EngineWorker
+from graft.serving.http.job import Job
 
 ASK = [{"role": "user", "content": "<image>\nWhat color?"}]
 
