@@ -58,6 +58,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
 
 
 def run(args: argparse.Namespace) -> int:
+    from graft.benchmarks.peers import machine_info
     from graft.benchmarks.report import emit
     from graft.errors import GraftConfigError
     from graft.serving.http.fleet.fleet_cli import find_router
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     router = find_router(args.router)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     report = {"model": str(args.model), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "cpu": _cpu_name(), "runs": args.runs}
+              "machine": machine_info(1), "runs": args.runs}
     logs = Path(tempfile.mkdtemp(prefix="graft-bench-fleet-"))
     # run k of every layout sends the same content (seed base + k), never sent before
     args.seed_base = time.time_ns() % (1 << 30)
@@ -100,12 +101,12 @@ def _runs(args, router: str, logs: Path, one_run, policy: str, replicas: int = 2
           pd: str | None = None, peers: bool = True) -> dict:
     """`args.runs` runs of one workload on a fresh fleet; each run's numbers and their
     min/median/max."""
-    from graft.serving.http.fleet.fleet_cli import Running, parse_cpus, plan
+    from graft.serving.http.fleet.fleet_cli import Running, free_port, parse_cpus, plan
 
     fleet_args = argparse.Namespace(
         path=args.model, replicas=replicas, pd=pd, policy=policy, host="127.0.0.1",
         encoder_cache_peers=peers,
-        port=_free_port(), worker_port=None, cpus=None, router=router,
+        port=free_port(), worker_port=None, cpus=None, router=router,
         startup_timeout_s=args.startup_timeout_s,
         serve_args=["--served-model-name", "m", *args.serve_args])
     fleet_args.worker_port = _free_port_run(replicas)
@@ -141,7 +142,7 @@ def prefix_run(args, fleet, seed: int) -> dict:
     from graft.benchmarks.report import percentiles
 
     before = [_scrape(w.url) for w in fleet.workers]
-    systems = [_system_prompt(fleet.workers[0].url, f"{seed}-{g}", args.system_tokens)
+    systems = [_filler(fleet.workers[0].url, f"{seed}-{g}", args.system_tokens)
                for g in range(args.groups)]
     bodies = [_chat(systems[g], f"Question {c}: what does rule {c} ask of me?", 8)
               for c in range(args.chats) for g in range(args.groups)]  # the groups interleave
@@ -223,12 +224,8 @@ async def _send_all(url: str, bodies: list[dict], clients: int) -> list:
     return results
 
 
-def _system_prompt(url: str, tag: str, tokens: int) -> str:
-    """About `tokens` tokens of rules (counted by the worker's /tokenize), new for each tag."""
-    return _filler(url, tag, tokens)
-
-
 def _filler(url: str, tag: str, tokens: int) -> str:
+    """About `tokens` tokens of rules (counted by the worker's /tokenize), new for each tag."""
     import httpx
 
     words = [f"Rule {tag}.{i}: answer the user briefly and kindly." for i in range(tokens)]
@@ -263,7 +260,8 @@ def _delta(before: list[dict], after: list[dict], name: str) -> float:
 
 
 def table(report: dict) -> str:
-    lines = [f"graft bench fleet: {report['model']} on {report['cpu']}, {report['runs']} runs "
+    lines = [f"graft bench fleet: {report['model']} on {report['machine']['cpu_model']}, "
+             f"{report['runs']} runs "
              "(min / median / max)"]
     for workload in WORKLOADS:
         for layout, res in (report.get(workload) or {}).items():
@@ -273,30 +271,14 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _free_port_run(n: int) -> int:
     """The first of n consecutive free ports."""
     import socket
 
+    from graft.serving.http.fleet.fleet_cli import free_port
+
     for _ in range(100):
-        base = _free_port()
+        base = free_port()
         try:
             socks = [socket.socket() for _ in range(n)]
             for k, s in enumerate(socks):

@@ -16,6 +16,8 @@ import logging
 import httpx
 import torch
 
+from graft.serving.http.plumbing.auth import peer_headers
+
 log = logging.getLogger("graft.serving")
 
 PATH = "/v1/graft/encoder_cache/{key}"
@@ -31,9 +33,8 @@ async def fetch_missing(ctx, front, images) -> int:
     missing = {im.key: im for im in images if im.key not in front.cache}
     if not missing:
         return 0
-    headers = {"Authorization": f"Bearer {ctx.settings.api_keys[0]}"} \
-        if ctx.settings.api_keys else {}
-    async with httpx.AsyncClient(timeout=PEER_TIMEOUT_S, headers=headers) as client:
+    async with httpx.AsyncClient(timeout=PEER_TIMEOUT_S,
+                                 headers=peer_headers(ctx.settings.api_keys)) as client:
         got = await asyncio.gather(*(_ask(client, peers, im) for im in missing.values()))
     fetched = sum(1 for im, rows in zip(missing.values(), got)
                   if rows is not None and front.cache.put(im.key, rows))

@@ -78,12 +78,12 @@ class FleetPlan:
 
 
 def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
-         free_port=None) -> FleetPlan:
+         new_port=None) -> FleetPlan:
     """Every process's command line, CPUs and environment (pure: tests check it)."""
     from graft.errors import GraftConfigError
     from graft.serving.engine.config import EngineConfig
 
-    free_port = free_port or _free_port
+    new_port = new_port or free_port
     roles = _roles(args)
     n = len(roles)
     base = args.worker_port or args.port + 1
@@ -103,7 +103,7 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
         if role is not None:
             argv += ["--kv-transfer-config", f'{{"kv_role":"{role}"}}']
         if args.policy == "kv_aware":
-            argv += ["--kv-events-config", _kv_events_config(free_port())]
+            argv += ["--kv-events-config", _kv_events_config(new_port())]
         if n > 1 and getattr(args, "encoder_cache_peers", True):
             # each worker asks the others before it encodes an image
             argv += ["--encoder-cache-peers", *(f"http://127.0.0.1:{base + k}"
@@ -113,7 +113,7 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
         workers.append(Process(name, f"http://127.0.0.1:{port}", argv,
                                {"OMP_NUM_THREADS": str(len(mine))}, mine))
     router = [router_bin, "--host", args.host, "--port", str(args.port),
-              "--policy", args.policy, "--prometheus-port", str(free_port())]
+              "--policy", args.policy, "--prometheus-port", str(new_port())]
     if args.pd:
         router.append("--vllm-pd-disaggregation")
         for w, role in zip(workers, roles):
@@ -315,7 +315,7 @@ def _start(proc: Process, log=None) -> subprocess.Popen:
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -26,6 +26,7 @@ from graft.serving.engine.kv_nixl import nixl_module
 from graft.serving.engine.kv_transfer import (DEFAULT_EXPORT_TTL_S, KVPayload, NixlSource,
                                               decode_payload)
 from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.plumbing.auth import peer_headers
 
 log = logging.getLogger("graft.serving")
 
@@ -271,8 +272,7 @@ async def pull(ctx, spec: PullSpec) -> KVPayload | NixlSource | None:
     import httpx
 
     stats = ctx.engine.kv_exports.stats
-    headers = {"Authorization": f"Bearer {ctx.settings.api_keys[0]}"} \
-        if ctx.settings.api_keys else {}
+    headers = peer_headers(ctx.settings.api_keys)
     try:
         async with httpx.AsyncClient(timeout=ctx.kv_transfer.pull_timeout_s) as client:
             if ctx.nixl is not None:

@@ -10,6 +10,12 @@ from fastapi import Request
 from graft.serving.http.openai.openai_chat import APIError
 
 
+def peer_headers(api_keys: tuple[str, ...]) -> dict[str, str]:
+    """What this server sends when it calls another worker of its fleet (KV pulls, encoder
+    cache peers): its own first key, as workers of one fleet share their keys."""
+    return {"Authorization": f"Bearer {api_keys[0]}"} if api_keys else {}
+
+
 class APIKeys:
     """The keys a server accepts (none: no auth). Keys are compared as SHA-256 digests with
     hmac.compare_digest against every key, so timing tells neither a key's length, nor
