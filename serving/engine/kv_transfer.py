@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,8 +306,8 @@ def decode_payload(data: bytes) -> KVPayload:
     if len(shape) != 5 or shape[2] != len(token_ids):
         raise ValueError(f"KV payload shape {shape} does not hold {len(token_ids)} tokens")
     body = memoryview(data)[4 + size:]
-    kv_bytes = _numel(shape) * torch.empty((), dtype=dtype).element_size()
-    scale_bytes = _numel(shape[:-1]) * 4 if header.get("scales") else 0
+    kv_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    scale_bytes = math.prod(shape[:-1]) * 4 if header.get("scales") else 0
     if len(body) != kv_bytes + scale_bytes:
         raise ValueError(f"KV payload body is {len(body)} bytes, expected {kv_bytes + scale_bytes}")
     kv = torch.frombuffer(bytearray(body[:kv_bytes]), dtype=dtype).view(shape)
@@ -317,10 +318,3 @@ def decode_payload(data: bytes) -> KVPayload:
 
 def _raw(t: torch.Tensor) -> bytes:
     return t.contiguous().view(torch.uint8).numpy().tobytes()
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
