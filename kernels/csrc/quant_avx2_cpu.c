@@ -3,10 +3,16 @@
  * of quant_linear_cpu.c: a block's 64-byte steps are 128 bytes apart, its pair's other block
  * in between. int8 and int4 on AVX2 are quant_avx2_int_cpu.c.
  *
- * Each weight is widened to fp32 exactly in registers and multiplied with one FMA per row:
- * the portable loop's fp32 products, summed in another order. A 16-lane block is two 8-lane
- * halves; a tile is up to 3 rows x 2 halves x 2 accumulator sets (even and odd columns), 12 of
- * the 16 ymm registers.
+ * Each weight is widened to fp32 exactly in registers and multiplied with one FMA per row, in
+ * column order: every row and lane is one FMA chain over k, whatever the tile, so a row's
+ * output does not depend on how many rows share the call.
+ *
+ * Tiles are the classic AVX2 GEMM shape, up to 6 rows x one 16-lane block (12 accumulators,
+ * the two weight halves and a broadcast: 15 of the 16 ymm registers), so each weight load
+ * feeds up to 12 FMAs. A 16-row decode step runs tiles of 6, 6 and 4 rows over each block,
+ * the first from memory and the others from L1/L2. The tile reading a step also prefetches the
+ * pair's lines PREFETCH bytes on: oneDNN's fp32 GEMM left a cold 16-row SmolLM2 step at
+ * 13-20 GB/s of the ~27 measured (docs/benchmarks.md, issue 49).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,80 +29,102 @@ int graft_quant_avx2(void) { return GRAFT_QUANT_AVX2; }
 
 #if GRAFT_QUANT_AVX2
 enum { KIND_BF16 = 2, KIND_F32 = 3 }; /* quant_linear_cpu.c KIND_* */
-#define MR_MAX 3
+#define MR_MAX 6
+#define M_CHUNK 48     /* rows of x kept in L2 (512 KB on Zen 3) while every pair passes them */
+#define PREFETCH 2048  /* bytes ahead in the pair's stream: 16 steps */
 
-typedef struct {
-    __m256 a[MR_MAX][2][2]; /* [row][half][column parity] */
-} tile_acc;
-
-/* acc[m] += x[m][k] * (w_lo, w_hi) for the tile's rows; s = the column's parity set */
-static inline __attribute__((always_inline)) void fma_rows(tile_acc *t, int MR, const float *x,
-                                                           int64_t ldx, int64_t k, int s,
-                                                           __m256 wl, __m256 wh) {
-    for (int m = 0; m < MR; ++m) {
-        const __m256 xv = _mm256_broadcast_ss(x + m * ldx + k);
-        t->a[m][0][s] = _mm256_fmadd_ps(xv, wl, t->a[m][0][s]);
-        t->a[m][1][s] = _mm256_fmadd_ps(xv, wh, t->a[m][1][s]);
+/* acc[m][h] += x[m][k] * w_h for the tile's rows (xk: &x[0][k]) */
+#define FMA_COLUMN(MR, xk, ldx, w0, w1)                                                         \
+    _Pragma("GCC unroll 6") for (int m = 0; m < (MR); ++m) {                                    \
+        const __m256 xv = _mm256_broadcast_ss((xk) + m * (ldx));                                \
+        acc[m][0] = _mm256_fmadd_ps(xv, (w0), acc[m][0]);                                       \
+        acc[m][1] = _mm256_fmadd_ps(xv, (w1), acc[m][1]);                                       \
     }
+
+static inline void prefetch_pair(const uint8_t *step) {
+    __builtin_prefetch(step + PREFETCH, 0, 3);
+    __builtin_prefetch(step + PREFETCH + 64, 0, 3);
 }
 
-/* byte t of every 32-bit word of v, as fp32 (int8: v already XORed to signed q) */
-
-/* out[m][h] = row m . block w (16 lanes) */
-static inline __attribute__((always_inline)) void block_rows(int kind, int MR, const float *x,
+/* out[m][h] = row m . the block whose first step is w (16 lanes as two 8-lane halves) */
+static inline __attribute__((always_inline)) void block_tile(int kind, int MR, const float *x,
                                                              int64_t ldx, int64_t K,
-                                                             const uint8_t *w, __m256 out[][2]) {
-    tile_acc t;
-    for (int m = 0; m < MR; ++m)
-        for (int h = 0; h < 2; ++h) t.a[m][h][0] = t.a[m][h][1] = out[m][h] = _mm256_setzero_ps();
+                                                             const uint8_t *w, __m256 out[][2],
+                                                             const uint8_t *pf, int64_t every) {
+    __m256 acc[MR_MAX][2];
+    int64_t due = 0; /* one line of pf every `every` steps */
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
     if (kind == KIND_F32) {
-        const float *wf = (const float *)w;
-#define F32_COL(k, s) fma_rows(&t, MR, x, ldx, k, s, _mm256_loadu_ps(wf + (k) * 32), _mm256_loadu_ps(wf + (k) * 32 + 8))
-        int64_t k = 0;
-        for (; k + 2 <= K; k += 2) { F32_COL(k, 0); F32_COL(k + 1, 1); }
-        if (k < K) F32_COL(k, 0);
-#undef F32_COL
-    } else if (kind == KIND_BF16) {
-        const uint16_t *wb = (const uint16_t *)w; /* column pairs: [K2/2][16][2] */
-        const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
-        int64_t k = 0;
-        for (; k + 2 <= K; k += 2) {
-            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wb + k * 32));
-            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wb + k * 32 + 16));
-            fma_rows(&t, MR, x, ldx, k, 0, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)),
-                     _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)));
-            fma_rows(&t, MR, x, ldx, k + 1, 1, _mm256_castsi256_ps(_mm256_and_si256(v0, high)),
-                     _mm256_castsi256_ps(_mm256_and_si256(v1, high)));
+        for (int64_t k = 0; k < K; ++k) {
+            const float *wk = (const float *)(w + k * 128);
+            prefetch_pair((const uint8_t *)wk);
+            if (pf && ++due == every) __builtin_prefetch(pf, 0, 3), pf += 64, due = 0;
+            const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+            FMA_COLUMN(MR, x + k, ldx, w0, w1)
         }
-        if (k < K) {
-            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wb + k * 32));
-            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wb + k * 32 + 16));
-            fma_rows(&t, MR, x, ldx, k, 0, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)),
-                     _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)));
+    } else { /* bf16: a lane word holds columns 2j (low half) and 2j + 1 (high half) */
+        const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+        int64_t j = 0;
+        for (; 2 * j + 1 < K; ++j) {
+            const __m256i *wj = (const __m256i *)(w + j * 128);
+            prefetch_pair((const uint8_t *)wj);
+            if (pf && ++due == every) __builtin_prefetch(pf, 0, 3), pf += 64, due = 0;
+            const __m256i v0 = _mm256_loadu_si256(wj), v1 = _mm256_loadu_si256(wj + 1);
+            FMA_COLUMN(MR, x + 2 * j, ldx, _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)),
+                       _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)))
+            FMA_COLUMN(MR, x + 2 * j + 1, ldx, _mm256_castsi256_ps(_mm256_and_si256(v0, high)),
+                       _mm256_castsi256_ps(_mm256_and_si256(v1, high)))
+        }
+        if (2 * j < K) { /* odd K: the last word's high half is padding */
+            const __m256i *wj = (const __m256i *)(w + j * 128);
+            FMA_COLUMN(MR, x + 2 * j, ldx,
+                       _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(wj), 16)),
+                       _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(wj + 1), 16)))
         }
     }
-    for (int m = 0; m < MR; ++m)
-        for (int h = 0; h < 2; ++h) out[m][h] = _mm256_add_ps(t.a[m][h][0], t.a[m][h][1]);
+    for (int m = 0; m < MR; ++m) out[m][0] = acc[m][0], out[m][1] = acc[m][1];
 }
 
-static void tile(int kind, int MR, const float *x, int64_t ldx, int64_t K, const uint8_t *w,
-                 const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {
-    __m256 out[MR_MAX][2];
-    switch (MR) { /* constant MR and kind: each specialisation keeps its accumulators in registers */
-#define CASE(R)                                                                                 \
-    case R:                                                                                     \
-        if (kind == KIND_F32) block_rows(KIND_F32, R, x, ldx, K, w, out);                        \
-        else block_rows(KIND_BF16, R, x, ldx, K, w, out);                                         \
-        break;
-        CASE(1) CASE(2) CASE(3)
-#undef CASE
-    default: return;
-    }
+/* y[m][o0 + l] = out + bias for the tile's rows, lanes past N left alone */
+static void store_tile(int MR, __m256 out[][2], const float *bias, int64_t o0, float *y,
+                       int64_t ldy, int64_t N) {
     for (int m = 0; m < MR; ++m) {
+        float *ym = y + m * ldy + o0;
+        if (o0 + 16 <= N) {
+            __m256 b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
+            if (bias) b0 = _mm256_loadu_ps(bias + o0), b1 = _mm256_loadu_ps(bias + o0 + 8);
+            _mm256_storeu_ps(ym, _mm256_add_ps(out[m][0], b0));
+            _mm256_storeu_ps(ym + 8, _mm256_add_ps(out[m][1], b1));
+            continue;
+        }
         float row[16];
         _mm256_storeu_ps(row, out[m][0]);
         _mm256_storeu_ps(row + 8, out[m][1]);
-        for (int l = 0; l < 16 && o0 + l < N; ++l) y[m * ldy + o0 + l] = row[l] + (bias ? bias[o0 + l] : 0.0f);
+        for (int l = 0; o0 + l < N; ++l) ym[l] = row[l] + (bias ? bias[o0 + l] : 0.0f);
+    }
+}
+
+/* Rows [0, M) of x (M <= M_CHUNK) through block b: tiles of MR_MAX rows, then the rest. */
+static void block_rows(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
+                       const uint8_t *w, const float *bias, int64_t o0, float *y, int64_t ldy,
+                       int64_t N, const uint8_t *pf, int64_t pf_bytes) {
+    __m256 out[MR_MAX][2];
+    const int64_t tiles = (M + MR_MAX - 1) / MR_MAX, steps = kind == KIND_F32 ? K : (K + 1) / 2;
+    /* every tile pass takes its share of pf's lines, spread over its steps */
+    const int64_t share = pf_bytes / 64 / tiles, every = share ? (steps + share - 1) / share : 0;
+    for (int64_t m0 = 0; m0 < M; m0 += MR_MAX) {
+        const int mr = (int)(M - m0 < MR_MAX ? M - m0 : MR_MAX);
+        const float *xm = x + m0 * ldx;
+        const uint8_t *pft = every ? pf + m0 / MR_MAX * share * 64 : 0;
+        switch (mr * 4 + kind) { /* constant MR and kind: each one keeps acc in registers */
+#define CASE(R)                                                                                 \
+    case R * 4 + KIND_F32: block_tile(KIND_F32, R, xm, ldx, K, w, out, pft, every); break;                 \
+    case R * 4 + KIND_BF16: block_tile(KIND_BF16, R, xm, ldx, K, w, out, pft, every); break;
+            CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#undef CASE
+        default: return;
+        }
+        store_tile(mr, out, bias, o0, y + m0 * ldy, ldy, N);
     }
 }
 #endif
@@ -108,14 +136,20 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
                             int64_t NB, int nthreads) {
 #if GRAFT_QUANT_AVX2
     const int64_t bytes = kind == KIND_F32 ? K * 64 : (K + 1) / 2 * 64; /* per 16-lane block */
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (NB > 1 && nthreads > 1)
-    for (int64_t b = 0; b < NB; ++b) {
-        if (b * 16 >= N) continue;
-        for (int64_t m0 = 0; m0 < M; m0 += MR_MAX) {
-            const int mr = (int)(M - m0 < MR_MAX ? M - m0 : MR_MAX);
-            /* the pair's blocks alternate 64-byte steps: block b starts 64 bytes into its pair */
-            tile(kind, mr, x + m0 * ldx, ldx, K, (const uint8_t *)w + (b >> 1) * 2 * bytes + (b & 1) * 64,
-                 bias, b * 16, y + m0 * ldy, ldy, N);
+    const int64_t pairs = NB / 2;
+    for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
+        const int64_t rows = M - mc < M_CHUNK ? M - mc : M_CHUNK;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
+        for (int64_t p = 0; p < pairs; ++p) {
+            /* the pair's blocks alternate 64-byte steps: block 2p + 1 starts 64 bytes in */
+            const uint8_t *wp = (const uint8_t *)w + p * 2 * bytes;
+            /* while a pair is computed (several passes from cache when rows > MR_MAX), the
+             * next pair is fetched: its first half during block 0, its second during block 1 */
+            const int last = p + 1 == pairs; /* (a thread's last pair fetches its neighbour's first) */
+            for (int b = 0; b < 2 && (2 * p + b) * 16 < N; ++b)
+                block_rows(kind, x + mc * ldx, ldx, rows, K, wp + b * 64, bias, (2 * p + b) * 16,
+                           y + mc * ldy, ldy, N, last ? 0 : wp + 2 * bytes + b * bytes,
+                           last ? 0 : bytes);
         }
     }
     return 0;

@@ -20,7 +20,7 @@ def test_bench_engine_cli(tiny_llama, tmp_path):
     result = json.loads(out.read_text())
     assert result["kv_cache_dtype"] == "int8"
     if default_quantization(EngineConfig(), torch.device("cpu")) == "fp32":
-        # fp32 in the C layout by default (an AVX-512 CPU): the flag's path is recorded
+        # fp32 in the C layout by default (an AVX2 or AVX-512 CPU): the flag's path is recorded
         dispatch = result["linear_dispatch"]
         assert dispatch["mode"] == "torch" and set(dispatch["choices"].values()) == {"torch"}
     engine, hf = result["engine"], result["hf"]
