@@ -264,15 +264,23 @@ def _measure(tool, peers, args, formats, schemes, size, values, skipped) -> None
         _add(values, tool, fmt, row)
 
 
-def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
-    max_len = size["serve_max_model_len"]
+def serve_servers(model_dir: Path, fmt: str, max_len: int, threads: int,
+                  vllm: peers_vllm.Vllm | None) -> list[tuple]:
+    """(name, port -> command line, environment) of graft's server and vLLM's (where given)
+    serving `fmt`, each with `threads` threads."""
     servers = [("graft", lambda port: peers_serve.graft_serve_command(
-        args.model_dir, FORMATS[fmt], port, max_len, GRAFT_DTYPE.get(fmt, "float32")),
-                             dict(os.environ, OMP_NUM_THREADS=str(args.threads)))]
-    if "vllm" in peers and fmt in peers_vllm.DTYPES and "vllm serve" not in skipped:
-        vllm = peers["vllm"][0]
-        servers.append(("vllm", lambda port: vllm.serve_command(args.model_dir, fmt, port, max_len),
-                        vllm.env(args.threads)))
+        model_dir, FORMATS[fmt], port, max_len, GRAFT_DTYPE.get(fmt, "float32")),
+                dict(os.environ, OMP_NUM_THREADS=str(threads)))]
+    if vllm is not None:
+        servers.append(("vllm", lambda port: vllm.serve_command(model_dir, fmt, port, max_len),
+                        vllm.env(threads)))
+    return servers
+
+
+def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
+    vllm = peers["vllm"][0] if "vllm" in peers and fmt in peers_vllm.DTYPES \
+        and "vllm serve" not in skipped else None
+    servers = serve_servers(args.model_dir, fmt, size["serve_max_model_len"], args.threads, vllm)
     if "llama.cpp" in peers:
         skipped.setdefault("llama.cpp serve", "llama-server is not built (the build makes "
                                                "llama-bench, llama-batched-bench, llama-quantize)")

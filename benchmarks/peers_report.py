@@ -67,14 +67,15 @@ def rows(values, peers, formats, serve_fmt, runs: int) -> list[dict]:
     return out
 
 
-def provenance(args) -> dict:
-    """The command line that reproduces the run, its date (UTC) and the checkout's commit."""
-    words = ["graft", "bench", "peers", str(args.model_dir)]
-    for name in _FLAGS:
+def provenance(args, command: str = "peers", flags: tuple[str, ...] = _FLAGS) -> dict:
+    """The command line that reproduces the run (`graft bench COMMAND MODEL_DIR` and `flags`
+    of `args`), its date (UTC) and the checkout's commit."""
+    words = ["graft", "bench", command, str(args.model_dir)]
+    for name in flags:
         value = getattr(args, name)
         if value is not None:
             words += [f"--{name.replace('_', '-')}", str(value)]
-    if args.no_build:
+    if getattr(args, "no_build", False):
         words.append("--no-build")
     try:
         commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short",
@@ -89,13 +90,17 @@ def _labels(size: dict) -> dict[str, str]:
     return {k: v[0].format(**size) for k, v in METRICS.items()}
 
 
-def _machine_line(r: dict) -> str:
+def machine_line(r: dict) -> str:
+    """CPU model, flags, threads, and the read bandwidth where `r` measured it."""
     m = r["machine"]
     flags = " ".join(f for f, on in m["cpu_flags"].items() if on) or "none of " + ", ".join(m["cpu_flags"])
-    bw = " / ".join(f"{b / 1e9:.1f}" for b in spread(r["read_bandwidth_bytes_per_s"]))
     threads = f"{m['threads']} thread{'s' if m['threads'] != 1 else ''}"
-    return (f"{m['cpu_model']}; flags: {flags}; {threads}; read bandwidth "
-            f"{bw} GB/s (min / median / max of {len(r['read_bandwidth_bytes_per_s'])} runs)")
+    line = f"{m['cpu_model']}; flags: {flags}; {threads}"
+    if "read_bandwidth_bytes_per_s" not in r:
+        return line
+    bw = " / ".join(f"{b / 1e9:.1f}" for b in spread(r["read_bandwidth_bytes_per_s"]))
+    return (f"{line}; read bandwidth {bw} GB/s (min / median / max of "
+            f"{len(r['read_bandwidth_bytes_per_s'])} runs)")
 
 
 def _peer_lines(r: dict) -> list[str]:
@@ -109,7 +114,7 @@ def _peer_lines(r: dict) -> list[str]:
 
 
 def print_table(r: dict) -> None:
-    print(f"\n{_machine_line(r)}")
+    print(f"\n{machine_line(r)}")
     for line in _peer_lines(r):
         print(line)
     label = _labels(r["sizes"])
@@ -130,7 +135,7 @@ def markdown(r: dict) -> str:
     """A block to paste into docs/benchmarks.md as it is: provenance, then one table row per
     (peer, format, metric) with both tools' min / median / max and the ratio's."""
     label = _labels(r["sizes"])
-    lines = [f"{r['date']}, commit {r['commit'] or 'unknown'}: {_machine_line(r)}.", "",
+    lines = [f"{r['date']}, commit {r['commit'] or 'unknown'}: {machine_line(r)}.", "",
              "```bash", r["command"], "```", ""]
     lines += [f"- {line}" for line in _peer_lines(r)]
     if not r["rows"]:  # no peer ran: graft's own figures

@@ -34,6 +34,13 @@ def graft_serve_command(model_dir: Path, scheme: str, port: int, max_model_len: 
 @contextlib.contextmanager
 def server(cmd: list[str], env: dict, port: int, log: Path, name: str):
     """The server's base URL once /health answers 200; the process is stopped on exit."""
+    with server_process(cmd, env, port, log, name) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(cmd: list[str], env: dict, port: int, log: Path, name: str):
+    """server(), yielding (base URL, the server's Popen): a profiler attaches to its pid."""
     import httpx
 
     with open(log, "w") as fh:
@@ -53,7 +60,7 @@ def server(cmd: list[str], env: dict, port: int, log: Path, name: str):
             if time.monotonic() > deadline:
                 raise PeerUnavailable(f"{name} not healthy in {START_TIMEOUT_S} s (log: {log})")
             time.sleep(0.5)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -63,11 +70,13 @@ def server(cmd: list[str], env: dict, port: int, log: Path, name: str):
             proc.wait()
 
 
-def load(url: str, requests: int, concurrency: int, max_tokens: int, seed: int) -> dict:
+def load(url: str, requests: int, concurrency: int, max_tokens: int, seed: int,
+         warmup: int | None = None) -> dict:
     """Output tok/s and TTFT p50/p99 (ms) of `graft bench serve` against `url`: text only, no
     encoder-cache probe, every answer `max_tokens` long (ignore_eos), after one warm-up request
     per client (whichever server a run measured first took this client's and its own
-    first-call costs in its first wave: its p99 was the worst of the runs every time)."""
+    first-call costs in its first wave: its p99 was the worst of the runs every time);
+    `warmup` overrides that count (0: a caller that warmed the server up itself)."""
     from graft.benchmarks import serve
 
     parser = argparse.ArgumentParser()
@@ -75,7 +84,7 @@ def load(url: str, requests: int, concurrency: int, max_tokens: int, seed: int) 
     args = parser.parse_args([url, "--model", "graft", "--num-requests", str(requests),
                               "--concurrency", str(concurrency), "--max-tokens", str(max_tokens),
                               "--image-ratio", "0", "--cache-probe", "0", "--seed", str(seed),
-                              "--warmup", str(concurrency)])
+                              "--warmup", str(concurrency if warmup is None else warmup)])
     report = asyncio.run(serve.run_load(args))
     if report["completed"] < report["requests"]:
         raise PeerUnavailable(f"{url}: {report['completed']}/{report['requests']} requests "
