@@ -61,11 +61,7 @@ def add_arguments(p) -> None:
     p.add_argument("--serve-concurrency", type=_count, default=16)
     p.add_argument("--bandwidth-mb", type=_count, default=1024,
                    help="buffer read to measure memory bandwidth at the start of each run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("peers.json"), help="write the JSON here")
-    p.add_argument("--markdown", type=Path, default=None,
-                   help="also write a Markdown block for docs/benchmarks.md here: command, "
-                        "date, commit, CPU and flags, bandwidths, the table")
+    peers_report.add_output_arguments(p, "peers.json", "bandwidths, the table")
 
 
 def _cpus() -> int:
@@ -264,23 +260,10 @@ def _measure(tool, peers, args, formats, schemes, size, values, skipped) -> None
         _add(values, tool, fmt, row)
 
 
-def serve_servers(model_dir: Path, fmt: str, max_len: int, threads: int,
-                  vllm: peers_vllm.Vllm | None) -> list[tuple]:
-    """(name, port -> command line, environment) of graft's server and vLLM's (where given)
-    serving `fmt`, each with `threads` threads."""
-    servers = [("graft", lambda port: peers_serve.graft_serve_command(
-        model_dir, FORMATS[fmt], port, max_len, GRAFT_DTYPE.get(fmt, "float32")),
-                dict(os.environ, OMP_NUM_THREADS=str(threads)))]
-    if vllm is not None:
-        servers.append(("vllm", lambda port: vllm.serve_command(model_dir, fmt, port, max_len),
-                        vllm.env(threads)))
-    return servers
-
-
 def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
     vllm = peers["vllm"][0] if "vllm" in peers and fmt in peers_vllm.DTYPES \
         and "vllm serve" not in skipped else None
-    servers = serve_servers(args.model_dir, fmt, size["serve_max_model_len"], args.threads, vllm)
+    servers = peers_serve.serve_servers(args.model_dir, fmt, size["serve_max_model_len"], args.threads, vllm)
     if "llama.cpp" in peers:
         skipped.setdefault("llama.cpp serve", "llama-server is not built (the build makes "
                                                "llama-bench, llama-batched-bench, llama-quantize)")

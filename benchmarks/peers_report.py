@@ -86,6 +86,16 @@ def provenance(args, command: str = "peers", flags: tuple[str, ...] = _FLAGS) ->
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
+def add_output_arguments(p, out: str, block: str) -> None:
+    """--seed, --out and --markdown of a bench that reports as this one does; `block`: what its
+    Markdown holds after the command, date, commit, CPU and flags."""
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path(out), help="write the JSON here")
+    p.add_argument("--markdown", type=Path, default=None,
+                   help="also write a Markdown block for docs/benchmarks.md here: command, "
+                        f"date, commit, CPU and flags, {block}")
+
+
 def _labels(size: dict) -> dict[str, str]:
     return {k: v[0].format(**size) for k, v in METRICS.items()}
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from graft.benchmarks import peers_vllm
 from graft.benchmarks.peers_llamacpp import PeerUnavailable, failure_line
+from graft.benchmarks.peers_report import FORMATS, GRAFT_DTYPE
 
 START_TIMEOUT_S = 600  # vLLM on a loaded 2-core machine starts in about a minute
 
@@ -29,6 +32,19 @@ def graft_serve_command(model_dir: Path, scheme: str, port: int, max_model_len: 
     return [sys.executable, "-m", "graft.cli", "serve", str(model_dir), "--host", "127.0.0.1",
             "--port", str(port), "--served-model-name", "graft", "--quantization", scheme,
             "--dtype", dtype, "--max-model-len", str(max_model_len)]
+
+
+def serve_servers(model_dir: Path, fmt: str, max_len: int, threads: int,
+                  vllm: peers_vllm.Vllm | None) -> list[tuple]:
+    """(name, port -> command line, environment) of graft's server and vLLM's (where given)
+    serving `fmt`, each with `threads` threads."""
+    servers = [("graft", lambda port: graft_serve_command(
+        model_dir, FORMATS[fmt], port, max_len, GRAFT_DTYPE.get(fmt, "float32")),
+                dict(os.environ, OMP_NUM_THREADS=str(threads)))]
+    if vllm is not None:
+        servers.append(("vllm", lambda port: vllm.serve_command(model_dir, fmt, port, max_len),
+                        vllm.env(threads)))
+    return servers
 
 
 @contextlib.contextmanager
