@@ -71,7 +71,7 @@ class Sampler:
         self.cmd = [py_spy, "record", "--pid", str(pid), "--subprocesses", "--threads",
                     "--rate", str(rate), "--format", "raw", "--nonblocking", "--output", str(raw)]
         self.raw, self.log = raw, log
-        self.rounds = self.errors = None
+        self.counted = self.errors = None  # py-spy's own totals, a check on the parse
 
     def __enter__(self) -> Sampler:
         with open(self.log, "w") as fh:
@@ -89,7 +89,7 @@ class Sampler:
         self._stop()
         m = re.search(r"Samples: (\d+) Errors: (\d+)", self.log.read_text(errors="replace"))
         if m:
-            self.rounds, self.errors = int(m.group(1)), int(m.group(2))
+            self.counted, self.errors = int(m.group(1)), int(m.group(2))
         if exc[0] is None and not self.raw.is_file():
             raise RuntimeError(f"py-spy wrote no {self.raw} (log: {self.log})")
 
@@ -102,7 +102,9 @@ class Sampler:
 
 
 def _attach_failure(log: str) -> str:
-    last = (log.strip().splitlines() or ["no output"])[-1].strip()
+    # py-spy's own error line, not the Rust backtrace after it
+    lines = [l.strip() for l in log.splitlines() if l.strip()] or ["no output"]
+    last = next((l for l in lines if l.startswith("Error")), lines[-1])
     if re.search(r"ermission|ptrace|Operation not permitted|EPERM", log):
         return (f"py-spy may not attach to the server ({last}): run as root, or allow ptrace "
                 "(`sysctl kernel.yama.ptrace_scope=0`; in a container `--cap-add SYS_PTRACE`)")
@@ -124,10 +126,10 @@ def profile_server(name: str, command, env: dict, args, py_spy: str, logs: Path)
                                     args.seed, warmup=0)
             wall = time.perf_counter() - start
     return summarize(rules.tally(rules.parse(raw.read_text(errors="replace")), name),
-                     args.rate, load, wall, spy.rounds, spy.errors, raw)
+                     args.rate, load, wall, spy.counted, spy.errors, raw)
 
 
-def summarize(t: rules.Tally, rate: int, load: dict, wall: float, rounds, errors, raw) -> dict:
+def summarize(t: rules.Tally, rate: int, load: dict, wall: float, counted, errors, raw) -> dict:
     total = sum(t.categories.values())
     if total == 0:
         raise RuntimeError(f"py-spy took no active sample in {wall:.1f} s (raw: {raw})")
@@ -137,7 +139,7 @@ def summarize(t: rules.Tally, rate: int, load: dict, wall: float, rounds, errors
                 for k, n in sorted(c.items(), key=lambda kv: -kv[1])}
 
     return {"load": {**load, "wall_s": wall}, "samples": total, "cpu_s": total / rate,
-            "sample_rounds": rounds, "sample_errors": errors, "raw": str(raw),
+            "py_spy_samples": counted, "py_spy_errors": errors, "raw": str(raw),
             "categories": {c: {"samples": t.categories[c], "share": t.categories[c] / total,
                                "cpu_s": t.categories[c] / rate} for c in rules.CATEGORIES},
             "processes": {p: {**counts({p: sum(c.values())})[p], "categories": dict(c)}

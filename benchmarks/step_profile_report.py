@@ -30,8 +30,10 @@ def rows(r: dict) -> list[tuple[str, list[str]]]:
         # no TTFT where no answer had visible text (a random checkpoint's tokens may not)
         out.append((label, ["-" if s["load"][key] is None else fmt.format(s["load"][key])
                             for s in servers]))
-    out.append(("py-spy rounds / errors",
-                [f"{s['sample_rounds']} / {s['sample_errors']}" for s in servers]))
+    # threads on a core on average; well under what the load keeps busy: py-spy fell behind
+    out.append(("CPU s / load wall s", [f"{s['cpu_s'] / s['load']['wall_s']:.2f}" for s in servers]))
+    out.append(("py-spy samples / errors",
+                [f"{s['py_spy_samples']} / {s['py_spy_errors']}" for s in servers]))
     return out
 
 

@@ -6,11 +6,13 @@ categories appear, not their shares."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from graft.benchmarks import step_profile, step_profile_rules as rules
 from graft.cli import main
+from graft.errors import GraftConfigError
 
 SERVER = 'process 101:"/venv/bin/python -m graft.cli serve /m --port 8000";'
 ENGINE_THREAD = ("thread (7): graft-engine;Thread._bootstrap (threading.py:1002);"
@@ -77,7 +79,7 @@ VLLM = {
                         "MsgpackEncoder.encode_into (vllm/v1/serial_utils.py:150) 1",
     "tokenize / detokenize": API + "thread (200): MainThread;"
                              "OpenAIServingChat.create_chat_completion (vllm/entrypoints/openai/chat_completion/serving.py:200);"
-                             "HfRenderer.render (vllm/renderers/hf.py:300);"
+                             "HfRenderer.render_messages_async (vllm/renderers/hf.py:1130);"
                              "Template.render (jinja2/environment.py:1295) 2",
     "HTTP and API server": API + "thread (200): MainThread;"
                            "AsyncLLM.generate (vllm/v1/engine/async_llm.py:500);"
@@ -133,6 +135,22 @@ def test_missing_py_spy_is_one_line(tmp_path, monkeypatch, capsys):
     assert "`pip install --no-deps py-spy==0.4.3`" in err
 
 
+def test_a_process_py_spy_cannot_sample_is_one_line(tmp_path):
+    try:
+        py_spy = step_profile.find_py_spy()
+    except GraftConfigError as err:
+        pytest.skip(str(err))
+    sleeper = subprocess.Popen(["sleep", "30"])  # not Python: nothing to sample
+    try:
+        with pytest.raises(GraftConfigError, match=r"^py-spy did not start sampling the server: "
+                                                   r"Error: No python processes found"):
+            with step_profile.Sampler(py_spy, sleeper.pid, 100, tmp_path / "raw", tmp_path / "log"):
+                pass
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 @pytest.fixture(scope="module")
 def small_llama(tmp_path_factory):
     """Linears wide enough (512 x 1536) that the forward's matmuls, not Python, fill it."""
@@ -156,7 +174,8 @@ def test_graft_serve_profiled_under_load(small_llama, tmp_path, capsys):
     g = r["servers"]["graft"]
     cats = g["categories"]
     assert cats["linears"]["samples"] > 0 and cats["HTTP and API server"]["samples"] > 0
-    assert sum(c["samples"] for c in cats.values()) == g["samples"] > 0
+    # every sample py-spy counted was parsed and sorted
+    assert sum(c["samples"] for c in cats.values()) == g["samples"] == g["py_spy_samples"] > 0
     assert sum(c["share"] for c in cats.values()) == pytest.approx(1.0)
     assert g["cpu_s"] == pytest.approx(g["samples"] / 1000)
     assert set(g["processes"]) == {"main"} and "main / graft-engine" in g["threads"]
