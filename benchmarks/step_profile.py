@@ -74,12 +74,14 @@ class Sampler:
         self.counted = self.errors = None  # py-spy's own totals, a check on the parse
 
     def __enter__(self) -> Sampler:
+        self.raw.unlink(missing_ok=True)  # an earlier run's file must not stand in for this one
         with open(self.log, "w") as fh:
             self.proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ATTACH_TIMEOUT_S
         while "Sampling process" not in self.log.read_text(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self._stop()
+                self.proc.kill()  # still trying to attach at the deadline
+                self.proc.wait()
                 raise GraftConfigError(_attach_failure(self.log.read_text(errors="replace")))
             time.sleep(0.05)
         return self
