@@ -10,9 +10,10 @@
  * Tiles are the classic AVX2 GEMM shape, up to 6 rows x one 16-lane block (12 accumulators,
  * the two weight halves and a broadcast: 15 of the 16 ymm registers), so each weight load
  * feeds up to 12 FMAs. A 16-row decode step runs tiles of 6, 6 and 4 rows over each block,
- * the first from memory and the others from L1/L2. The tile reading a step also prefetches the
- * pair's lines PREFETCH bytes on: oneDNN's fp32 GEMM left a cold 16-row SmolLM2 step at
- * 13-20 GB/s of the ~27 measured (docs/benchmarks.md, issue 49).
+ * from L1/L2 once the pair is fetched: while a pair's passes run, the next pair is prefetched,
+ * spread over them, so memory and FMAs overlap (oneDNN's fp32 GEMM read a cold 16-row SmolLM2
+ * step at 13-20 GB/s of the ~27 measured: docs/benchmarks.md, issue 49). One row takes a pair
+ * in one sequential pass instead (pair_row).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -32,6 +33,9 @@ enum { KIND_BF16 = 2, KIND_F32 = 3 }; /* quant_linear_cpu.c KIND_* */
 #define MR_MAX 6
 #define M_CHUNK 48     /* rows of x kept in L2 (512 KB on Zen 3) while every pair passes them */
 #define PREFETCH 2048  /* bytes ahead in the pair's stream: 16 steps */
+#ifndef ROW_PREFETCH
+#define ROW_PREFETCH 4096
+#endif
 
 /* acc[m][h] += x[m][k] * w_h for the tile's rows (xk: &x[0][k]) */
 #define FMA_COLUMN(MR, xk, ldx, w0, w1)                                                         \
@@ -83,6 +87,40 @@ static inline __attribute__((always_inline)) void block_tile(int kind, int MR, c
         }
     }
     for (int m = 0; m < MR; ++m) out[m][0] = acc[m][0], out[m][1] = acc[m][1];
+}
+
+/* One row through both blocks of a pair in one sequential pass (batch-1 decode, where the
+ * memory stream is the bound), prefetching ROW_PREFETCH on: 4 FMA chains, each lane's in
+ * column order as in the tiles. Two passes of every other line each, prefetching 2 KB on,
+ * read ~50% of the measured bandwidth at the 1.5B shape; this reads 85-99% (b1stream, issue
+ * 49). A second accumulator set per lane (even / odd columns) measured no faster. */
+static void pair_row(int kind, const float *x, int64_t K, const uint8_t *w, __m256 out[4]) {
+    __m256 a[4];
+    for (int h = 0; h < 4; ++h) a[h] = _mm256_setzero_ps();
+    if (kind == KIND_F32) {
+        for (int64_t k = 0; k < K; ++k) {
+            const float *wk = (const float *)(w + k * 128);
+            __builtin_prefetch((const uint8_t *)wk + ROW_PREFETCH, 0, 3);
+            __builtin_prefetch((const uint8_t *)wk + ROW_PREFETCH + 64, 0, 3);
+            const __m256 xv = _mm256_broadcast_ss(x + k);
+            for (int h = 0; h < 4; ++h) a[h] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wk + 8 * h), a[h]);
+        }
+    } else {
+        const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+        for (int64_t j = 0; j < (K + 1) / 2; ++j) {
+            const __m256i *wj = (const __m256i *)(w + j * 128);
+            __builtin_prefetch((const uint8_t *)wj + ROW_PREFETCH, 0, 3);
+            __builtin_prefetch((const uint8_t *)wj + ROW_PREFETCH + 64, 0, 3);
+            const __m256 x0 = _mm256_broadcast_ss(x + 2 * j);
+            const __m256 x1 = 2 * j + 1 < K ? _mm256_broadcast_ss(x + 2 * j + 1) : _mm256_setzero_ps();
+            for (int h = 0; h < 4; ++h) {
+                const __m256i v = _mm256_loadu_si256(wj + h);
+                a[h] = _mm256_fmadd_ps(x0, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), a[h]);
+                a[h] = _mm256_fmadd_ps(x1, _mm256_castsi256_ps(_mm256_and_si256(v, high)), a[h]);
+            }
+        }
+    }
+    for (int h = 0; h < 4; ++h) out[h] = a[h];
 }
 
 /* y[m][o0 + l] = out + bias for the tile's rows, lanes past N left alone */
@@ -145,6 +183,14 @@ int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, in
             const uint8_t *wp = (const uint8_t *)w + p * 2 * bytes;
             /* while a pair is computed (several passes from cache when rows > MR_MAX), the
              * next pair is fetched: its first half during block 0, its second during block 1 */
+            if (rows == 1) {
+                __m256 out[4];
+                pair_row(kind, x + mc * ldx, K, wp, out);
+                store_tile(1, (__m256(*)[2])out, bias, 2 * p * 16, y + mc * ldy, ldy, N);
+                if ((2 * p + 1) * 16 < N)
+                    store_tile(1, (__m256(*)[2])(out + 2), bias, (2 * p + 1) * 16, y + mc * ldy, ldy, N);
+                continue;
+            }
             const int last = p + 1 == pairs; /* (a thread's last pair fetches its neighbour's first) */
             for (int b = 0; b < 2 && (2 * p + b) * 16 < N; ++b)
                 block_rows(kind, x + mc * ldx, ldx, rows, K, wp + b * 64, bias, (2 * p + b) * 16,
