@@ -38,19 +38,21 @@ def quant_backend(device: torch.device) -> str:
 
 
 def default_quantization(config: EngineConfig, device: torch.device) -> str | None:
-    """What quantization=None means on CPU with the C kernels built (kernels mode auto/cpu):
-    in fp32 on an AVX2 or AVX-512 CPU every linear in fp32 on them ("fp32": measured faster
-    than the oneDNN-prepacked torch linears at batch 1 and 16-32, all-decode steps run as one
-    C call, and prefill rows go to oneDNN where linear_dispatch measures it faster); in bf16 where the bf16 dot products run and AMX does not (AVX512-BF16:
-    AMD Zen 4, Intel Cooper Lake) every linear in bf16 on them ("bf16", the weights as loaded:
-    measured faster than torch's bf16 linears at batch 1 and 32, level at prefill, the decode
-    steps in one C call). Else (GPU, fp16, GRAFT_KERNELS=reference, other CPUs, where the C
-    path was not measured against torch's) the model's own linears."""
+    """What quantization=None means on CPU with the C kernels built (kernels mode auto/cpu).
+    fp32 on an AVX2 or AVX-512 CPU: every linear in fp32 on them ("fp32": measured faster than
+    the oneDNN-prepacked torch linears at batch 1 and 16-32, all-decode steps run as one C
+    call, and prefill rows go to oneDNN where linear_dispatch measures it faster). bf16 where
+    the bf16 dot products run and AMX does not (AVX512-BF16: AMD Zen 4, Intel Cooper Lake):
+    every linear in bf16 on them ("bf16", the weights as loaded: measured faster than torch's
+    bf16 linears at batch 1 and 32, level at prefill, the decode steps in one C call); bf16 on
+    AVX2 too, where torch has no native bf16 matmul and the C tiles widen bf16 to fp32 in
+    registers (docs/benchmarks.md, issue 49). Else (GPU, fp16, GRAFT_KERNELS=reference, other
+    CPUs, where the C path was not measured against torch's) the model's own linears."""
     if device.type != "cpu" or kernels_mode() not in ("auto", "cpu") or not cpu_ops.available():
         return None
     if config.dtype == "float32" and cpu_quant.isa() != "portable":
         return "fp32"
-    if config.dtype == "bfloat16" and cpu_quant.bf16_dot(all_rows=True):
+    if config.dtype == "bfloat16" and (cpu_quant.bf16_dot(all_rows=True) or cpu_quant.isa() == "avx2"):
         return "bf16"
     return None
 
