@@ -7,6 +7,7 @@ path. Activations fp32, or bf16 (a bf16 engine: dense layers over a bf16 KV cach
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 
@@ -22,7 +23,10 @@ def unsupported_reason(model, layer_class) -> str | None:
     """None when FusedDecode can run `model`, whose layers must have `layer_class`'s forward
     (norm, attention, norm, MLP: the layout the C step mirrors), else why not (for the log).
     A layer's MLP is a silu GatedMLP or an MoE block that runs in C (`c_desc()`), every
-    linear in the C layout."""
+    linear in the C layout. GRAFT_FUSED_DECODE=0 turns it off (op by op, the same C linears:
+    what `graft bench profile` needs to split a decode step into its parts)."""
+    if os.environ.get("GRAFT_FUSED_DECODE", "1").strip() == "0":
+        return "turned off by GRAFT_FUSED_DECODE=0"
     if not cpu_ops.available():
         return f"C kernels unavailable: {cpu_ops.unavailable_reason()}"
     act = model.embed_tokens.weight.dtype

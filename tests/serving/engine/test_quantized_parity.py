@@ -161,6 +161,20 @@ def test_bf16_fused_decode_is_off_for_an_int8_cache(tiny_llm_factory):
     assert engine.runner.model.fused_decode is None
 
 
+def test_fused_decode_turned_off_by_env_gives_the_same_tokens(tiny_llm_factory, monkeypatch):
+    """GRAFT_FUSED_DECODE=0 (for profiling a decode step op by op) keeps every step on the
+    per-op path, which gives the one-call step's tokens."""
+    model_dir = tiny_llm_factory("llama")
+    prompts = make_prompts([5, 9], seed=4)
+    want = Engine.from_pretrained(model_dir, EngineConfig(quantization="int8")).generate(
+        prompt_token_ids=prompts, sampling_params=GREEDY)
+    monkeypatch.setenv("GRAFT_FUSED_DECODE", "0")
+    engine = Engine.from_pretrained(model_dir, EngineConfig(quantization="int8"))
+    assert engine.runner.model.fused_decode is None
+    got = engine.generate(prompt_token_ids=prompts, sampling_params=GREEDY)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
 def test_whole_decode_step_only_for_sampled_one_token_rows(tiny_llm_factory):
     """A one-token chunk that is not a prompt's last token is a decode row without logits:
     such steps take the per-op path, and the tokens are the same as with larger chunks."""
