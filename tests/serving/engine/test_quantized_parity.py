@@ -217,9 +217,9 @@ def test_fused_decode_is_off_where_it_does_not_apply(tiny_llm_factory):
     assert plain.runner.model.fused_decode is None and plain.runner.quant_plan == {}  # torch linears
 
 
-@pytest.mark.skipif(not cpu_ops.available() or not cpu_quant.isa().startswith("avx512"),
-                    reason="the fp32 default is the C linears on AVX-512 CPUs only (the test "
-                    "below covers the others)")
+@pytest.mark.skipif(not cpu_ops.available() or cpu_quant.isa() == "portable",
+                    reason="the fp32 default is the C linears on AVX2 and AVX-512 CPUs only (the "
+                    "test below covers the others)")
 def test_the_cpu_fp32_default_is_the_c_linears(tiny_llm_factory):
     """quantization=None on CPU in fp32: every linear fp32 on the C kernels, decode in one call."""
     engine = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig())
@@ -227,7 +227,7 @@ def test_the_cpu_fp32_default_is_the_c_linears(tiny_llm_factory):
     assert plan and {s.kind for s in plan.values()} == {"fp32"}
     assert engine.runner.model.fused_decode is not None
     bf16 = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(dtype="bfloat16"))
-    if cpu_quant.bf16_dot(all_rows=True):  # bf16 dot products, no AMX
+    if cpu_quant.bf16_dot(all_rows=True) or cpu_quant.isa() == "avx2":  # no AMX
         assert {s.kind for s in bf16.runner.quant_plan.values()} == {"bf16"}
         assert bf16.runner.model.fused_decode is not None
     else:  # elsewhere bf16 keeps the model's own linears
@@ -237,14 +237,20 @@ def test_the_cpu_fp32_default_is_the_c_linears(tiny_llm_factory):
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="the C kernels could not be built")
-def test_without_avx512_the_default_keeps_the_torch_linears(tiny_llm_factory, monkeypatch):
-    """On a CPU without AVX-512 the fp32 default stays on the model's own linears; asking
-    for a format still gets it."""
+def test_defaults_per_isa(tiny_llm_factory, monkeypatch):
+    """On an AVX2 CPU (no AVX-512) fp32 and bf16 engines default to the C linears in their
+    dtype; without AVX2 both stay on the model's own linears; asking for a format still gets
+    it."""
     from graft.kernels import cpu_quant
 
-    for smaller in ("avx2", "portable"):
-        monkeypatch.setattr(cpu_quant, "isa", lambda: smaller)
-        assert Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig()).runner.quant_plan == {}
+    model_dir = tiny_llm_factory("llama")
+    monkeypatch.setattr(cpu_quant, "isa", lambda: "avx2")
+    for dtype, kind in (("float32", "fp32"), ("bfloat16", "bf16")):
+        plan = Engine.from_pretrained(model_dir, EngineConfig(dtype=dtype)).runner.quant_plan
+        assert plan and {s.kind for s in plan.values()} == {kind}
+    monkeypatch.setattr(cpu_quant, "isa", lambda: "portable")
+    for dtype in ("float32", "bfloat16"):
+        assert Engine.from_pretrained(model_dir, EngineConfig(dtype=dtype)).runner.quant_plan == {}
     asked = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(quantization="int8"))
     assert {s.kind for s in asked.runner.quant_plan.values()} == {"int8"}
 
