@@ -11,6 +11,7 @@ has no frame of its own: it lands on the Python frame that made the call.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,8 +19,8 @@ from pathlib import Path
 
 CATEGORIES = ("linears", "attention", "fused C decode step", "norms, rope, activations",
               "model forward, other", "sampling", "scheduling and batch prep",
-              "tokenize / detokenize", "IPC and hand-off", "HTTP and API server", "blocking waits",
-              "other Python")
+              "tokenize / detokenize", "IPC and hand-off", "spin waits", "HTTP and API server",
+              "blocking waits", "other Python")
 OTHER = "other Python"
 # inductor's generated code (vLLM compiles its model): the frame's source line says which op
 COMPILED = "compiled"
@@ -57,7 +58,12 @@ RULES: dict[str, list[tuple[str, str, str | None]]] = {
         ("HTTP and API server", r"serving/http/", None),
     ],
     "vllm": _SHARED + [
-        (COMPILED, r"torchinductor_[^/]+/|inductor_cache/", None),
+        # a process polling shared memory for the other's message, sched_yield between polls:
+        # it holds a core while the worker computes (vLLM's engine core <-> worker queue)
+        ("spin waits", r"vllm/distributed/device_communicators/shm_broadcast\.py", None),
+        ("spin waits", r"vllm/distributed/utils\.py", r"sched_yield"),
+        # py-spy names a file outside sys.path by its base name: inductor's are c + 51 characters
+        (COMPILED, r"torchinductor_[^/]+/|inductor_cache/|^c[a-z0-9]{51}\.py$", None),
         ("linears", r"vllm/model_executor/layers/linear\.py|torch/nn/modules/linear\.py", None),
         ("linears", r"vllm/model_executor/layers/utils\.py", r"gemm|<lambda>"),
         ("linears", r"vllm/model_executor/layers/vocab_parallel_embedding\.py", r"apply"),
@@ -168,17 +174,33 @@ def classify(frames, engine: str) -> str:
     return OTHER
 
 
+# where inductor writes its output code when the frame gives only the file's base name
+COMPILED_DIRS = ("~/.cache/vllm/torch_compile_cache/*/*/inductor_cache/*", "/tmp/torchinductor_*/*")
+
+
 def compiled_line(path: str, line: int) -> str:
     """The category of line `line` of an inductor output file (read where the server wrote
     it; gone or unreadable: the compiled graph's own overhead)."""
     try:
-        text = Path(path).read_text(errors="replace").splitlines()[line - 1]
+        text = _compiled_source(path)[line - 1]
     except (OSError, IndexError):
         return "model forward, other"
     for cat, pattern in COMPILED_LINES:
         if re.search(pattern, text):
             return cat
     return "model forward, other"
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_source(path: str) -> list[str]:
+    found = Path(path)
+    if not found.is_absolute():
+        hits = [p for pattern in COMPILED_DIRS
+                for p in Path("/").glob(str(Path(pattern).expanduser()).lstrip("/") + "/" + path)]
+        if not hits:
+            raise OSError(f"{path}: not found")
+        found = hits[0]
+    return found.read_text(errors="replace").splitlines()
 
 
 def process_label(processes: tuple[str, ...]) -> str:

