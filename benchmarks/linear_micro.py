@@ -158,10 +158,14 @@ def run(args) -> int:
     gen = torch.Generator().manual_seed(0)
     if args.isa and args.isa not in cpu_quant.ISA_NAMES:
         raise GraftConfigError(f"--isa: {args.isa!r} is not one of {', '.join(cpu_quant.ISA_NAMES)}")
-    capped = cpu_quant.isa_capped(args.isa) if args.isa else contextlib.nullcontext()
+    capped = contextlib.ExitStack()
+    if args.isa:  # the baseline build takes the same paths as this one
+        for one_lib in (lib, baseline) if baseline is not None else (lib,):
+            capped.enter_context(cpu_quant.isa_capped(args.isa, one_lib))
     results = []
     with capped, torch.inference_mode():
         path = cpu_quant.isa()
+        base_path = None if baseline is None else cpu_quant.ISA_NAMES[baseline.graft_quant_isa()]
         print(f"C path: {path}, 1 thread, {'cold (from memory)' if args.cold else 'cache-hot'}")
         for fmt in formats:
             for out, inp in shapes:
@@ -180,8 +184,8 @@ def run(args) -> int:
     if args.out:
         from graft.io import atomic_write_json
 
-        atomic_write_json(args.out, {"isa": path, "threads": 1, "cold": args.cold,
-                                     "results": results})
+        atomic_write_json(args.out, {"isa": path, "baseline_isa": base_path, "threads": 1,
+                                     "cold": args.cold, "results": results})
         print(f"wrote {args.out}")
     return 0
 

@@ -53,12 +53,13 @@ def isa() -> str:
 
 
 @contextlib.contextmanager
-def isa_capped(name: str):
+def isa_capped(name: str, lib=None):
     """Within the block, run the paths a CPU with at most `name`'s instructions would (what
-    GRAFT_CPU_ISA does for a whole process): tests and comparisons of the fallbacks."""
+    GRAFT_CPU_ISA does for a whole process): tests and comparisons of the fallbacks. `lib`:
+    another loaded build of the kernels (default: this process's)."""
     if name not in ISA_NAMES:
         raise ValueError(f"isa_capped: {name!r} is not one of {', '.join(ISA_NAMES)}")
-    lib = cpu_ops._lib()
+    lib = lib or cpu_ops._lib()
     before = lib.graft_quant_isa()
     lib.graft_quant_cap_isa(ISA_NAMES.index(name))
     try:

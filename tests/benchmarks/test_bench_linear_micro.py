@@ -28,6 +28,27 @@ def test_linear_micro_writes_rates_and_errors(tmp_path, capsys):
     assert "int4 group size 64 does not divide" in capsys.readouterr().out
 
 
+def test_isa_cap_holds_for_the_baseline_build_and_is_lifted_after(tmp_path):
+    """--isa caps the baseline build as well as this one (else old and new run different
+    paths), and neither cap outlives the command."""
+    import ctypes
+    import shutil
+
+    from graft.kernels import cpu_quant
+
+    before = cpu_quant.isa()
+    copy = tmp_path / "other.so"
+    shutil.copy(cpu_ops._lib()._name, copy)
+    other = ctypes.CDLL(str(copy))  # the handle the command's dlopen of this path shares
+    other.graft_quant_cap_isa(1)  # avx2: left as the command found it, not lifted to the top
+    out = tmp_path / "micro.json"
+    assert main(["bench", "linear-micro", "--formats", "fp32", "--shapes", "32x64", "--rows", "2",
+                 *QUICK, "--isa", "portable", "--baseline-lib", str(copy), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["isa"] == "portable" and result["baseline_isa"] == "portable"
+    assert cpu_quant.isa() == before and other.graft_quant_isa() == min(1, cpu_quant.ISA_NAMES.index(before))
+
+
 def test_linear_micro_times_a_baseline_build_beside(tmp_path):
     out = tmp_path / "micro.json"
     this_build = cpu_ops._lib()._name  # the same library as its own baseline
