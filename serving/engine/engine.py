@@ -20,7 +20,7 @@ from graft.serving.engine.outputs import Detokenizer, RequestOutput, find_stop_s
 from graft.serving.engine.sampler import restore_rng_states, seeded_rng_states
 from graft.serving.engine.sampling_params import SamplingParams
 from graft.serving.engine.scheduler import Scheduler
-from graft.serving.engine.sequence import Sequence
+from graft.serving.engine.sequence import Sequence, prompt_problem
 from graft.serving.engine.spec_decode.controller import SpecDecoder
 from graft.serving.engine.spec_decode.verify import sample_step
 from graft.serving.engine.stats import EngineStats
@@ -134,7 +134,7 @@ class Engine:
             raise ValueError(f"request {request_id!r}: prompt_token_ids must be a list of ints")
         seq = Sequence(request_id, prompt_token_ids, params, next(self._order), mm_inputs,
                        deadline, priority, graft)
-        problem = self._prompt_problem(seq)
+        problem = prompt_problem(seq, self.max_model_len, self.runner.vocab_size)
         if problem is not None:
             seq.finish_reason, seq.error = "error", problem
             seq.finish_time = time.monotonic()
@@ -148,31 +148,6 @@ class Engine:
                                                      kv_import, self.kv_exports.stats)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
-
-    def _prompt_problem(self, seq: Sequence) -> str | None:
-        from graft.inject import IMAGE_PLACEHOLDER
-
-        ids, rid = seq.token_ids, seq.request_id
-        if not ids:
-            return f"request {rid!r}: the prompt is empty"
-        if len(ids) > self.max_model_len:
-            return (f"request {rid!r}: prompt has {len(ids)} tokens but the model's context "
-                    f"(max_model_len) is {self.max_model_len}; shorten the prompt")
-        vocab = self.runner.vocab_size
-        bad = [t for t in ids if t >= vocab or (t < 0 and t != IMAGE_PLACEHOLDER)]
-        if bad:
-            return f"request {rid!r}: token ids {bad[:4]} are outside the vocabulary [0, {vocab})"
-        covered = set()
-        for r in (seq.mm_inputs.ranges if seq.mm_inputs is not None else []):
-            span = range(r.offset, r.offset + r.length)
-            if r.offset < 0 or span.stop > len(ids) or any(ids[p] != IMAGE_PLACEHOLDER for p in span):
-                return (f"request {rid!r}: image range offset={r.offset} length={r.length} does "
-                        "not cover a run of IMAGE_PLACEHOLDER ids in the prompt")
-            covered.update(span)
-        if sum(1 for t in ids if t == IMAGE_PLACEHOLDER) != len(covered):
-            return (f"request {rid!r}: the prompt holds image placeholder ids without matching "
-                    "mm_inputs ranges; pass mm_inputs for every image")
-        return None
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its blocks; no further output is reported for it."""

@@ -91,3 +91,31 @@ class Sequence:
         if self.mm_inputs is None:
             return None
         return self.mm_inputs.extra_key(index * block_size, (index + 1) * block_size)
+
+
+def prompt_problem(seq: Sequence, max_model_len: int, vocab_size: int) -> str | None:
+    """Why the engine cannot take `seq`'s prompt (one line naming the request and the fix),
+    or None: empty, longer than the context, ids outside the vocabulary, image placeholders
+    and mm_inputs ranges that do not match."""
+    from graft.inject import IMAGE_PLACEHOLDER
+
+    ids, rid = seq.token_ids, seq.request_id
+    if not ids:
+        return f"request {rid!r}: the prompt is empty"
+    if len(ids) > max_model_len:
+        return (f"request {rid!r}: prompt has {len(ids)} tokens but the model's context "
+                f"(max_model_len) is {max_model_len}; shorten the prompt")
+    bad = [t for t in ids if t >= vocab_size or (t < 0 and t != IMAGE_PLACEHOLDER)]
+    if bad:
+        return f"request {rid!r}: token ids {bad[:4]} are outside the vocabulary [0, {vocab_size})"
+    covered = set()
+    for r in (seq.mm_inputs.ranges if seq.mm_inputs is not None else []):
+        span = range(r.offset, r.offset + r.length)
+        if r.offset < 0 or span.stop > len(ids) or any(ids[p] != IMAGE_PLACEHOLDER for p in span):
+            return (f"request {rid!r}: image range offset={r.offset} length={r.length} does "
+                    "not cover a run of IMAGE_PLACEHOLDER ids in the prompt")
+        covered.update(span)
+    if sum(1 for t in ids if t == IMAGE_PLACEHOLDER) != len(covered):
+        return (f"request {rid!r}: the prompt holds image placeholder ids without matching "
+                "mm_inputs ranges; pass mm_inputs for every image")
+    return None
