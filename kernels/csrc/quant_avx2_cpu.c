@@ -33,9 +33,7 @@ enum { KIND_BF16 = 2, KIND_F32 = 3 }; /* quant_linear_cpu.c KIND_* */
 #define MR_MAX 6
 #define M_CHUNK 48     /* rows of x kept in L2 (512 KB on Zen 3) while every pair passes them */
 #define PREFETCH 2048  /* bytes ahead in the pair's stream: 16 steps */
-#ifndef ROW_PREFETCH
-#define ROW_PREFETCH 4096
-#endif
+#define ROW_PREFETCH 4096 /* one row's single pass (8 KB measured no better) */
 
 /* acc[m][h] += x[m][k] * w_h for the tile's rows (xk: &x[0][k]) */
 #define FMA_COLUMN(MR, xk, ldx, w0, w1)                                                         \
