@@ -160,7 +160,7 @@ def run(args) -> int:
         raise GraftConfigError(f"--isa: {args.isa!r} is not one of {', '.join(cpu_quant.ISA_NAMES)}")
     capped = contextlib.ExitStack()
     if args.isa:  # the baseline build takes the same paths as this one
-        for one_lib in (lib, baseline) if baseline is not None else (lib,):
+        for one_lib in filter(None, (lib, baseline)):
             capped.enter_context(cpu_quant.isa_capped(args.isa, one_lib))
     results = []
     with capped, torch.inference_mode():

@@ -41,7 +41,8 @@ def default_quantization(config: EngineConfig, device: torch.device) -> str | No
     """What quantization=None means on CPU with the C kernels built (kernels mode auto/cpu).
     fp32 on an AVX2 or AVX-512 CPU: every linear in fp32 on them ("fp32": measured faster than
     the oneDNN-prepacked torch linears at batch 1 and 16-32, all-decode steps run as one C
-    call, and prefill rows go to oneDNN where linear_dispatch measures it faster). bf16 where
+    call, and prefill rows go to torch's F.linear on the dequantized weight where
+    linear_dispatch measures that faster). bf16 where
     the bf16 dot products run and AMX does not (AVX512-BF16: AMD Zen 4, Intel Cooper Lake):
     every linear in bf16 on them ("bf16", the weights as loaded: measured faster than torch's
     bf16 linears at batch 1 and 32, level at prefill, the decode steps in one C call); bf16 on
