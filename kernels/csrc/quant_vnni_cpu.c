@@ -83,12 +83,20 @@ static inline __m512i dot(__m512i acc, __m512i u, __m512i s) {
 static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *const dig[PIECES],
                     int64_t cstride, float *rs, int32_t *dsum, int64_t chunks) {
     __m512 mx = _mm512_setzero_ps();
+    __mmask16 nan = 0; /* max_ps drops a NaN once a later number meets it in its lane */
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+    for (; k + 16 <= K; k += 16) {
+        const __m512 v = _mm512_loadu_ps(x + k);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
     float amax = _mm512_reduce_max_ps(mx);
-    for (; k < K; ++k) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+    for (; k < K; ++k) {
+        amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+        nan |= x[k] != x[k];
+    }
     /* inf/NaN, or so small that 1/s overflows: the fixed point cannot hold the row */
-    if (!(amax <= 3.4028235e38f) || (amax > 0.0f && amax < 1e-30f)) return 1;
+    if (nan || !(amax <= 3.4028235e38f) || (amax > 0.0f && amax < 1e-30f)) return 1;
     *rs = amax / X_RANGE;
     const float inv = amax > 0.0f ? X_RANGE / amax : 0.0f;
     const __m512 vinv = _mm512_set1_ps(inv);
