@@ -102,26 +102,14 @@ static inline __m256 combine(__m256i a0, __m256i a1, __m256i a2) {
 }
 
 /* s[p] += the products of one step's lo and hi nibbles (columns 8j..8j+3, 8j+4..8j+7) with
- * digit p of a row: PROD(w, d, off) multiplies w by the digit vector `off` bytes past d
- * (COMPACT rows: the word of 4 digits broadcast; EXPANDED rows: a stored 32-byte vector),
- * digit rows `pd` bytes apart, the hi columns `hd` bytes past the lo ones */
-#define STEP_SUMS(s, lo, hi, PROD, d, pd, hd)                                                   \
+ * digit p of the row whose digits start at d (column 8j; digit rows K apart) */
+#define STEP_SUMS(s, lo, hi, d, K)                                                              \
     do {                                                                                        \
         for (int p_ = 0; p_ < PIECES; ++p_) {                                                   \
-            s[p_] = _mm256_add_epi16(s[p_], PROD(lo, d, p_ * (pd)));                            \
-            s[p_] = _mm256_add_epi16(s[p_], PROD(hi, d, p_ * (pd) + (hd)));                     \
+            s[p_] = _mm256_add_epi16(s[p_], _mm256_maddubs_epi16(lo, bcast_word((d) + p_ * (K))));      \
+            s[p_] = _mm256_add_epi16(s[p_], _mm256_maddubs_epi16(hi, bcast_word((d) + p_ * (K) + 4)));  \
         }                                                                                       \
     } while (0)
-#define COMPACT(w, d, off) _mm256_maddubs_epi16(w, bcast_word((d) + (off)))
-#define EXPANDED(w, d, off) maddubs_mem(w, (d) + (off))
-
-/* vpmaddubsw with the digits as its memory operand; asm volatile for the reason of bcast_word
- * (GCC loaded each vector once for both halves of a block, and spilled) */
-static inline __m256i maddubs_mem(__m256i w, const int8_t *p) {
-    __m256i r;
-    __asm__ volatile("vpmaddubsw %2, %1, %0" : "=x"(r) : "x"(w), "m"(*(const __m256i *)p));
-    return r;
-}
 
 /* the lo and hi nibbles of the 8-lane half at p, each in the low 4 bits of its byte */
 #define UNPACK(lo, hi, p)                                                                       \
@@ -151,8 +139,8 @@ static inline __m256 fold(__m256 o, const __m256i a[PIECES], const uint16_t *sc,
 
 /* One row x the pair, one pass over its stream: per group, block 0's two halves, then block
  * 1's (b: written out twice, so that GCC keeps the six sums and four outputs in registers
- * without copies), the outputs in registers. Its digits come expanded (expand_row): a
- * memory operand of vpmaddubsw where a broadcast took an instruction, 1.12x in a probe. */
+ * without copies), the outputs in registers. (Its digits stored pre-broadcast, 24 bytes a
+ * column, as vpmaddubsw's memory operand ran 1.08x cache-hot but 0.69x from memory.) */
 #define ROW_BLOCK(b, g, nsteps)                                                                 \
     do {                                                                                        \
         __m256i a0[PIECES], a1[PIECES];                                                         \
@@ -164,9 +152,9 @@ static inline __m256 fold(__m256 o, const __m256i a[PIECES], const uint16_t *sc,
                 const uint8_t *step = wp + j * 128 + 64 * (b);                                  \
                 if ((b) == 0) prefetch_step(step);                                              \
                 UNPACK(lo0, hi0, step);                                                         \
-                STEP_SUMS(s0, lo0, hi0, EXPANDED, ex + 64 * j, 8 * K, 32);                      \
+                STEP_SUMS(s0, lo0, hi0, dig + 8 * j, K);                                        \
                 UNPACK(lo1, hi1, step + 32);                                                    \
-                STEP_SUMS(s1, lo1, hi1, EXPANDED, ex + 64 * j, 8 * K, 32);                      \
+                STEP_SUMS(s1, lo1, hi1, dig + 8 * j, K);                                        \
             }                                                                                   \
             widen(a0, s0);                                                                      \
             widen(a1, s1);                                                                      \
@@ -176,7 +164,7 @@ static inline __m256 fold(__m256 o, const __m256i a[PIECES], const uint16_t *sc,
     } while (0)
 
 static inline __attribute__((always_inline)) void row_tile(
-    const int8_t *ex, int64_t K, const uint8_t *wp, const uint16_t *sc, const uint16_t *mn,
+    const int8_t *dig, int64_t K, const uint8_t *wp, const uint16_t *sc, const uint16_t *mn,
     const float *xs, int64_t group, float *out) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
     __m256 o00 = _mm256_setzero_ps(), o01 = o00, o10 = o00, o11 = o00;
@@ -210,7 +198,7 @@ static inline __attribute__((always_inline)) void rows_tile(
                 for (int64_t j = 4 * c; j < 4 * c + 4; ++j) {
                     if (h == 0) prefetch_step(wp + j * 128);
                     UNPACK(lo, hi, wp + j * 128 + 32 * h);
-                    for (int r = 0; r < ROWS; ++r) STEP_SUMS(s[r], lo, hi, COMPACT, dig + r * PIECES * K + 8 * j, K, 4);
+                    for (int r = 0; r < ROWS; ++r) STEP_SUMS(s[r], lo, hi, dig + r * PIECES * K + 8 * j, K);
                 }
                 for (int r = 0; r < ROWS; ++r) widen(a[r], s[r]);
             }
@@ -237,29 +225,17 @@ static void store_rows(int R, const float *out, const float *rs, const float *bi
     }
 }
 
-/* R = 1 (digits expanded at ex) or ROWS rows (compact digits at dig) of the pair, groups of 32
- * (the common format: one int16 chunk a group) compiled apart so their loops unroll; then y */
-static void run_tile(int R, const int8_t *dig, const int8_t *ex, int64_t K, const uint8_t *wp,
-                     const uint16_t *sc, const uint16_t *mn, const float *xs, int64_t group,
-                     const float *rs, const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {
+/* R = 1 or ROWS rows of the pair, groups of 32 (the common format: one int16 chunk a group)
+ * compiled apart so their loops unroll; then y */
+static void run_tile(int R, const int8_t *dig, int64_t K, const uint8_t *wp, const uint16_t *sc,
+                     const uint16_t *mn, const float *xs, int64_t group, const float *rs,
+                     const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {
     float out[ROWS * 32];
-    if (R == 1 && group == 32) row_tile(ex, K, wp, sc, mn, xs, 32, out);
-    else if (R == 1) row_tile(ex, K, wp, sc, mn, xs, group, out);
+    if (R == 1 && group == 32) row_tile(dig, K, wp, sc, mn, xs, 32, out);
+    else if (R == 1) row_tile(dig, K, wp, sc, mn, xs, group, out);
     else if (group == 32) rows_tile(dig, K, wp, sc, mn, xs, 32, out);
     else rows_tile(dig, K, wp, sc, mn, xs, group, out);
     store_rows(R, out, rs, bias, o0, y, ldy, N);
-}
-
-/* A row's compact digits (dig[p * K + k]) as the 1-row tile reads them: per digit p and step
- * j, the words of columns 8j..8j+3 and 8j+4..8j+7 each broadcast to 32 bytes, at
- * ex[(p * K / 8 + j) * 64] (24 bytes a column: L2 holds a row of K = 8960) */
-static void expand_row(const int8_t *dig, int64_t K, int8_t *ex) {
-    for (int p = 0; p < PIECES; ++p)
-        for (int64_t j = 0; j < K / 8; ++j) {
-            int8_t *e = ex + (p * K / 8 + j) * 64;
-            _mm256_store_si256((__m256i *)e, bcast_word(dig + p * K + 8 * j));
-            _mm256_store_si256((__m256i *)(e + 32), bcast_word(dig + p * K + 8 * j + 4));
-        }
 }
 #endif
 
@@ -274,9 +250,8 @@ int graft_quant_int4_avx2_digits(const float *x, int64_t ldx, int64_t M, int64_t
     if (K % 32 || group % 32) return 1;
     const int64_t G = K / group, pairs = NB / 2;
     int8_t *dig = malloc((size_t)(M * PIECES * K));
-    int8_t *ex = aligned_alloc(64, (size_t)((ROWS - 1) * PIECES * K * 8)); /* a chunk's single rows */
     float *rs = malloc(sizeof(float) * (size_t)(M * (1 + G)));
-    int status = dig && ex && rs ? 0 : -1;
+    int status = dig && rs ? 0 : -1;
     float *xs = rs ? rs + M : 0;
     for (int64_t m = 0; m < M && !status; ++m) status = prep_row(x + m * ldx, K, dig + m * PIECES * K, rs + m);
     if (!status) { /* group sums of x, divided by the step, as quant_vnni_cpu.c */
@@ -286,22 +261,18 @@ int graft_quant_int4_avx2_digits(const float *x, int64_t ldx, int64_t M, int64_t
         for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
             const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
             const int64_t singles = mc + (mend - mc) / ROWS * ROWS; /* rows from here: 1-row tiles */
-            for (int64_t m = singles; m < mend; ++m)
-                expand_row(dig + m * PIECES * K, K, ex + (m - singles) * PIECES * K * 8);
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
             for (int64_t p = 0; p < pairs; ++p) {
                 if (p * 32 >= N) continue;
                 const uint8_t *wp = (const uint8_t *)w + p * K * 16;
                 for (int64_t m0 = mc; m0 < mend; m0 += m0 < singles ? ROWS : 1)
-                    run_tile(m0 < singles ? ROWS : 1, dig + m0 * PIECES * K,
-                             m0 < singles ? 0 : ex + (m0 - singles) * PIECES * K * 8, K, wp,
-                             scales4 + p * G * 64, mins4 + p * G * 64, xs + m0 * G, group, rs + m0,
-                             bias, p * 32, y + m0 * ldy, ldy, N);
+                    run_tile(m0 < singles ? ROWS : 1, dig + m0 * PIECES * K, K, wp, scales4 + p * G * 64,
+                             mins4 + p * G * 64, xs + m0 * G, group, rs + m0, bias, p * 32,
+                             y + m0 * ldy, ldy, N);
             }
         }
     }
     free(dig);
-    free(ex);
     free(rs);
     return status;
 #else
