@@ -1,6 +1,5 @@
 /* int8 and int4 weight-only linears on AVX2 + FMA (graft_quant_linear's integer calls on CPUs
- * without AVX-512 VNNI, or whose x holds inf or NaN; int4 goes to integer digits first,
- * quant_avx2_int4_cpu.c, and comes here only for such rows), W in
+ * without AVX-512 VNNI, or whose x holds inf or NaN), W in
  * quant_vnni_cpu.c's layouts: a pair's two 16-lane blocks alternate 64-byte steps; int8 holds
  * q + 128, four columns per lane word (byte t: column 4j + t); int4 holds eight (byte t: column
  * 8j + t in the low nibble, 8j + 4 + t in the high), y = sum_g s_g sum_k x q + min_g sum_k x.
@@ -35,10 +34,6 @@
 #endif
 
 enum { KIND_INT8 = 0, KIND_INT4 = 1 };
-int graft_quant_int4_avx2_digits(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
-                                 const uint16_t *scales4, const uint16_t *mins4, int64_t group,
-                                 const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
-                                 int nthreads);
 #define ROWS 4 /* rows of a one-block tile */
 
 #if INT_AVX2
@@ -155,11 +150,6 @@ int graft_quant_int_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64
                          const uint16_t *mins4, int64_t group, const float *bias, float *y,
                          int64_t ldy, int64_t N, int64_t NB, int nthreads) {
 #if INT_AVX2
-    if (kind == KIND_INT4) { /* integer digits (quant_avx2_int4_cpu.c) unless a row cannot be held */
-        const int status = graft_quant_int4_avx2_digits(x, ldx, M, K, w, scales4, mins4, group,
-                                                        bias, y, ldy, N, NB, nthreads);
-        if (status <= 0) return status;
-    }
     const int64_t KP = kind == KIND_INT8 ? (K + 3) / 4 * 4 : K, G = kind == KIND_INT4 ? K / group : 0;
     /* x without the weights' powers of 2, rows zero-padded to KP (int8's padded columns hold
      * q = 0), then int4's group sums [M][G] */

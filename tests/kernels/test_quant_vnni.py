@@ -92,6 +92,20 @@ def test_zero_tiny_and_non_finite_rows(scheme):
 
 
 @needs_c
+@pytest.mark.parametrize("scheme", ["int8", "int4-g32"])
+def test_a_nan_alone_in_its_row_gives_nan(scheme):
+    """The vector max over |x| drops a NaN once a later value meets it in its lane: found apart,
+    the row takes the fallback path, and comes out NaN as the reference's does (int8 rows came
+    out finite before), the other rows as before."""
+    qw = quantize(_weight(48, 64), QuantScheme.parse(scheme))
+    x = torch.randn(3, 64)
+    x[0, 3] = float("nan")  # early in the row: columns 19, 35, 51 meet it in the max
+    got = cpu_quant.quant_linear(x, qw)
+    assert got[0].isnan().all()
+    torch.testing.assert_close(got[1:], quant_linear(x[1:], qw), rtol=1e-5, atol=1e-5)
+
+
+@needs_c
 @pytest.mark.skipif(bool(os.environ.get("GRAFT_CPU_MARCH", "").strip()) or bool(os.environ.get("GRAFT_CPU_ISA")),
                     reason="the build or its path is not this CPU's own (GRAFT_CPU_MARCH / GRAFT_CPU_ISA)")
 def test_isa_names_the_integer_path():
