@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec16.h"
+
 static inline float bf16_to_float(uint16_t x) {
     uint32_t u = (uint32_t)x << 16;
     float f;
@@ -45,7 +47,8 @@ static inline v16f_bf bf16_to_float16(const uint16_t *p) {
 
 static inline v16u_bf bf16_round_bits16(v16f_bf f) {
     const v16u_bf u = (v16u_bf)f;
-    const v16u_bf nan = (v16u_bf)((u & 0x7fffffffu) > 0x7f800000u);
+    /* |f| > inf as integers (both below 2^31, so the signed compare is the unsigned one) */
+    const v16u_bf nan = (v16u_bf)v16_gt_i((v16i)(u & 0x7fffffffu), (v16i){0} + 0x7f800000);
     const v16u_bf r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
     return (nan & (u | 0x400000u)) | (~nan & r);
 }

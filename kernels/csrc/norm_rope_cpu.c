@@ -273,7 +273,7 @@ INLINE void store16_dt(void *p, int64_t i, v16f v, int dt) {
     if (dt == BF16)
         float_to_bf16_16((uint16_t *)p + i, v);
     else
-        memcpy((float *)p + i, &v, sizeof v);
+        v16_store((float *)p + i, v);
 }
 
 INLINE v16f round16_to(v16f v, int dt) { return dt == BF16 ? bf16_round16(v) : v; }
@@ -289,7 +289,7 @@ INLINE void silu_mul_row(const void *restrict gate, const void *restrict up, voi
 #if defined(__GNUC__) && !defined(__clang__)
     for (; i + 16 <= inter; i += 16) { /* silu() on 16 lanes (gcc keeps the loop scalar) */
         const v16f x = load16_dt(gate, i, dt);
-        const v16i pos = x >= 0.0f;
+        const v16i pos = v16_ge(x, (v16f){0});
         const v16f e = exp_neg16((v16f)((v16i)x | (int32_t)0x80000000)); /* exp(-|x|) */
         const v16f big = 1.0f / e;
         const v16f den = 1.0f + (v16f)((pos & (v16i)e) | (~pos & (v16i)big));

@@ -119,47 +119,79 @@ static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_siz
 /* Fast path for an fp32 query and head_dim 64 or 128, over fp32, bf16 or int8 caches (GCC
  * vector extensions). The plain path spends most
  * of its time folding each 16-lane dot product into one score and keeping accumulators on
- * the stack; here the partial sums of 16 tokens are folded together in four shuffle-add
+ * the stack; here the partial sums of a tile of tokens are folded together in shuffle-add
  * rounds, and each head's query and output row stay in registers while K and V stream past
  * (a sequence's K and V fit in L2, so the per-head passes after the first hit cache). */
-/* r[j] = sum of the 16 lanes of x[j], for j < 16 (x is clobbered). */
-static inline v16f fold16(v16f *x) {
-    const v16i lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const v16i hi8 = lo8 + 8;
-    const v16i lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const v16i hi4 = lo4 + 4;
-    const v16i lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const v16i hi2 = lo2 + 2;
-    const v16i ev = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const v16i od = ev + 1;
+/* The vector width: 16 lanes (a zmm) with AVX-512, else 8 (a ymm). GCC 12 keeps no 64-byte
+ * vector in registers without AVX-512: there the 16-lane kernel ran through the stack, 6x
+ * slower than in the AVX-512 build and 2.4x slower than the plain path (issue 49). A score
+ * tile is LANES tokens, a head row d / LANES chunks. */
+#ifdef __AVX512F__
+#define LANES 16
+typedef v16f vf;
+typedef v16i vi;
+#else
+#define LANES 8
+typedef v8f vf;
+typedef v8i vi;
+#endif
+typedef int8_t vc __attribute__((vector_size(LANES)));
+typedef uint16_t vh __attribute__((vector_size(2 * LANES)));
+typedef uint32_t vu __attribute__((vector_size(4 * LANES)));
+
+static inline vf loadv(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* r[j] = sum of the LANES lanes of x[j], for j < LANES (x is clobbered): shuffle-add rounds,
+ * each halving the partial sums of twice the tokens, ending in token order. */
+static inline vf fold_tile(vf *x) {
+#if LANES == 16
+    const vi lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    const vi hi8 = lo8 + 8;
+    const vi lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    const vi lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+    const vi ev = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
     for (int j = 0; j < 8; ++j) /* token pairs: 8 partial sums each */
         x[j] = __builtin_shuffle(x[2 * j], x[2 * j + 1], lo8) + __builtin_shuffle(x[2 * j], x[2 * j + 1], hi8);
-    for (int j = 0; j < 4; ++j) /* 4 tokens x 4 */
+#else
+    const vi lo4 = {0, 1, 2, 3, 8, 9, 10, 11};
+    const vi lo2 = {0, 1, 4, 5, 8, 9, 12, 13};
+    const vi ev = {0, 2, 4, 6, 8, 10, 12, 14};
+#endif
+    const vi hi4 = lo4 + 4, hi2 = lo2 + 2, od = ev + 1;
+    for (int j = 0; j < 4; ++j) /* 4 partial sums a token (8 lanes: the token pairs) */
         x[j] = __builtin_shuffle(x[2 * j], x[2 * j + 1], lo4) + __builtin_shuffle(x[2 * j], x[2 * j + 1], hi4);
-    for (int j = 0; j < 2; ++j) /* 8 tokens x 2 */
+    for (int j = 0; j < 2; ++j) /* 2 a token */
         x[j] = __builtin_shuffle(x[2 * j], x[2 * j + 1], lo2) + __builtin_shuffle(x[2 * j], x[2 * j + 1], hi2);
     return __builtin_shuffle(x[0], x[1], ev) + __builtin_shuffle(x[0], x[1], od); /* token order */
 }
 
 /* exp_shifted for the fast path: sc[i] <- exp(sc[i] - max), returns the sum and the max in
- * *max_out; 16 lanes at a time, the tail with the scalar exp_neg. */
-static inline float exp_shifted16(float *sc, int64_t n, float *max_out) {
+ * *max_out; LANES at a time, the tail with the scalar exp_neg. */
+static inline float exp_shifted_v(float *sc, int64_t n, float *max_out) {
     float mx = -INFINITY;
     int64_t i = 0;
-    if (n >= 16) {
-        v16f mv = load16(sc);
-        for (i = 16; i + 16 <= n; i += 16) {
-            const v16f x = load16(sc + i);
-            mv = (v16f)(((v16i)x & (x > mv)) | ((v16i)mv & ~(x > mv)));
+    if (n >= LANES) {
+        vf mv = loadv(sc);
+        for (i = LANES; i + LANES <= n; i += LANES) {
+            const vf x = loadv(sc + i);
+            mv = (vf)(((vi)x & (x > mv)) | ((vi)mv & ~(x > mv)));
         }
-        for (int l = 0; l < 16; ++l) mx = mv[l] > mx ? mv[l] : mx;
+        for (int l = 0; l < LANES; ++l) mx = mv[l] > mx ? mv[l] : mx;
     }
     for (; i < n; ++i) mx = sc[i] > mx ? sc[i] : mx;
     *max_out = mx;
-    v16f tv = (v16f){0};
+    vf tv = (vf){0};
     float total = 0.0f;
-    for (i = 0; i + 16 <= n; i += 16) {
-        const v16f e = exp_neg16(load16(sc + i) - mx);
+    for (i = 0; i + LANES <= n; i += LANES) {
+#if LANES == 16
+        const vf e = exp_neg16(loadv(sc + i) - mx);
+#else
+        const vf e = exp_neg8(loadv(sc + i) - mx);
+#endif
         memcpy(sc + i, &e, sizeof e);
         tv += e;
     }
@@ -167,36 +199,38 @@ static inline float exp_shifted16(float *sc, int64_t n, float *max_out) {
         sc[i] = exp_neg(sc[i] - mx);
         total += sc[i];
     }
-    for (int l = 0; l < 16; ++l) total += tv[l];
+    for (int l = 0; l < LANES; ++l) total += tv[l];
     return total;
 }
 
-typedef int8_t v16c __attribute__((vector_size(16)));
-
-/* 16 cache values at element offset `off` as fp32 (int8: unscaled; the caller applies the
+/* LANES cache values at element offset `off` as fp32 (int8: unscaled; the caller applies the
  * row's scale once per dot product or per probability). `cd` is a constant at every call. */
-static inline __attribute__((always_inline)) v16f load_kv16(const void *base, int64_t off,
-                                                           const int cd) {
-    if (cd == F32) return load16((const float *)base + off);
-    if (cd == BF16) return (v16f)bf16_to_float16((const uint16_t *)base + off);
+static inline __attribute__((always_inline)) vf load_kv(const void *base, int64_t off,
+                                                       const int cd) {
+    if (cd == F32) return loadv((const float *)base + off);
+    if (cd == BF16) {
+        vh h;
+        memcpy(&h, (const uint16_t *)base + off, sizeof h);
+        return (vf)(__builtin_convertvector(h, vu) << 16);
+    }
 #ifdef __AVX512F__
     /* gcc's __builtin_convertvector from 16 int8 goes element by element: one sign-extend
      * and one convert instead */
-    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
         _mm_loadu_si128((const __m128i *)((const int8_t *)base + off))));
 #else
-    v16c c;
+    vc c;
     memcpy(&c, (const int8_t *)base + off, sizeof c);
-    return __builtin_convertvector(c, v16f);
+    return __builtin_convertvector(c, vf);
 #endif
 }
 
-/* The 16 lane-wise partial sums of q . k over `chunks` 16-value chunks of a cache row. */
-static inline __attribute__((always_inline)) v16f dot_lanes(const v16f *qv, const void *k,
-                                                           int64_t off, const int64_t chunks,
-                                                           const int cd) {
-    v16f a = qv[0] * load_kv16(k, off, cd);
-    for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load_kv16(k, off + 16 * c, cd);
+/* The LANES lane-wise partial sums of q . k over `chunks` LANES-value chunks of a cache row. */
+static inline __attribute__((always_inline)) vf dot_lanes(const vf *qv, const void *k,
+                                                         int64_t off, const int64_t chunks,
+                                                         const int cd) {
+    vf a = qv[0] * load_kv(k, off, cd);
+    for (int64_t c = 1; c < chunks; ++c) a += qv[c] * load_kv(k, off + LANES * c, cd);
     return a;
 }
 
@@ -229,7 +263,7 @@ typedef struct {
  * rows [Hq, D] over a cache of dtype `cd` (fp32, bf16, or int8 with per-token-and-head
  * scales ks/vs). Writes per head {m, l, acc[D]} to part: m the largest score, l the sum of
  * exp(score - m), acc the sum of exp(score - m) * v (merged across items by merge_parts).
- * `chunks` (head_dim / 16) and `cd` are compile-time constants at each call below, so qv,
+ * `chunks` (head_dim / LANES) and `cd` are compile-time constants at each call below, so qv,
  * part and acc are indexed by constants and live in registers.
  *
  * Memory: the item's K and V are read from DRAM once (the later heads find them in L1/L2).
@@ -241,28 +275,28 @@ static inline __attribute__((always_inline)) void part_decode_fast(
         const float *vs, const int cd, const int32_t *table, int64_t t0, int64_t t1,
         int64_t num_kv_heads, int64_t group, const int64_t chunks, int64_t block_size,
         float scale, float *scores, float *part, next_rows_t next, int first) {
-    const int64_t d = 16 * chunks, kv_width = num_kv_heads * d, num_q_heads = num_kv_heads * group;
+    const int64_t d = LANES * chunks, kv_width = num_kv_heads * d, num_q_heads = num_kv_heads * group;
     const int64_t row_bytes = kv_width * (cd == F32 ? 4 : cd == BF16 ? 2 : 1), n = t1 - t0;
     if (first) prefetch_rows(k_cache, v_cache, table, t0, t1, block_size, row_bytes);
-    /* rows of the next item per 16-token tile, spread over this one's tiles */
-    const int64_t pf_n = next.hi - next.lo, tiles = num_q_heads * (n / 16);
+    /* rows of the next item per tile, spread over this one's tiles */
+    const int64_t pf_n = next.hi - next.lo, tiles = num_q_heads * (n / LANES);
     const int64_t per_tile = tiles ? (pf_n + tiles - 1) / tiles : 0;
     int64_t pf_next = tiles ? 0 : pf_n;
     for (int64_t hq = 0; hq < num_q_heads; ++hq) {
         const int64_t kvh = hq / group, koff = kvh * d;
-        v16f qv[chunks];
-        for (int64_t c = 0; c < chunks; ++c) qv[c] = load16(q + hq * d + 16 * c) * scale;
+        vf qv[chunks];
+        for (int64_t c = 0; c < chunks; ++c) qv[c] = loadv(q + hq * d + LANES * c) * scale;
         float *sc = scores + hq * PART;
         int64_t t = 0;
-        for (; t + 16 <= n; t += 16) {
-            v16f dots[16];
+        for (; t + LANES <= n; t += LANES) {
+            vf dots[LANES];
 #pragma GCC unroll 16
-            for (int j = 0; j < 16; ++j) {
+            for (int j = 0; j < LANES; ++j) {
                 const int64_t slot = slot_of(table, t0 + t + j, block_size);
                 dots[j] = dot_lanes(qv, k_cache, slot * kv_width + koff, chunks, cd);
                 if (cd == I8) dots[j] *= ks[slot * num_kv_heads + kvh];
             }
-            const v16f r = fold16(dots);
+            const vf r = fold_tile(dots);
             memcpy(sc + t, &r, sizeof r);
             if (pf_next < pf_n) {
                 const int64_t hi = pf_next + per_tile < pf_n ? pf_next + per_tile : pf_n;
@@ -273,17 +307,17 @@ static inline __attribute__((always_inline)) void part_decode_fast(
         }
         for (; t < n; ++t) { /* the tail, one token at a time */
             const int64_t slot = slot_of(table, t0 + t, block_size);
-            const v16f a = dot_lanes(qv, k_cache, slot * kv_width + koff, chunks, cd);
+            const vf a = dot_lanes(qv, k_cache, slot * kv_width + koff, chunks, cd);
             float sum = 0.0f;
-            for (int l = 0; l < 16; ++l) sum += a[l];
+            for (int l = 0; l < LANES; ++l) sum += a[l];
             sc[t] = cd == I8 ? sum * ks[slot * num_kv_heads + kvh] : sum;
         }
         float *ph = part + hq * (d + 2);
-        ph[1] = exp_shifted16(sc, n, &ph[0]);
+        ph[1] = exp_shifted_v(sc, n, &ph[0]);
         /* two accumulator sets (even and odd tokens): one set is a chain of dependent adds
          * that waits on the add latency every token */
-        v16f acc[chunks], acc2[chunks];
-        for (int64_t c = 0; c < chunks; ++c) acc[c] = acc2[c] = (v16f){0};
+        vf acc[chunks], acc2[chunks];
+        for (int64_t c = 0; c < chunks; ++c) acc[c] = acc2[c] = (vf){0};
         int64_t i = 0;
         for (; i + 2 <= n; i += 2) {
             const int64_t s1 = slot_of(table, t0 + i, block_size);
@@ -294,15 +328,15 @@ static inline __attribute__((always_inline)) void part_decode_fast(
                 p2 *= vs[s2 * num_kv_heads + kvh];
             }
             for (int64_t c = 0; c < chunks; ++c) {
-                acc[c] += p * load_kv16(v_cache, s1 * kv_width + koff + 16 * c, cd);
-                acc2[c] += p2 * load_kv16(v_cache, s2 * kv_width + koff + 16 * c, cd);
+                acc[c] += p * load_kv(v_cache, s1 * kv_width + koff + LANES * c, cd);
+                acc2[c] += p2 * load_kv(v_cache, s2 * kv_width + koff + LANES * c, cd);
             }
         }
         if (i < n) {
             const int64_t s1 = slot_of(table, t0 + i, block_size);
             const float p = sc[i] * (cd == I8 ? vs[s1 * num_kv_heads + kvh] : 1.0f);
             for (int64_t c = 0; c < chunks; ++c)
-                acc[c] += p * load_kv16(v_cache, s1 * kv_width + koff + 16 * c, cd);
+                acc[c] += p * load_kv(v_cache, s1 * kv_width + koff + LANES * c, cd);
         }
         for (int64_t c = 0; c < chunks; ++c) acc[c] += acc2[c];
         memcpy(ph + 2, acc, sizeof acc);
@@ -318,12 +352,12 @@ static inline __attribute__((always_inline)) void part_decode_fast(
         part_decode_fast(q, k, v, ks, vs, cd, table, t0, t1, hkv, group, chunks, bs, scale,    \
                          scores, part, next, first);                                           \
     }
-GRAFT_PART_DECODE(part_decode_f32_64, F32, 4)
-GRAFT_PART_DECODE(part_decode_f32_128, F32, 8)
-GRAFT_PART_DECODE(part_decode_bf16_64, BF16, 4)
-GRAFT_PART_DECODE(part_decode_bf16_128, BF16, 8)
-GRAFT_PART_DECODE(part_decode_i8_64, I8, 4)
-GRAFT_PART_DECODE(part_decode_i8_128, I8, 8)
+GRAFT_PART_DECODE(part_decode_f32_64, F32, 64 / LANES)
+GRAFT_PART_DECODE(part_decode_f32_128, F32, 128 / LANES)
+GRAFT_PART_DECODE(part_decode_bf16_64, BF16, 64 / LANES)
+GRAFT_PART_DECODE(part_decode_bf16_128, BF16, 128 / LANES)
+GRAFT_PART_DECODE(part_decode_i8_64, I8, 64 / LANES)
+GRAFT_PART_DECODE(part_decode_i8_128, I8, 128 / LANES)
 
 typedef void (*part_decode_fn)(const float *, const void *, const void *, const float *,
                                const float *, const int32_t *, int64_t, int64_t, int64_t,
