@@ -1,6 +1,6 @@
 """The C row argmax the sampler takes greedy tokens from equals torch.argmax(dim=-1): the first
 index of the largest value, a NaN counting as the largest, on every width around the 16-lane
-vector, strided rows, and the rows torch keeps (other dtypes, GPU) going to torch."""
+vector (8 lanes in an AVX2 build, test_avx2_build.py), strided rows, and the rows torch keeps (other dtypes, GPU) going to torch."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ from graft.kernels import argmax, cpu_ops
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="the C kernels could not be built")
 
 
-@pytest.mark.parametrize("width", [1, 2, 15, 16, 17, 31, 32, 33, 100, 49152])
+@pytest.mark.parametrize("width", [1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100, 49152])
 def test_ties_nans_and_infinities_follow_torch(width):
     gen = torch.Generator().manual_seed(width)
     for trial in range(60):

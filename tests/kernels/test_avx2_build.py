@@ -1,8 +1,8 @@
 """The C kernels built as for a CPU without AVX-512 (GRAFT_CPU_MARCH=x86-64-v3), on a machine
 that has it. Their AVX2-only code (the attention's 8-lane fast path in paged_decode_cpu.c, the
-16-lane compares and stores of vec16.h) is compiled only in such a build, so the attention and
-row-op tests run again against one, in a fresh process. On an AVX2 machine the tests run it
-natively."""
+16-lane compares and stores of vec16.h, argmax's 8-lane passes) is compiled only in such a
+build, so the attention, row-op and argmax tests run again against one, in a fresh process.
+On an AVX2 machine the tests run it natively."""
 
 import os
 import subprocess
@@ -19,9 +19,10 @@ _FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo")
 @pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
 @pytest.mark.skipif(not {"avx512f", "avx2", "fma", "f16c"} <= _FLAGS, reason="this CPU's own build is the AVX2 one (or has no AVX2)")
 @pytest.mark.skipif(bool(os.environ.get("GRAFT_CPU_MARCH", "").strip()), reason="GRAFT_CPU_MARCH already picks the build")
-def test_the_avx2_build_passes_the_attention_and_row_op_tests():
+def test_the_avx2_build_passes_the_attention_row_op_and_argmax_tests():
     root = Path(__file__).resolve().parents[2]
-    tests = [str(root / "tests" / "kernels" / name) for name in ("test_cpu_ops.py", "test_cpu_row_ops.py")]
+    tests = [str(root / "tests" / "kernels" / name)
+             for name in ("test_cpu_ops.py", "test_cpu_row_ops.py", "test_argmax.py")]
     env = dict(os.environ, GRAFT_CPU_MARCH="x86-64-v3")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                           env=env, capture_output=True, text=True, timeout=900, cwd=root)
