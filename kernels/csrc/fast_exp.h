@@ -1,4 +1,4 @@
-/* exp for arguments <= 0 (softmax, sigmoid), scalar and on 16 lanes (GCC vector
+/* exp for arguments <= 0 (softmax, sigmoid), scalar and on 16 or 8 lanes (GCC vector
  * extensions); shared by the C kernels in this folder. */
 #ifndef GRAFT_FAST_EXP_H
 #define GRAFT_FAST_EXP_H

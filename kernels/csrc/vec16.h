@@ -1,8 +1,8 @@
 /* GCC's 16-lane vectors (64 bytes) for the C kernels in this folder, and their lane-wise
  * compares. With AVX-512 a compare is one instruction. Without it (an AVX2 build: Zen 3, older
  * Xeons) GCC 12 lowers a 64-byte compare lane by lane, a vcomiss and a vpinsrd per lane: there
- * silu_mul ran 5x slower than in the AVX-512 build and the attention's softmax max alike, so
- * on AVX2 the compares run on the two 8-lane halves (two AVX2 compares; issue 49). The
+ * silu_mul ran 5x slower than in the AVX-512 build, so on AVX2 the compares run on the two
+ * 8-lane halves (two AVX2 compares; issue 49; the attention uses 8-lane vectors there). The
  * results are the generic operators' (-1 where true, 0 where false; ordered, so false for NaN).
  * Stores likewise (v16_store).
  */
