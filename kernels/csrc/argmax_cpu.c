@@ -50,7 +50,7 @@ static int64_t argmax_row(const float *x, int64_t n) {
         for (int l = 1; l < 8; ++l) best = lanes[l] > best ? lanes[l] : best;
     }
 #endif
-    for (; i < n && !nan; ++i) { /* the tail, or the whole row without AVX-512 */
+    for (; i < n && !nan; ++i) { /* the tail, or the whole row without AVX-512 or AVX2 */
         nan = x[i] != x[i];
         best = x[i] > best ? x[i] : best;
     }
