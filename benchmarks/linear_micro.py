@@ -54,7 +54,7 @@ def _call_args(cpu_quant, weight, x, y):
     """The argument list of graft_quant_linear for x @ weight^T into y (no bias)."""
     p = cpu_quant.pack(weight)
     n, k = weight.shape
-    return [cpu_quant.KIND_CODES[weight.scheme.kind], x.data_ptr(), x.stride(0), x.shape[0], k,
+    return [cpu_quant.kind_code(weight.scheme), x.data_ptr(), x.stride(0), x.shape[0], k,
             p.weight.data_ptr(), *p.pointers(weight.scheme.kind), weight.scheme.group_size, None,
             y.data_ptr(), n, n, p.num_blocks, 1]
 

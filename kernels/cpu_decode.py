@@ -24,7 +24,7 @@ def linear_desc(weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearDes
     p = cpu_quant.pack(weight)
     kind = weight.scheme.kind
     n, k = weight.shape
-    return LinearDesc(cpu_quant.KIND_CODES[kind], p.weight.data_ptr(), *p.pointers(kind),
+    return LinearDesc(cpu_quant.kind_code(weight.scheme), p.weight.data_ptr(), *p.pointers(kind),
                       weight.scheme.group_size, _addr(bias), n, k, p.num_blocks)
 
 

@@ -19,6 +19,12 @@ from graft.kernels import cpu_ops
 from graft.kernels.quant_formats import QuantizedWeight
 
 KIND_CODES = {"int8": 0, "int4": 1, "bf16": 2, "fp32": 3}  # quant_linear_cpu.c KIND_*
+INT4_A8 = 4  # KIND_INT4_A8: int4's layout, x rounded to 8 bits (kernels/csrc/quant_a8_cpu.c)
+
+
+def kind_code(scheme) -> int:
+    """The C kind of a scheme (KIND_CODES; the -a8 schemes their own)."""
+    return INT4_A8 if scheme.act8 else KIND_CODES[scheme.kind]
 
 
 @dataclass
@@ -268,13 +274,13 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     if rows:
         lib = cpu_ops._lib()
         bias_c = None if bias is None else bias.contiguous()
-        args = [KIND_CODES[weight.scheme.kind], x2.data_ptr(), x2.stride(0), rows, k, p.weight.data_ptr(),
+        args = [kind_code(weight.scheme), x2.data_ptr(), x2.stride(0), rows, k, p.weight.data_ptr(),
                 *p.pointers(weight.scheme.kind), weight.scheme.group_size,
                 None if bias_c is None else bias_c.data_ptr(), y.data_ptr(), n, n]
         if portable:
             lib.graft_quant_linear_portable(*args, torch.get_num_threads())
         elif lib.graft_quant_linear(*args, p.num_blocks, torch.get_num_threads()):
-            raise MemoryError(f"quant_linear (C): no memory for the scratch of {rows} rows (activation digits, int4 group sums)")
+            raise MemoryError(f"quant_linear (C): no memory for the scratch of {rows} rows (activation digits or bytes, int4 group sums)")
     return y.reshape(*lead, n)
 
 

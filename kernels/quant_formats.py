@@ -10,6 +10,12 @@ A scheme says how one weight [out, in] is held in memory:
 Activations stay in the engine's dtype: every product is w(dequantized) * x, so a quantized
 linear equals F.linear on the dequantized weight up to float summation order. That is the
 parity contract (HF transformers running the same dequantized weights).
+
+One scheme family gives that up on purpose: int4-gG-a8 (llama.cpp's q4 x q8 dot product)
+rounds each row of x to int8 per block of 32 columns before the int4 linear (round_activations),
+so a CPU without AVX-512 multiplies in integers (kernels/csrc/quant_a8_cpu.c). Its reference
+is the dequantized weight times the rounded x: HF matches it with the same rounding as a hook
+on each such linear's input (serving.models.quant_config.dequantize_hf_model).
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import torch.nn.functional as F
 KINDS = ("fp32", "bf16", "int8", "int4")
 INT4_GROUPS = (32, 64, 128)
 DEFAULT_INT4_GROUP = 32  # llama.cpp's Q4 group: the best quality of the three on small models
-SCHEME_NAMES = ("fp32", "bf16", "int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS))
+ACT_BLOCK = 32  # columns of x per int8 scale in the -a8 schemes (llama.cpp's q8 block)
+SCHEME_NAMES = ("fp32", "bf16", "int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS),
+                "int4-a8", *(f"int4-g{g}-a8" for g in INT4_GROUPS))
 
 
 class QuantSchemeError(ValueError):
@@ -33,21 +41,25 @@ class QuantSchemeError(ValueError):
 class QuantScheme:
     kind: str  # one of KINDS
     group_size: int = 0  # int4 only
+    act8: bool = False  # int4 only: x rounded to int8 per ACT_BLOCK columns first (round_activations)
 
     @classmethod
     def parse(cls, text: str, where: str = "scheme") -> "QuantScheme":
         name = str(text).strip().lower()
-        if name == "int4":
-            return cls("int4", DEFAULT_INT4_GROUP)
-        if name.startswith("int4-g") and name[6:].isdigit() and int(name[6:]) in INT4_GROUPS:
-            return cls("int4", int(name[6:]))
+        base, act8 = (name[:-3], True) if name.endswith("-a8") else (name, False)
+        if base == "int4":
+            return cls("int4", DEFAULT_INT4_GROUP, act8)
+        if base.startswith("int4-g") and base[6:].isdigit() and int(base[6:]) in INT4_GROUPS:
+            return cls("int4", int(base[6:]), act8)
         if name in ("fp32", "bf16", "int8"):
             return cls(name)
         raise QuantSchemeError(f"{where}={text!r} is not a weight scheme; valid: {', '.join(SCHEME_NAMES)}")
 
     @property
     def name(self) -> str:
-        return f"int4-g{self.group_size}" if self.kind == "int4" else self.kind
+        if self.kind != "int4":
+            return self.kind
+        return f"int4-g{self.group_size}" + ("-a8" if self.act8 else "")
 
     def check_shape(self, out_features: int, in_features: int, where: str) -> None:
         if self.kind == "int4" and in_features % self.group_size:
@@ -167,11 +179,31 @@ def quantize(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
                            lo.to(torch.float16).contiguous())
 
 
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32) rounded to int8 per block of ACT_BLOCK columns of its last dim, as the -a8
+    schemes multiply it: d = max|x| / 127, x_hat = round(x * (1 / d)) * d (to nearest even).
+    A block holding inf or NaN becomes NaN (so does every output that reads it); one whose d
+    would be subnormal (1 / d could overflow) becomes zero."""
+    k = x.shape[-1]
+    if k % ACT_BLOCK:
+        raise QuantSchemeError(f"8-bit activations take rows whose width is a multiple of {ACT_BLOCK}, not {k}")
+    blocks = x.float().reshape(*x.shape[:-1], k // ACT_BLOCK, ACT_BLOCK)
+    d = blocks.abs().amax(dim=-1, keepdim=True) / 127.0
+    inv = torch.where(d >= torch.finfo(torch.float32).tiny, 1.0 / d, torch.zeros_like(d))
+    return (torch.round(blocks * inv) * d).reshape(x.shape)
+
+
+def linear_input(x: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """x in fp32 as a linear of `scheme` multiplies it (rounded for the -a8 schemes)."""
+    return round_activations(x.float()) if scheme.act8 else x.float()
+
+
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ dequantize(weight).T + bias, computed in fp32, returned in x's dtype."""
+    """x [..., in] @ dequantize(weight).T + bias, computed in fp32 (x rounded first for the -a8
+    schemes), returned in x's dtype."""
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
-    out = F.linear(x.float(), weight.dequantize().to(x.device),
+    out = F.linear(linear_input(x, weight.scheme), weight.dequantize().to(x.device),
                    None if bias is None else bias.float())
     return out.to(x.dtype)

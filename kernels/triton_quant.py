@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
+from graft.kernels.quant_formats import QuantizedWeight, QuantScheme, round_activations
 from graft.kernels.triton_ops import INTERPRET, _check_device
 
 __all__ = ["quant_linear", "launch_config", "compile_specs", "INTERPRET"]
@@ -212,6 +212,10 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
+    if weight.scheme.act8 and not tuning.pop("rounded", False):
+        # the -a8 schemes: x rounded in torch, then the int4 kernel on that fp32 x_hat
+        out = quant_linear(round_activations(x.float()), weight, bias, rounded=True, **tuning)
+        return out.to(x.dtype)
     kind = weight.scheme.kind
     if kind not in _KIND or x.dtype not in _X_DTYPES:
         raise ValueError(f"quant_linear (triton) takes {', '.join(_KIND)} weights and float32/bfloat16/"

@@ -41,7 +41,7 @@
 #define GRAFT_QUANT_AVX512 0
 #endif
 
-enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2, KIND_F32 = 3 };
+enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2, KIND_F32 = 3, KIND_INT4_A8 = 4 };
 #define MAX_MR 6     /* rows per tile: 6 rows x 2 blocks = 12 accumulators */
 #define M_CHUNK 96   /* rows whose x stays in L2 while every block of W passes over them */
 #define WIDEN_ROWS 128 /* bf16 under fp32 x: from here widening once per call pays (one thread,
@@ -63,6 +63,10 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
                          int nthreads);
 
 int graft_quant_avx2(void);
+int graft_quant_int4_a8(int vector, const float *x, int64_t ldx, int64_t M, int64_t K,
+                        const void *w, const uint16_t *scales4, const uint16_t *mins4,
+                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
+                        int64_t NB, int nthreads); /* int4 x 8-bit activations (quant_a8_cpu.c) */
 int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *bias, float *y, int64_t ldy, int64_t N,
                             int64_t NB, int nthreads); /* fp32, bf16 */
@@ -348,6 +352,9 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
                         int64_t ldy, int64_t N, int64_t NB, int nthreads) {
     const int level = graft_quant_isa();
     const int integer = kind == KIND_INT8 || kind == KIND_INT4;
+    if (kind == KIND_INT4_A8) /* its own integer kernel on AVX2 and up */
+        return graft_quant_int4_a8(level >= 1, x, ldx, M, K, w, scales4, mins4, group, bias, y,
+                                   ldy, N, NB, nthreads);
     if (integer && level >= 3) {
         const int status = graft_quant_linear_vnni(kind, x, ldx, M, K, w, scale8, scales4, mins4,
                                                    group, bias, y, ldy, N, NB, nthreads, level >= 4);
@@ -394,6 +401,12 @@ void graft_quant_linear_portable(int kind, const float *x, int64_t ldx, int64_t 
                                  const void *w, const float *scale8, const uint16_t *scales4,
                                  const uint16_t *mins4, int64_t group, const float *bias,
                                  float *y, int64_t ldy, int64_t N, int nthreads) {
+    if (kind == KIND_INT4_A8) { /* x_hat through the int4 loop below (NB unused there) */
+        if (graft_quant_int4_a8(0, x, ldx, M, K, w, scales4, mins4, group, bias, y, ldy, N, 0, nthreads))
+            for (int64_t m = 0; m < M; ++m) /* no scratch: NaN, never stale numbers */
+                for (int64_t o = 0; o < N; ++o) y[m * ldy + o] = 0.0f / 0.0f;
+        return;
+    }
     qlinear_portable(kind, x, ldx, M, K, (const uint8_t *)w, scale8, scales4, mins4, group,
                      bias, y, ldy, N, nthreads);
 }

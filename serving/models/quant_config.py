@@ -160,9 +160,14 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
     """Replace, in place, each Linear weight of an HF causal LM by its dequantized value under
     `plan` (the engine's plan for the same checkpoint): the reference a quantized engine must
     match. Quantization is per output row, so q/k/v (gate/up) quantized apart equal the
-    engine's stacked matrix. A tied head gets its own dequantized copy (the embedding stays)."""
+    engine's stacked matrix. A tied head gets its own dequantized copy (the embedding stays).
+    A linear of an -a8 scheme also rounds its input as the engine does (a forward pre-hook,
+    graft.kernels.quant_formats.round_activations)."""
     import torch
-    from graft.kernels.quant_formats import quantize
+    from graft.kernels.quant_formats import quantize, round_activations
+
+    def rounded_input(_module, args):
+        return (round_activations(args[0].float()).to(args[0].dtype), *args[1:])
 
     for name, module in hf_model.named_modules():
         if isinstance(getattr(module, "gate_up_proj", None), nn.Parameter):
@@ -178,6 +183,8 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
             with torch.no_grad():
                 deq = quantize(module.weight, scheme).dequantize().to(module.weight.dtype)
             module.weight = nn.Parameter(deq, requires_grad=False)  # unties a tied head
+        if scheme.act8:
+            module.register_forward_pre_hook(rounded_input)
     return hf_model
 
 
@@ -200,6 +207,9 @@ def _dequantize_fused_experts(name: str, module: nn.Module, plan: dict[str, Quan
                                        "the engine's plan; is it the same checkpoint?")
             if scheme.kind == "fp32":
                 continue
+            if scheme.act8:
+                raise GraftConfigError(f"{base}.{e}.{pname}: the HF reference rounds the inputs of "
+                                       f"{scheme.name} only on plain linears, not on fused experts")
             weight = param[e].t() if transposed else param[e]  # [out, in]
             with torch.no_grad():
                 value = quantize(weight, scheme).dequantize().to(param.dtype)
