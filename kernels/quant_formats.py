@@ -65,7 +65,7 @@ class QuantScheme:
         if self.kind == "int4" and in_features % self.group_size:
             raise QuantSchemeError(
                 f"{where}: int4 group size {self.group_size} does not divide the layer's input width "
-                f"{in_features}; use a group size that does ({', '.join(f'int4-g{g}' for g in INT4_GROUPS if in_features % g == 0) or 'none fits: use int8'})")
+                f"{in_features}; use a group size that does ({', '.join(f'int4-g{g}' + ('-a8' if self.act8 else '') for g in INT4_GROUPS if in_features % g == 0) or 'none fits: use int8'})")
 
     def bytes_per_weight(self) -> float:
         return {"fp32": 4.0, "bf16": 2.0, "int8": 1.0}.get(self.kind, 0.5 + 4.0 / max(self.group_size, 1))

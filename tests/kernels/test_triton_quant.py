@@ -26,7 +26,7 @@ IN_PROCESS = (os.environ.get("TRITON_INTERPRET") == "0" or "triton" not in sys.m
 if IN_PROCESS:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-SCHEMES = ["int8", "int4-g32", "int4-g64", "int4-g128", "bf16"]
+SCHEMES = ["int8", "int4-g32", "int4-g64", "int4-g128", "bf16", "int4-g32-a8"]
 N = 40  # not a multiple of any block_n
 
 
