@@ -1,6 +1,6 @@
 /* int4 weights times 8-bit activations (scheme int4-gG-a8): each row of x is rounded to int8
- * per block of 32 columns, d = max|x| / 127, xq = round(x / d) (to nearest even, as torch
- * rounds), and the linear is the int4 one on x_hat = xq * d: y = x_hat @ dequant(W)^T + bias.
+ * per block of 32 columns, d = max|x| / 127, xq = round(x * (1 / d)) (to nearest even, as
+ * torch rounds), and the linear is the int4 one on x_hat = xq * d: y = x_hat @ dequant(W)^T + bias.
  * The weight layout is int4's (quant_vnni_cpu.c): a pair's two 16-lane blocks alternate
  * 64-byte steps of 8 columns, byte t of a lane word holding column 8j + t (low nibble) and
  * 8j + 4 + t (high).
@@ -13,12 +13,13 @@
  * block add up in int16 (|sum| <= 4 * 2 * 2 * 15 * 127 = 30480, no overflow) and become fp32
  * once per block and lane: vpmaddwd, a convert and an FMA by scale * d. This is llama.cpp's
  * q4_1 x q8_1 dot product in graft's layout; the price is x's rounding, which the scheme's
- * name says and `graft quantize` measures.
+ * name says and `graft bench scheme-quality` measures.
  *
  * The minimum term, min_g * sum over group g of x_hat, uses the group sums of x_hat, so the
  * result is the dequantized linear on x_hat up to fp32 summation order. A row holding inf or
  * NaN gives NaN in every output (what the reference gives: its blocks round to NaN); a block
- * whose d would be subnormal (1 / d could overflow) rounds to zero.
+ * whose d would be subnormal (1 / d could overflow) rounds to zero. Without AVX2 the
+ * dispatcher (quant_linear_cpu.c) runs its portable int4 loop on graft_quant_round8's x_hat.
  */
 #include <float.h>
 #include <math.h>
@@ -78,37 +79,63 @@ static inline int act8_block(const float *xb, int vector, int8_t *q, float *d) {
     return sum;
 }
 
+/* Whether the row's K values are all finite (x * 0 summed: NaN once any is inf or NaN). */
+static int row_finite(const float *x, int64_t K) {
+    float check[8] = {0};
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8)
+        for (int i = 0; i < 8; ++i) check[i] += x[k + i] * 0.0f;
+    for (; k < K; ++k) check[0] += x[k] * 0.0f;
+    int bad = 0;
+    for (int i = 0; i < 8; ++i) bad |= check[i] != 0.0f;
+    return !bad;
+}
+
+/* xhat [M][K] = x rounded to int8 per 32 columns and back (the reference's
+ * round_activations): a block holding inf or NaN is NaN. For the portable int4 loop on CPUs
+ * without AVX2. */
+void graft_quant_round8(const float *x, int64_t ldx, int64_t M, int64_t K, float *xhat) {
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t b = 0; b < K / QBLOCK; ++b) {
+            const float *xb = x + m * ldx + b * QBLOCK;
+            float *out = xhat + m * K + b * QBLOCK;
+            if (!row_finite(xb, QBLOCK)) {
+                for (int i = 0; i < QBLOCK; ++i) out[i] = NAN;
+                continue;
+            }
+            int8_t q[QBLOCK];
+            float db;
+            act8_block(xb, 0, q, &db);
+            for (int i = 0; i < QBLOCK; ++i) out[i] = (float)q[i] * db;
+        }
+}
+
+#if A8_AVX2
 /* Round rows of x to int8 per 32-column block: xq [M][K], d [M][K/32], gs [M][G] the group
  * sums of x_hat (G = K / group). K is a multiple of 32 (int4 groups are 32, 64 or 128).
- * bad[m]: row m holds inf or NaN (its other numbers are then meaningless). */
+ * bad[m]: row m holds inf or NaN (its numbers are then zeros: its outputs become NaN). */
 static void act8_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t group,
-                      int vector, int8_t *xq, float *d, float *gs, unsigned char *bad) {
+                      int8_t *xq, float *d, float *gs, unsigned char *bad) {
     const int64_t nb = K / QBLOCK, per_group = group / QBLOCK, G = K / group;
     for (int64_t m = 0; m < M; ++m) {
         const float *xm = x + m * ldx;
-        float check[8] = {0}; /* x * 0 summed: NaN once any x is inf or NaN */
-        for (int64_t k = 0; k < K; k += 8)
-            for (int i = 0; i < 8; ++i) check[i] += xm[k + i] * 0.0f;
-        bad[m] = 0;
-        for (int i = 0; i < 8; ++i) bad[m] |= check[i] != 0.0f;
+        bad[m] = !row_finite(xm, K);
+        if (bad[m]) {
+            memset(xq + m * K, 0, (size_t)K);
+            for (int64_t b = 0; b < nb; ++b) d[m * nb + b] = 0.0f;
+            for (int64_t g = 0; g < G; ++g) gs[m * G + g] = 0.0f;
+            continue;
+        }
         for (int64_t g = 0; g < G; ++g) {
             float t = 0.0f;
             for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
-                const int sum = act8_block(xm + b * QBLOCK, vector, xq + m * K + b * QBLOCK, d + m * nb + b);
+                const int sum = act8_block(xm + b * QBLOCK, A8_AVX2, xq + m * K + b * QBLOCK, d + m * nb + b);
                 t += d[m * nb + b] * (float)sum;
             }
             gs[m * G + g] = t;
         }
     }
 }
-
-/* graft_quant_linear's portable int4 loop, for x_hat (quant_linear_cpu.c) */
-void graft_quant_linear_portable(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
-                                 const void *w, const float *scale8, const uint16_t *scales4,
-                                 const uint16_t *mins4, int64_t group, const float *bias,
-                                 float *y, int64_t ldy, int64_t N, int nthreads);
-
-#if A8_AVX2
 /* acc[r][h] (int16 pairs) += the nibbles of half h of step `ws` times row r's activation
  * bytes of the step: columns 8j..8j+3 (low nibbles) and 8j+4..8j+7 (high). One half at a time
  * and the activations broadcast from memory (a load, no register held): 4 rows x 2 halves of
@@ -192,12 +219,14 @@ static void a8_run(int R, int H, const int8_t *xq, const float *d, const float *
 }
 #endif
 
-/* graft_quant_linear's arguments for int4 weights (kind 4 there). vector = 0: the portable
- * loop on x_hat. Returns 0, or -1 when scratch could not be allocated (y not written). */
-int graft_quant_int4_a8(int vector, const float *x, int64_t ldx, int64_t M, int64_t K,
-                        const void *w, const uint16_t *scales4, const uint16_t *mins4,
-                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
-                        int64_t NB, int nthreads) {
+/* graft_quant_linear's arguments for int4 weights (kind 4 there). Returns 0; 1 when this
+ * build has no AVX2 (the caller runs the portable loop on graft_quant_round8's x_hat); -1
+ * when scratch could not be allocated (y not written). */
+int graft_quant_int4_a8(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                        const uint16_t *scales4, const uint16_t *mins4, int64_t group,
+                        const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
+                        int nthreads) {
+#if A8_AVX2
     const int64_t nb = K / QBLOCK, G = K / group;
     /* xq [M][K] int8, then d [M][nb], gs [M][G], bad [M] */
     char *scratch = malloc((size_t)(M * K) + sizeof(float) * (size_t)(M * (nb + G)) + (size_t)M + 64);
@@ -205,47 +234,35 @@ int graft_quant_int4_a8(int vector, const float *x, int64_t ldx, int64_t M, int6
     int8_t *xq = (int8_t *)scratch;
     float *d = (float *)(scratch + (M * K + 63) / 64 * 64), *gs = d + M * nb;
     unsigned char *bad = (unsigned char *)(gs + M * G);
-    act8_rows(x, ldx, M, K, group, vector && A8_AVX2, xq, d, gs, bad);
-#if A8_AVX2
-    if (vector) {
-        const int64_t pairs = NB / 2, pair_bytes = K * 16, full = M / 4 * 4;
+    act8_rows(x, ldx, M, K, group, xq, d, gs, bad);
+    const int64_t pairs = NB / 2, pair_bytes = K * 16, full = M / 4 * 4;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
-        for (int64_t p = 0; p < pairs; ++p) {
-            if (p * 32 >= N) continue;
-            const uint8_t *wp = (const uint8_t *)w + p * pair_bytes;
-            const uint16_t *sc = scales4 + p * G * 64, *mn = mins4 + p * G * 64;
+    for (int64_t p = 0; p < pairs; ++p) {
+        if (p * 32 >= N) continue;
+        const uint8_t *wp = (const uint8_t *)w + p * pair_bytes;
+        const uint16_t *sc = scales4 + p * G * 64, *mn = mins4 + p * G * 64;
+        for (int b = 0; b < 2; ++b)
+            for (int64_t m0 = 0; m0 < full; m0 += 4)
+                a8_run(4, 2, xq + m0 * K, d + m0 * nb, gs + m0 * G, K, group, wp + 64 * b,
+                       sc + 16 * b, mn + 16 * b, bias, p * 32 + 16 * b, y + m0 * ldy, ldy, N);
+        const int rest = (int)(M - full);
+        if (rest == 1)
+            a8_run(1, 4, xq + full * K, d + full * nb, gs + full * G, K, group, wp, sc, mn,
+                   bias, p * 32, y + full * ldy, ldy, N);
+        else if (rest)
             for (int b = 0; b < 2; ++b)
-                for (int64_t m0 = 0; m0 < full; m0 += 4)
-                    a8_run(4, 2, xq + m0 * K, d + m0 * nb, gs + m0 * G, K, group, wp + 64 * b,
-                           sc + 16 * b, mn + 16 * b, bias, p * 32 + 16 * b, y + m0 * ldy, ldy, N);
-            const int rest = (int)(M - full);
-            if (rest == 1)
-                a8_run(1, 4, xq + full * K, d + full * nb, gs + full * G, K, group, wp, sc, mn,
-                       bias, p * 32, y + full * ldy, ldy, N);
-            else if (rest)
-                for (int b = 0; b < 2; ++b)
-                    a8_run(rest, 2, xq + full * K, d + full * nb, gs + full * G, K, group,
-                           wp + 64 * b, sc + 16 * b, mn + 16 * b, bias, p * 32 + 16 * b,
-                           y + full * ldy, ldy, N);
-        }
-        vector = 2; /* done */
-    }
-#endif
-    if (vector != 2) { /* x_hat through the portable int4 loop */
-        float *xh = malloc(sizeof(float) * (size_t)(M * K));
-        if (!xh) {
-            free(scratch);
-            return -1;
-        }
-        for (int64_t m = 0; m < M; ++m)
-            for (int64_t k = 0; k < K; ++k) xh[m * K + k] = (float)xq[m * K + k] * d[m * nb + k / QBLOCK];
-        graft_quant_linear_portable(1, xh, K, M, K, w, 0, scales4, mins4, group, bias, y, ldy, N,
-                                    nthreads);
-        free(xh);
+                a8_run(rest, 2, xq + full * K, d + full * nb, gs + full * G, K, group,
+                       wp + 64 * b, sc + 16 * b, mn + 16 * b, bias, p * 32 + 16 * b,
+                       y + full * ldy, ldy, N);
     }
     for (int64_t m = 0; m < M; ++m)
         if (bad[m])
             for (int64_t o = 0; o < N; ++o) y[m * ldy + o] = NAN;
     free(scratch);
     return 0;
+#else
+    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)scales4; (void)mins4; (void)group;
+    (void)bias; (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
+    return 1;
+#endif
 }

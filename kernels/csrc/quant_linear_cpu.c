@@ -63,10 +63,11 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
                          int nthreads);
 
 int graft_quant_avx2(void);
-int graft_quant_int4_a8(int vector, const float *x, int64_t ldx, int64_t M, int64_t K,
-                        const void *w, const uint16_t *scales4, const uint16_t *mins4,
-                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
-                        int64_t NB, int nthreads); /* int4 x 8-bit activations (quant_a8_cpu.c) */
+int graft_quant_int4_a8(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                        const uint16_t *scales4, const uint16_t *mins4, int64_t group,
+                        const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
+                        int nthreads); /* int4 x 8-bit activations on AVX2 (quant_a8_cpu.c) */
+void graft_quant_round8(const float *x, int64_t ldx, int64_t M, int64_t K, float *xhat);
 int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *bias, float *y, int64_t ldy, int64_t N,
                             int64_t NB, int nthreads); /* fp32, bf16 */
@@ -220,6 +221,21 @@ static void qlinear_portable(int kind, const float *x, int64_t ldx, int64_t M, i
         }
 }
 
+/* int4 x 8-bit activations without AVX2: the rounded rows (quant_a8_cpu.c) through the int4
+ * loop; a block holding inf or NaN rounds to NaN, so its row's outputs are NaN. Returns 0, or
+ * -1 when the rounded copy could not be allocated. */
+static int int4_a8_portable(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                            const uint16_t *scales4, const uint16_t *mins4, int64_t group,
+                            const float *bias, float *y, int64_t ldy, int64_t N, int nthreads) {
+    float *xhat = malloc(sizeof(float) * (size_t)(M * K));
+    if (!xhat) return -1;
+    graft_quant_round8(x, ldx, M, K, xhat);
+    qlinear_portable(KIND_INT4, xhat, K, M, K, (const uint8_t *)w, 0, scales4, mins4, group, bias,
+                     y, ldy, N, nthreads);
+    free(xhat);
+    return 0;
+}
+
 #if GRAFT_QUANT_AVX512
 /* Weight vector (16 lanes of fp32) of block column k; p: the block's first step (steps are
  * 128 bytes apart: the pair's two blocks alternate). bf16 blocks hold column pairs per lane,
@@ -352,9 +368,12 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
                         int64_t ldy, int64_t N, int64_t NB, int nthreads) {
     const int level = graft_quant_isa();
     const int integer = kind == KIND_INT8 || kind == KIND_INT4;
-    if (kind == KIND_INT4_A8) /* its own integer kernel on AVX2 and up */
-        return graft_quant_int4_a8(level >= 1, x, ldx, M, K, w, scales4, mins4, group, bias, y,
-                                   ldy, N, NB, nthreads);
+    if (kind == KIND_INT4_A8) { /* its own integer kernel on AVX2 and up */
+        const int status = level >= 1 ? graft_quant_int4_a8(x, ldx, M, K, w, scales4, mins4, group,
+                                                            bias, y, ldy, N, NB, nthreads) : 1;
+        return status <= 0 ? status : int4_a8_portable(x, ldx, M, K, w, scales4, mins4, group,
+                                                       bias, y, ldy, N, nthreads);
+    }
     if (integer && level >= 3) {
         const int status = graft_quant_linear_vnni(kind, x, ldx, M, K, w, scale8, scales4, mins4,
                                                    group, bias, y, ldy, N, NB, nthreads, level >= 4);
@@ -401,8 +420,8 @@ void graft_quant_linear_portable(int kind, const float *x, int64_t ldx, int64_t 
                                  const void *w, const float *scale8, const uint16_t *scales4,
                                  const uint16_t *mins4, int64_t group, const float *bias,
                                  float *y, int64_t ldy, int64_t N, int nthreads) {
-    if (kind == KIND_INT4_A8) { /* x_hat through the int4 loop below (NB unused there) */
-        if (graft_quant_int4_a8(0, x, ldx, M, K, w, scales4, mins4, group, bias, y, ldy, N, 0, nthreads))
+    if (kind == KIND_INT4_A8) {
+        if (int4_a8_portable(x, ldx, M, K, w, scales4, mins4, group, bias, y, ldy, N, nthreads))
             for (int64_t m = 0; m < M; ++m) /* no scratch: NaN, never stale numbers */
                 for (int64_t o = 0; o < N; ++o) y[m * ldy + o] = 0.0f / 0.0f;
         return;
