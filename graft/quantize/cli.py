@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder for quant.json, pareto.json/.png, "
                         "evaluated.jsonl, state.json (rerun the same command to resume)")
     parser.add_argument("--schemes", default=",".join(d.schemes),
-                        help="schemes to choose from (fp32 always included): fp32,bf16,int8,int4,int4-g64,...")
+                        help="schemes to choose from (fp32 always included): fp32,bf16,int8,int4,int4-g64,int4-g32-a8,...")
     goal = parser.add_mutually_exclusive_group()
     goal.add_argument("--max-accuracy-drop", type=float, default=None, metavar="D",
                       help="fewest weight bytes with quality >= fp32's - D (default 0.01)")

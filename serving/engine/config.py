@@ -21,9 +21,11 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 SPECULATIVE_MODES = ("off", "ngram", "suffix")
 LINEAR_DISPATCH_MODES = ("measure", "cached", "c", "torch")  # = graft.kernels.linear_dispatch.MODES
 QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | "
-                     "int4-g32/-g64/-g128, or a quant.json per module (graft quantize); none: "
-                     "the torch linears; default: fp32 on the C kernels on CPU in fp32 "
-                     "(AVX-512), bf16 on them in bf16 (AVX512-BF16 without AMX), else none")
+                     "int4-g32/-g64/-g128, each int4 also with -a8 (inputs rounded to 8 bits, "
+                     "as llama.cpp's Q4: faster on AVX2, not the dequantized model's numbers), "
+                     "or a quant.json per module (graft quantize); none: the torch linears; "
+                     "default: fp32 on the C kernels on CPU in fp32 (AVX2 and up), bf16 on "
+                     "them in bf16 (AVX2, or AVX512-BF16 without AMX), else none")
 
 
 def option(default, help: str, choices: tuple | None = None, **cli):

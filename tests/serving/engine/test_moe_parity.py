@@ -75,6 +75,26 @@ def test_quantized_experts_match_hf_on_dequantized_weights(tiny_moe, scheme):
         assert o.token_ids == _greedy(hf, p, GREEDY.max_tokens), f"prompt {i} (len {len(p)})"
 
 
+def test_int4_a8_experts_give_the_reference_kernels_tokens(tiny_moe, monkeypatch):
+    """8-bit activations in the experts: the C path (the MoE block's one call, the a8 kernel)
+    gives the greedy tokens of the reference linears (the rounding in torch). HF's fused
+    experts take no input hook, so the HF reference says so instead of comparing wrongly."""
+    from transformers import AutoModelForCausalLM
+
+    from graft.errors import GraftConfigError
+
+    prompts, tokens = make_prompts((5, 17, 40, 1)), {}
+    for kernels in ("auto", "reference"):
+        monkeypatch.setenv("GRAFT_KERNELS", kernels)
+        engine = Engine.from_pretrained(tiny_moe, EngineConfig(num_kv_blocks=64, quantization="int4-a8"))
+        tokens[kernels] = [o.token_ids for o in engine.generate(prompt_token_ids=prompts, sampling_params=GREEDY)]
+    assert tokens["auto"] == tokens["reference"]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_moe, dtype=torch.float32)
+    if any(isinstance(getattr(m, "gate_up_proj", None), torch.nn.Parameter) for m in hf.modules()):
+        with pytest.raises(GraftConfigError, match="fused experts"):
+            dequantize_hf_model(hf, engine.runner.quant_plan)
+
+
 def test_router_stays_fp32_in_a_bf16_engine(tiny_llm_factory):
     engine = Engine.from_pretrained(tiny_llm_factory("glm4_moe"),
                                     EngineConfig(dtype="bfloat16", num_kv_blocks=32))
