@@ -23,7 +23,7 @@ from pathlib import Path
 
 from graft.benchmarks import peers_llamacpp, peers_report, peers_serve, peers_vllm
 from graft.benchmarks.peers_llamacpp import PeerUnavailable
-from graft.benchmarks.peers_report import FORMATS, GRAFT_DTYPE, MATCH
+from graft.benchmarks.peers_report import FORMATS
 from graft.cli_types import number_in
 from graft.io import atomic_write_json, atomic_write_text
 
@@ -36,6 +36,9 @@ def add_arguments(p) -> None:
     p.add_argument("model_dir", type=Path, help="HF LLM directory (config.json + safetensors)")
     p.add_argument("--peers", default="llama.cpp,vllm", help="of: " + ", ".join(PEERS))
     p.add_argument("--formats", default="f32,bf16,q8_0,q4_0,q4_1", help="of: " + ", ".join(FORMATS))
+    p.add_argument("--graft-int4", choices=peers_report.INT4_CHOICES, default="exact",
+                   help="graft's scheme beside q4_0/q4_1: exact = int4-g32 (fp32 activations), "
+                        "a8 = int4-g32-a8 (activations rounded to int8 per 32, as llama.cpp's Q4)")
     p.add_argument("--runs", type=_count, default=3)
     p.add_argument("--threads", type=_count, default=_cpus(),
                    help="threads of every tool (default: %(default)s, the CPUs this process may use)")
@@ -196,18 +199,19 @@ def run(args) -> int:
         if unmatched:
             print(f"vllm: no row for {', '.join(unmatched)} (vLLM-CPU runs those only from "
                   "checkpoints quantized beforehand, not the same weights)", flush=True)
-    schemes = list(dict.fromkeys((FORMATS[f], GRAFT_DTYPE.get(f, "float32")) for f in formats))
+    matched = peers_report.graft_formats(args.graft_int4)
+    schemes = list(dict.fromkeys((matched[f]["graft"], matched[f]["graft_dtype"]) for f in formats))
     # a kill (SIGTERM) unwinds like Ctrl-C: the servers and tool processes are stopped
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
-        result = _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped)
+        result = _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped, matched)
     finally:
         signal.signal(signal.SIGTERM, previous)
     peers_report.print_table(result)
     return 0
 
 
-def _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped) -> dict:
+def _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped, matched) -> dict:
     """Every run in turn; the JSON (and Markdown) rewritten after each, so a long benchmark
     stopped early keeps the runs it finished. Returns the last result."""
     from graft.benchmarks.formats import read_bandwidth
@@ -223,15 +227,16 @@ def _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped) -> d
             print(f"run {i + 1}/{args.runs}: {tool}", flush=True)
             _measure(tool, peers, args, formats, schemes, size, values, skipped)
         if args.serve_requests:
-            _serve_row(i, peers, args, serve_fmt, size, values, skipped, logs)
+            _serve_row(i, peers, args, serve_fmt, matched[serve_fmt]["graft"], size, values,
+                       skipped, logs)
         result = {"model_dir": str(args.model_dir), "machine": machine,
                   "read_bandwidth_bytes_per_s": bandwidth, "sizes": size, "runs": i + 1,
                   "peers": {name: tool.describe() for name, (tool, _) in peers.items()},
                   "skipped": skipped, "serve_format": serve_fmt,
-                  "formats": {f: {"graft": FORMATS[f], "graft_dtype": GRAFT_DTYPE.get(f, "float32"),
-                                  "match": MATCH[f]} for f in formats},
+                  "formats": {f: matched[f] for f in formats},
                   "values": values, "summary": peers_report.summary(values),
-                  "rows": peers_report.rows(values, peers, formats, serve_fmt, i + 1),
+                  "rows": peers_report.rows(values, peers, formats, serve_fmt, i + 1,
+                                            {f: m["graft"] for f, m in matched.items()}),
                   **peers_report.provenance(args)}
         atomic_write_json(args.out, result)
         if args.markdown:
@@ -260,10 +265,11 @@ def _measure(tool, peers, args, formats, schemes, size, values, skipped) -> None
         _add(values, tool, fmt, row)
 
 
-def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
+def _serve_row(i, peers, args, fmt, scheme, size, values, skipped, logs) -> None:
     vllm = peers["vllm"][0] if "vllm" in peers and fmt in peers_vllm.DTYPES \
         and "vllm serve" not in skipped else None
-    servers = peers_serve.serve_servers(args.model_dir, fmt, size["serve_max_model_len"], args.threads, vllm)
+    servers = peers_serve.serve_servers(args.model_dir, fmt, size["serve_max_model_len"], args.threads, vllm,
+                                        scheme)
     if "llama.cpp" in peers:
         skipped.setdefault("llama.cpp serve", "llama-server is not built (the build makes "
                                                "llama-bench, llama-batched-bench, llama-quantize)")
@@ -280,7 +286,7 @@ def _serve_row(i, peers, args, fmt, size, values, skipped, logs) -> None:
                 raise RuntimeError(f"graft serve failed: {err}") from None
             _skip(skipped, f"{name} serve", err)
             continue
-        _add(values, name, FORMATS[fmt] if name == "graft" else fmt, row)
+        _add(values, name, scheme if name == "graft" else fmt, row)
 
 
 def _add(values: dict, tool: str, fmt: str, row: dict) -> None:

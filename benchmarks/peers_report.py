@@ -19,6 +19,14 @@ MATCH = {"f32": "same weights", "bf16": "same weights, bf16 activations (graft -
          "q8_0": "graft int8: one fp32 scale per output row; Q8_0: one fp16 scale per 32 weights",
          "q4_0": "graft int4-g32: scale + min per 32 weights; Q4_0: scale only (symmetric)",
          "q4_1": "graft int4-g32 and Q4_1: scale + min per 32 weights (the same layout)"}
+# --graft-int4 a8: llama.cpp's Q4 formats multiply by activations rounded to 8 bits (Q8 blocks
+# of 32), which graft's -a8 schemes do too; plain int4-g32 keeps them in fp32
+A8_FORMATS = {"q4_0": "int4-g32-a8", "q4_1": "int4-g32-a8"}
+A8_MATCH = {"q4_0": "graft int4-g32-a8: scale + min per 32 weights; Q4_0: scale only; both "
+                    "round activations to int8 per 32 (Q8_0)",
+            "q4_1": "graft int4-g32-a8 and Q4_1: scale + min per 32 weights, activations "
+                    "rounded to int8 per 32 (Q8_1): the same arithmetic"}
+INT4_CHOICES = ("exact", "a8")
 # metric -> (label, unit); tok/s: a ratio above 1 favours graft; ms: below 1 does
 METRICS = {"batch1_decode": ("batch-1 decode", "tok/s"),
            "batch_decode": ("batch-{batch} decode", "tok/s"),
@@ -28,7 +36,16 @@ METRICS = {"batch1_decode": ("batch-1 decode", "tok/s"),
 # the flags of `graft bench peers` a figure depends on, in the order a command line shows them
 _FLAGS = ("peers", "formats", "runs", "threads", "llama_cpp", "vllm_venv", "prompt_len",
           "context", "decode_tokens", "batch", "serve_format", "serve_requests",
-          "serve_concurrency", "bandwidth_mb", "seed", "out")
+          "serve_concurrency", "bandwidth_mb", "graft_int4", "seed", "out")
+
+
+def graft_formats(int4: str = "exact") -> dict[str, dict[str, str]]:
+    """peer format -> {"graft": scheme, "graft_dtype", "match"}: FORMATS, with int4="a8" the Q4
+    formats matched by int4-g32-a8."""
+    a8 = int4 == "a8"
+    return {f: {"graft": A8_FORMATS[f] if a8 and f in A8_FORMATS else FORMATS[f],
+                "graft_dtype": GRAFT_DTYPE.get(f, "float32"),
+                "match": A8_MATCH[f] if a8 and f in A8_MATCH else MATCH[f]} for f in FORMATS}
 
 
 def spread(v: list[float]) -> list[float]:
@@ -39,7 +56,8 @@ def _order(key: str) -> tuple:
     """Offline rows before serve rows, by format, graft before its peers."""
     tool, fmt, metric = key.split(" ")
     names = list(FORMATS)
-    pos = names.index(fmt) if fmt in FORMATS else [FORMATS[f] for f in names].index(fmt)
+    pos = names.index(fmt) if fmt in FORMATS else next(
+        i for i, f in enumerate(names) if fmt in (FORMATS[f], A8_FORMATS.get(f)))
     return metric.startswith("serve"), pos, tool != "graft", tool, list(METRICS).index(metric)
 
 
@@ -48,19 +66,20 @@ def summary(values: dict[str, list[float]]) -> dict[str, list[float]]:
     return {k: spread(values[k]) for k in sorted(values, key=_order)}
 
 
-def rows(values, peers, formats, serve_fmt, runs: int) -> list[dict]:
+def rows(values, peers, formats, serve_fmt, runs: int, schemes: dict | None = None) -> list[dict]:
     """One row per (peer, format, metric) both tools measured in every run; the ratio of run i
-    is graft's run i over the peer's run i."""
+    is graft's run i over the peer's run i. schemes: peer format -> graft's (default FORMATS)."""
+    schemes = schemes or FORMATS
     out = []
     for peer in peers:
         for fmt in formats:
             for metric in METRICS:
                 if metric.startswith("serve") and fmt != serve_fmt:
                     continue
-                g = values.get(f"graft {FORMATS[fmt]} {metric}", [])
+                g = values.get(f"graft {schemes[fmt]} {metric}", [])
                 p = values.get(f"{peer} {fmt} {metric}", [])
                 if len(g) == len(p) == runs:
-                    out.append({"peer": peer, "format": fmt, "graft_scheme": FORMATS[fmt],
+                    out.append({"peer": peer, "format": fmt, "graft_scheme": schemes[fmt],
                                 "metric": metric, "unit": METRICS[metric][1], "graft": spread(g),
                                 "peer_values": spread(p),
                                 "ratio": spread([a / b for a, b in zip(g, p)])})

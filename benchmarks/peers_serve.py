@@ -35,11 +35,12 @@ def graft_serve_command(model_dir: Path, scheme: str, port: int, max_model_len: 
 
 
 def serve_servers(model_dir: Path, fmt: str, max_len: int, threads: int,
-                  vllm: peers_vllm.Vllm | None) -> list[tuple]:
-    """(name, port -> command line, environment) of graft's server and vLLM's (where given)
-    serving `fmt`, each with `threads` threads."""
+                  vllm: peers_vllm.Vllm | None, scheme: str | None = None) -> list[tuple]:
+    """(name, port -> command line, environment) of graft's server (in `scheme`, default the
+    one FORMATS matches to `fmt`) and vLLM's (where given) serving `fmt`, each with `threads`
+    threads."""
     servers = [("graft", lambda port: graft_serve_command(
-        model_dir, FORMATS[fmt], port, max_len, GRAFT_DTYPE.get(fmt, "float32")),
+        model_dir, scheme or FORMATS[fmt], port, max_len, GRAFT_DTYPE.get(fmt, "float32")),
                 dict(os.environ, OMP_NUM_THREADS=str(threads)))]
     if vllm is not None:
         servers.append(("vllm", lambda port: vllm.serve_command(model_dir, fmt, port, max_len),

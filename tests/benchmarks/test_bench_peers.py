@@ -134,6 +134,27 @@ def test_ratios_pair_runs_and_need_every_run():
     assert rows[0]["graft"] == [10.0, 20.0, 30.0] and rows[0]["peer_values"] == [5.0, 10.0, 40.0]
 
 
+def test_graft_int4_a8_stands_beside_the_q4_formats(tiny_llama, tmp_path):
+    """llama.cpp's Q4 formats round activations to 8 bits: --graft-int4 a8 puts graft's
+    int4-g32-a8 beside them (the same arithmetic for Q4_1), exact int4-g32 otherwise."""
+    empty, out = tmp_path / "empty", tmp_path / "peers.json"
+    empty.mkdir()
+    assert main(["bench", "peers", str(tiny_llama), "--llama-cpp", str(empty), "--no-build",
+                 "--vllm-venv", str(empty), "--formats", "q4_0,q4_1", "--out", str(out), *TINY,
+                 "--serve-requests", "0", "--graft-int4", "a8"]) == 0
+    result = json.loads(out.read_text())
+    assert {f: m["graft"] for f, m in result["formats"].items()} == {"q4_0": "int4-g32-a8", "q4_1": "int4-g32-a8"}
+    assert "the same arithmetic" in result["formats"]["q4_1"]["match"]
+    assert result["summary"]["graft int4-g32-a8 batch1_decode"][1] > 0
+    assert "--graft-int4 a8" in result["command"]
+    assert peers_report.graft_formats()["q4_1"]["graft"] == "int4-g32"  # exact by default
+    values = {"graft int4-g32-a8 batch1_decode": [4.0], "llama.cpp q4_1 batch1_decode": [2.0]}
+    rows = peers_report.rows(values, {"llama.cpp": None}, ["q4_1"], "bf16", runs=1,
+                             schemes={"q4_1": "int4-g32-a8"})
+    assert rows[0]["graft_scheme"] == "int4-g32-a8" and rows[0]["ratio"] == [2.0, 2.0, 2.0]
+    assert list(peers_report.summary(values)) == list(values)  # graft first, then its peer
+
+
 def test_random_prompts_stay_inside_the_tokenizer(tmp_path):
     from graft.benchmarks.random_checkpoint import build_tokenizer
 
