@@ -33,6 +33,11 @@
 #else
 #define A8_AVX2 0
 #endif
+#if A8_AVX2 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define A8_VNNI 1 /* the same sums on AVX-512 VNNI: vpdpbusd, 16 lanes (below) */
+#else
+#define A8_VNNI 0
+#endif
 
 #define QBLOCK 32 /* activation columns per scale */
 #define PREFETCH 4096 /* bytes ahead in the weight stream (quant_avx2_cpu.c's one-row pass) */
@@ -219,14 +224,91 @@ static void a8_run(int R, int H, const int8_t *xq, const float *d, const float *
 }
 #endif
 
+#if A8_VNNI
+/* acc += 4-byte dot products of u (unsigned) and s (signed); inline asm because GCC 12 copies
+ * the accumulator around every _mm512_dpbusd_epi32 (quant_vnni_cpu.c) */
+static inline __m512i a8_dot(__m512i acc, __m512i u, __m512i s) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
+
+/* a8_tile on AVX-512 VNNI: R rows x the pair's two 16-lane blocks in one pass. vpdpbusd adds 4
+ * products into an int32 lane, so a block's 4 steps need no int16 stage; per block and lane the
+ * fp32 steps are a8_tile's (convert, FMA by scale x d; min x group sum per group), in its order,
+ * so both paths give the same bits. */
+static inline __attribute__((always_inline)) void a8_tile_vnni(
+    int R, const int8_t *xq, const float *d, const float *gs, int64_t K, int64_t group,
+    const uint8_t *w, const uint16_t *sc, const uint16_t *mn, __m512 out[][2]) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const int64_t nb = K / QBLOCK, per_group = group / QBLOCK, G = K / group;
+    for (int r = 0; r < R; ++r) out[r][0] = out[r][1] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+        const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + g * 64))),
+                     s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + g * 64 + 16)));
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+            __m512i acc[4][2];
+            for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t) {
+                const uint8_t *ws = w + (b * 4 + t) * 128;
+                __builtin_prefetch(ws + PREFETCH, 0, 3);
+                __builtin_prefetch(ws + PREFETCH + 64, 0, 3);
+                for (int h = 0; h < 2; ++h) {
+                    const __m512i v = _mm512_loadu_si512((const void *)(ws + 64 * h));
+                    const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    for (int r = 0; r < R; ++r) {
+                        int32_t xl, xh;
+                        memcpy(&xl, xq + r * K + b * QBLOCK + 8 * t, 4);
+                        memcpy(&xh, xq + r * K + b * QBLOCK + 8 * t + 4, 4);
+                        acc[r][h] = a8_dot(a8_dot(acc[r][h], lo, _mm512_set1_epi32(xl)), hi, _mm512_set1_epi32(xh));
+                    }
+                }
+            }
+            for (int r = 0; r < R; ++r) {
+                const __m512 db = _mm512_set1_ps(d[r * nb + b]);
+                out[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_mul_ps(s0, db), out[r][0]);
+                out[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][1]), _mm512_mul_ps(s1, db), out[r][1]);
+            }
+        }
+        const __m512 n0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn + g * 64))),
+                     n1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn + g * 64 + 16)));
+        for (int r = 0; r < R; ++r) {
+            out[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(gs[r * G + g]), n0, out[r][0]);
+            out[r][1] = _mm512_fmadd_ps(_mm512_set1_ps(gs[r * G + g]), n1, out[r][1]);
+        }
+    }
+}
+
+/* R rows (1-4) through one pair on VNNI, stored as a8_store does (bias added, lanes past N
+ * left alone) */
+static void a8_run_vnni(int R, const int8_t *xq, const float *d, const float *gs, int64_t K,
+                        int64_t group, const uint8_t *w, const uint16_t *sc, const uint16_t *mn,
+                        const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {
+    __m512 out[4][2];
+    switch (R) {
+    case 1: a8_tile_vnni(1, xq, d, gs, K, group, w, sc, mn, out); break;
+    case 2: a8_tile_vnni(2, xq, d, gs, K, group, w, sc, mn, out); break;
+    case 3: a8_tile_vnni(3, xq, d, gs, K, group, w, sc, mn, out); break;
+    default: a8_tile_vnni(4, xq, d, gs, K, group, w, sc, mn, out); break;
+    }
+    __m256 halves[4][4];
+    for (int r = 0; r < R; ++r)
+        for (int b = 0; b < 2; ++b) {
+            halves[r][2 * b] = _mm512_castps512_ps256(out[r][b]);
+            halves[r][2 * b + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(out[r][b]), 1));
+        }
+    a8_store(R, 4, halves, bias, o0, y, ldy, N);
+}
+#endif
+
 /* graft_quant_linear's arguments for int4 weights (kind 4 there). Returns 0; 1 when this
  * build has no AVX2 (the caller runs the portable loop on graft_quant_round8's x_hat); -1
  * when scratch could not be allocated (y not written). */
-int graft_quant_int4_a8(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
-                        const uint16_t *scales4, const uint16_t *mins4, int64_t group,
-                        const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
-                        int nthreads) {
+int graft_quant_int4_a8(int vnni, const float *x, int64_t ldx, int64_t M, int64_t K,
+                        const void *w, const uint16_t *scales4, const uint16_t *mins4,
+                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
+                        int64_t NB, int nthreads) {
 #if A8_AVX2
+    (void)vnni; /* (read only where this build has VNNI) */
     const int64_t nb = K / QBLOCK, G = K / group;
     /* xq [M][K] int8, then d [M][nb], gs [M][G], bad [M] */
     char *scratch = malloc((size_t)(M * K) + sizeof(float) * (size_t)(M * (nb + G)) + (size_t)M + 64);
@@ -241,6 +323,14 @@ int graft_quant_int4_a8(const float *x, int64_t ldx, int64_t M, int64_t K, const
         if (p * 32 >= N) continue;
         const uint8_t *wp = (const uint8_t *)w + p * pair_bytes;
         const uint16_t *sc = scales4 + p * G * 64, *mn = mins4 + p * G * 64;
+#if A8_VNNI
+        if (vnni) {
+            for (int64_t m0 = 0; m0 < M; m0 += 4)
+                a8_run_vnni((int)(M - m0 < 4 ? M - m0 : 4), xq + m0 * K, d + m0 * nb, gs + m0 * G,
+                            K, group, wp, sc, mn, bias, p * 32, y + m0 * ldy, ldy, N);
+            continue;
+        }
+#endif
         for (int b = 0; b < 2; ++b)
             for (int64_t m0 = 0; m0 < full; m0 += 4)
                 a8_run(4, 2, xq + m0 * K, d + m0 * nb, gs + m0 * G, K, group, wp + 64 * b,
@@ -261,7 +351,7 @@ int graft_quant_int4_a8(const float *x, int64_t ldx, int64_t M, int64_t K, const
     free(scratch);
     return 0;
 #else
-    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)scales4; (void)mins4; (void)group;
+    (void)vnni; (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)scales4; (void)mins4; (void)group;
     (void)bias; (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
     return 1;
 #endif

@@ -63,10 +63,10 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
                          int nthreads);
 
 int graft_quant_avx2(void);
-int graft_quant_int4_a8(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
-                        const uint16_t *scales4, const uint16_t *mins4, int64_t group,
-                        const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
-                        int nthreads); /* int4 x 8-bit activations on AVX2 (quant_a8_cpu.c) */
+int graft_quant_int4_a8(int vnni, const float *x, int64_t ldx, int64_t M, int64_t K,
+                        const void *w, const uint16_t *scales4, const uint16_t *mins4,
+                        int64_t group, const float *bias, float *y, int64_t ldy, int64_t N,
+                        int64_t NB, int nthreads); /* int4 x 8-bit activations (quant_a8_cpu.c) */
 void graft_quant_round8(const float *x, int64_t ldx, int64_t M, int64_t K, float *xhat);
 int graft_quant_linear_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                             const void *w, const float *bias, float *y, int64_t ldy, int64_t N,
@@ -369,8 +369,8 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
     const int level = graft_quant_isa();
     const int integer = kind == KIND_INT8 || kind == KIND_INT4;
     if (kind == KIND_INT4_A8) { /* its own integer kernel on AVX2 and up */
-        const int status = level >= 1 ? graft_quant_int4_a8(x, ldx, M, K, w, scales4, mins4, group,
-                                                            bias, y, ldy, N, NB, nthreads) : 1;
+        const int status = level >= 1 ? graft_quant_int4_a8(level >= 3, x, ldx, M, K, w, scales4, mins4,
+                                                            group, bias, y, ldy, N, NB, nthreads) : 1;
         return status <= 0 ? status : int4_a8_portable(x, ldx, M, K, w, scales4, mins4, group,
                                                        bias, y, ldy, N, nthreads);
     }

@@ -1,7 +1,7 @@
 """The -a8 schemes (int4 weights, x rounded to int8 per 32 columns): the rounding itself, the
-integer AVX2 kernel (kernels/csrc/quant_a8_cpu.c) and the portable loop against the reference
-(the dequantized weight times the rounded x), rows independent of their batch, inf/NaN rows,
-and the torch path of the linear dispatch."""
+integer AVX2 and VNNI kernels (kernels/csrc/quant_a8_cpu.c) and the portable loop against the
+reference (the dequantized weight times the rounded x), rows independent of their batch,
+inf/NaN rows, and the torch path of the linear dispatch."""
 
 import pytest
 import torch
@@ -78,6 +78,20 @@ def test_the_avx2_kernel_is_the_reference_and_rows_do_not_depend_on_the_batch(n,
     want = _exact(x, qw, bias)
     assert ((together.double() - want).abs().max() / want.abs().max()) < 1e-5
     torch.testing.assert_close(together, quant_linear(x, qw, bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_ops.available() or cpu_quant.isa() not in ("avx512-vnni", "avx512-amx"),
+                    reason="needs the C kernels on a CPU with AVX-512 VNNI")
+@pytest.mark.parametrize("n,k,group", [(40, 96, 32), (17, 512, 64), (64, 256, 128), (96, 1536, 32)])
+def test_the_vnni_path_gives_the_avx2_paths_bits(n, k, group):
+    """vpdpbusd sums in int32 what vpmaddubsw sums in int16 then int32: the same integers, then
+    the same fp32 steps per block and lane, so the two paths agree bit for bit."""
+    qw, x, bias = _case(n, k, group, seed=3 * n + k)
+    vnni = cpu_quant.quant_linear(x, qw, bias)
+    alone = torch.cat([cpu_quant.quant_linear(x[i:i + 1], qw, bias) for i in range(11)])
+    with cpu_quant.isa_capped("avx512"):  # int8/int4 on AVX2 below VNNI
+        avx2 = cpu_quant.quant_linear(x, qw, bias)
+    assert torch.equal(vnni, avx2) and torch.equal(vnni, alone)
 
 
 @needs_c
