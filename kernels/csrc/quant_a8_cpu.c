@@ -13,7 +13,8 @@
  * block add up in int16 (|sum| <= 4 * 2 * 2 * 15 * 127 = 30480, no overflow) and become fp32
  * once per block and lane: vpmaddwd, a convert and an FMA by scale * d. This is llama.cpp's
  * q4_1 x q8_1 dot product in graft's layout; the price is x's rounding, which the scheme's
- * name says and `graft bench scheme-quality` measures.
+ * name says and `graft bench scheme-quality` measures. On AVX-512 VNNI, vpdpbusd adds 4 products
+ * straight into int32 lanes, 16 at a time: the same integer sums and fp32 steps, the same bits.
  *
  * The minimum term, min_g * sum over group g of x_hat, uses the group sums of x_hat, so the
  * result is the dequantized linear on x_hat up to fp32 summation order. A row holding inf or
