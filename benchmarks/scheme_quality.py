@@ -13,7 +13,6 @@ cover; this is the measurement behind choosing them (docs/quantization.md). A sc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _prompts(path: str | None) -> list[str]:
     from graft.errors import GraftConfigError
+    from graft.loads import json_loads
 
     if path is None:
         from graft.quickstart.data import TEXT_PROMPTS
@@ -44,11 +44,10 @@ def _prompts(path: str | None) -> list[str]:
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            question = json.loads(line)["question"]
-        except (ValueError, KeyError, TypeError):
-            raise GraftConfigError(f"--prompts {path}:{n}: need a JSON object with \"question\"") from None
-        out.append(str(question))
+        record = json_loads(line, f"--prompts {path}:{n}")
+        if not isinstance(record, dict) or "question" not in record:
+            raise GraftConfigError(f"--prompts {path}:{n}: need a JSON object with \"question\"")
+        out.append(str(record["question"]))
     if not out:
         raise GraftConfigError(f"--prompts {path}: no prompts")
     return out

@@ -35,6 +35,7 @@
 #define A8_AVX2 0
 #endif
 #if A8_AVX2 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include "vnni_dot.h"
 #define A8_VNNI 1 /* the same sums on AVX-512 VNNI: vpdpbusd, 16 lanes (below) */
 #else
 #define A8_VNNI 0
@@ -151,8 +152,10 @@ static void act8_rows(const float *x, int64_t ldx, int64_t M, int64_t K, int64_t
         const __m256i v = _mm256_loadu_si256((const __m256i *)((ws) + 32 * h));                 \
         const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib); \
         for (int r = 0; r < (R); ++r) {                                                         \
-            const __m256i bl = _mm256_castps_si256(_mm256_broadcast_ss((const float *)((xs) + r * (K)))); \
-            const __m256i bh = _mm256_castps_si256(_mm256_broadcast_ss((const float *)((xs) + r * (K) + 4)));  \
+            int32_t xl, xh;                                                                     \
+            memcpy(&xl, (xs) + r * (K), 4);                                                     \
+            memcpy(&xh, (xs) + r * (K) + 4, 4);                                                 \
+            const __m256i bl = _mm256_set1_epi32(xl), bh = _mm256_set1_epi32(xh);              \
             (acc)[r][h] = _mm256_add_epi16((acc)[r][h],                                         \
                 _mm256_add_epi16(_mm256_maddubs_epi16(lo, bl), _mm256_maddubs_epi16(hi, bh)));  \
             __asm__("" : "+x"((acc)[r][h])); /* keeps GCC from computing every product first */ \
@@ -226,13 +229,6 @@ static void a8_run(int R, int H, const int8_t *xq, const float *d, const float *
 #endif
 
 #if A8_VNNI
-/* acc += 4-byte dot products of u (unsigned) and s (signed); inline asm because GCC 12 copies
- * the accumulator around every _mm512_dpbusd_epi32 (quant_vnni_cpu.c) */
-static inline __m512i a8_dot(__m512i acc, __m512i u, __m512i s) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-    return acc;
-}
-
 /* a8_tile on AVX-512 VNNI: R rows x the pair's two 16-lane blocks in one pass. vpdpbusd adds 4
  * products into an int32 lane, so a block's 4 steps need no int16 stage; per block and lane the
  * fp32 steps are a8_tile's (convert, FMA by scale x d; min x group sum per group), in its order,
@@ -260,7 +256,7 @@ static inline __attribute__((always_inline)) void a8_tile_vnni(
                         int32_t xl, xh;
                         memcpy(&xl, xq + r * K + b * QBLOCK + 8 * t, 4);
                         memcpy(&xh, xq + r * K + b * QBLOCK + 8 * t + 4, 4);
-                        acc[r][h] = a8_dot(a8_dot(acc[r][h], lo, _mm512_set1_epi32(xl)), hi, _mm512_set1_epi32(xh));
+                        acc[r][h] = dot(dot(acc[r][h], lo, _mm512_set1_epi32(xl)), hi, _mm512_set1_epi32(xh));
                     }
                 }
             }

@@ -31,6 +31,7 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include "quant_epilogue.h"
 #include "quant_group_sums.h"
+#include "vnni_dot.h"
 #define GRAFT_QUANT_VNNI 1
 #else
 #define GRAFT_QUANT_VNNI 0
@@ -68,12 +69,6 @@ static inline int32_t load_word(const int8_t *p) {
     return v;
 }
 
-/* acc += 4-byte dot products of u (unsigned) and s (signed). Inline asm because GCC 12
- * copies the accumulator around every _mm512_dpbusd_epi32 (three moves per dot). */
-static inline __m512i dot(__m512i acc, __m512i u, __m512i s) {
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-    return acc;
-}
 
 /* Row m of x -> rs[m] (the step s) and its PIECES digit rows (K..KP padded with 0): column k
  * of piece p at dig[p] + (k / 64) * cstride + k % 64 (cstride 64: plain rows; the AMX path
