@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from graft.errors import GraftConfigError
+from graft.kernels.quant_formats import linear_input
 
 ROW_BUCKETS = (1, 8, 32, 128, 512)  # a call of R rows takes the choice of the nearest bucket
 MODES = ("measure", "cached", "c", "torch")
@@ -78,8 +79,6 @@ def choose(timings: dict[str, dict[str, float]]) -> dict[str, str]:
 def torch_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """quant_formats.quant_linear's contract on the torch path: the weight is dequantized for
     this call only (after pack_only the canonical tensors are rebuilt and dropped again)."""
-    from graft.kernels.quant_formats import linear_input
-
     w = weight.dequantize(keep=False)  # [N, K] fp32
     out = F.linear(linear_input(x, weight.scheme), w, None if bias is None else bias.float())
     return out.to(x.dtype)

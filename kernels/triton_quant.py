@@ -212,10 +212,14 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
-    if weight.scheme.act8 and not tuning.pop("rounded", False):
-        # the -a8 schemes: x rounded in torch, then the int4 kernel on that fp32 x_hat
-        out = quant_linear(round_activations(x.float()), weight, bias, rounded=True, **tuning)
-        return out.to(x.dtype)
+    if weight.scheme.act8:  # the -a8 schemes: x rounded in torch, the int4 kernel on that fp32 x_hat
+        return _launch(round_activations(x.float()), weight, bias, **tuning).to(x.dtype)
+    return _launch(x, weight, bias, **tuning)
+
+
+def _launch(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None, **tuning) -> torch.Tensor:
+    """quant_linear on x as the kernel multiplies it (x's last dim checked by the caller)."""
+    n, k = weight.shape
     kind = weight.scheme.kind
     if kind not in _KIND or x.dtype not in _X_DTYPES:
         raise ValueError(f"quant_linear (triton) takes {', '.join(_KIND)} weights and float32/bfloat16/"
