@@ -5,21 +5,24 @@
  * 8j + t in the low nibble, 8j + 4 + t in the high), y = sum_g s_g sum_k x q + min_g sum_k x.
  *
  * Why it looks like this: at decode sizes the cost is widening weights to fp32, not the FMAs.
- * One vpshufb moves byte t of every lane word into one byte of the word, zeros elsewhere, and
- * vcvtdq2ps converts that int32 exactly: 2 uops per 8 weights where shift, shift (or mask),
- * convert took 3. int8 is XORed to signed q first and goes to the top byte (q * 2^24); int4's
- * nibbles are masked in place first, 0x0F and 0xF0, once per four columns, and go to byte 2
- * (q * 2^16 and q * 2^20). The powers of 2 are taken out of x instead: a copy per call,
- * x * 2^-24, 2^-16 or 2^-20, exact but for |x| < 2^-100 or so, so every product is the
- * dequantized model's x * q, bit for bit.
+ * int8: one vpshufb moves byte t of every lane word into the top byte of the word, zeros
+ * elsewhere (XORed to signed q first), and vcvtdq2ps converts that int32 exactly, q * 2^24:
+ * 2 uops per 8 weights where shift, shift, convert took 3. int4: one vpand keeps column c's
+ * nibble in place (column 7's, at the sign bit, is shifted down instead) and vcvtdq2ps
+ * converts it, q * 2^(0..24); no shuffle, so the 3 uops per 8 weights (with the FMA) spread
+ * over all four FP pipes. The powers of 2 are taken out of x instead: a copy per call, x *
+ * 2^-24 at most, exact but for |x| < 2^-100 or so, so every product is the dequantized
+ * model's x * q, bit for bit.
  *
  * Tiles: 4 rows x one block (8 accumulators), or the leftover 1-3 rows x the pair's two blocks
- * (4-12 accumulators: one pass over the pair's interleaved stream, and more independent FMA
- * chains at one row). Each row and lane is one FMA chain over the columns in order (int4: per
- * group), whatever the tile: a row's result does not depend on its batch. One row runs about
- * one FMA a cycle, held there by the widening, not by its 4 chains' FMA latency: a second
- * chain per lane (K split in halves, in every tile) measured no faster cache-hot and slower
- * from memory (docs/kernels.md).
+ * (4-12 accumulators: one pass over the pair's interleaved stream; int4's 2 rows go block by
+ * block, see INT4_TILE). Each row and lane is one
+ * FMA chain over the columns in order (int4: per group), whatever the tile: a row's result
+ * does not depend on its batch. At one row those are 4 chains, and their FMA latency held it
+ * to one FMA a cycle: int4 runs two groups side by side there (each group's sum is its own
+ * chain, 8 in all, folded into the output in group order), 1.1-1.35x from memory. A second
+ * chain per lane that splits a group (K halves, or even/odd columns) would have to run in
+ * every tile, and the 4-row tiles have no registers for it (docs/kernels.md).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -66,53 +69,106 @@ static inline void prefetch_step(const uint8_t *step, int H) {
     }
 
 /* out[r][h] = row r of the tile . its H 8-lane halves (H = 2: one block, its halves 32 bytes
- * apart; H = 4: the pair, 128 contiguous bytes a step). int8: before the channel scale; int4:
- * with the group scales and minimums (sc, mn: the first block's, 8 lanes per half; gs: group
- * sums of x, [R][G]). */
-static inline __attribute__((always_inline)) void int_tile(
-    int kind, int R, int H, const float *xs, int64_t ldx, int64_t K, const uint8_t *w,
-    const uint16_t *sc, const uint16_t *mn, int64_t group, const float *gs, __m256 out[][4]) {
-    const __m256i masks[4] = {column_mask(0, kind == KIND_INT8 ? 3 : 2), column_mask(1, kind == KIND_INT8 ? 3 : 2),
-                              column_mask(2, kind == KIND_INT8 ? 3 : 2), column_mask(3, kind == KIND_INT8 ? 3 : 2)};
+ * apart; H = 4: the pair, 128 contiguous bytes a step), before the channel scale. */
+static inline __attribute__((always_inline)) void int8_tile(int R, int H, const float *xs,
+                                                            int64_t ldx, int64_t K,
+                                                            const uint8_t *w, __m256 out[][4]) {
+    const __m256i masks[4] = {column_mask(0, 3), column_mask(1, 3), column_mask(2, 3), column_mask(3, 3)};
+    const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q */
     for (int r = 0; r < R; ++r)
         for (int h = 0; h < H; ++h) out[r][h] = _mm256_setzero_ps();
-    if (kind == KIND_INT8) {
-        const __m256i flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q */
-        for (int64_t j = 0; j < (K + 3) / 4; ++j) {
-            prefetch_step(w + j * 128, H);
-            __m256i v[4];
-            for (int h = 0; h < H; ++h)
-                v[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + j * 128 + 32 * h)), flip);
-            FOUR_COLUMNS(R, H, v, xs + 4 * j, ldx, out, masks)
-        }
-        return;
+    for (int64_t j = 0; j < (K + 3) / 4; ++j) {
+        prefetch_step(w + j * 128, H);
+        __m256i v[4];
+        for (int h = 0; h < H; ++h)
+            v[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + j * 128 + 32 * h)), flip);
+        FOUR_COLUMNS(R, H, v, xs + 4 * j, ldx, out, masks)
     }
-    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8((char)0xF0);
-    const int64_t G = K / group;
-    for (int64_t g = 0; g < G; ++g) {
-        __m256 part[ROWS][4];
+}
+
+/* int4 column c of a lane word (byte c % 4, the low nibble for c < 4, the high one after),
+ * masked in place: q * 2^nibble_shift(c). Column 7 is shifted down instead, q: its mask would
+ * keep the sign bit. */
+#define NIBBLE_SHIFT(c) ((c) == 7 ? 0 : (c) < 4 ? 8 * (c) : 8 * ((c) - 4) + 4)
+#define NIBBLE_MASK(c) (0xF << NIBBLE_SHIFT(c))
+#define EIGHT_LANES(c) {NIBBLE_MASK(c), NIBBLE_MASK(c), NIBBLE_MASK(c), NIBBLE_MASK(c),             \
+                        NIBBLE_MASK(c), NIBBLE_MASK(c), NIBBLE_MASK(c), NIBBLE_MASK(c)}
+static const int32_t nibble_masks[8][8] __attribute__((aligned(32))) = {
+    EIGHT_LANES(0), EIGHT_LANES(1), EIGHT_LANES(2), EIGHT_LANES(3),
+    EIGHT_LANES(4), EIGHT_LANES(5), EIGHT_LANES(6), EIGHT_LANES(7)};
+
+/* int4, groups g0 .. g0 + GP - 1: out[r][h] += row r . the tile's H 8-lane halves (H = 2:
+ * one block, its halves 32 bytes apart; H = 4: the pair, 128 contiguous bytes a step), with the
+ * group scales and minimums (sc, mn: fp16 [G][64], the first half's; gs: group sums of x,
+ * [R][G]). The GP groups run side by side, each its own FMA chains, and fold into out in
+ * group order: the same arithmetic for every GP. */
+static inline __attribute__((always_inline)) void int4_groups(
+    int R, int H, int GP, int64_t g0, const float *xs, int64_t ldx, int64_t G, int64_t steps,
+    const uint8_t *w, const uint16_t *sc, const uint16_t *mn, const float *gs, __m256 out[][4]) {
+    __m256 part[2][ROWS][4];
+    for (int e = 0; e < GP; ++e)
         for (int r = 0; r < R; ++r)
-            for (int h = 0; h < H; ++h) part[r][h] = _mm256_setzero_ps();
-        for (int64_t j = g * group / 8; j < (g + 1) * group / 8; ++j) {
-            prefetch_step(w + j * 128, H);
-            __m256i lo[4], hi[4];
-            for (int h = 0; h < H; ++h) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + j * 128 + 32 * h));
-                lo[h] = _mm256_and_si256(v, low);
-                hi[h] = _mm256_and_si256(v, high);
+            for (int h = 0; h < H; ++h) part[e][r][h] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < steps; ++i) {
+        const int64_t j0 = g0 * steps + i; /* group g0 + e's step: j0 + e * steps */
+        /* the pass's steps in order, GP a step (prefetching where each group is read, two
+         * streams 4 steps apart at g32, read 10% slower from memory); two groups at a time
+         * prefetch the whole step, both blocks: two rows go block by block, and the second
+         * block's lines otherwise came from memory unprefetched */
+        for (int e = 0; e < GP; ++e) prefetch_step(w + (g0 * steps + GP * i + e) * 128, GP == 2 ? 4 : H);
+        /* read the masks each step: hoisted, 7 masks and 8 accumulators spill */
+        const __m256i *masks = (const __m256i *)nibble_masks;
+        __asm__("" : "+r"(masks));
+        _Pragma("GCC unroll 8") for (int c = 0; c < 8; ++c) {
+            const __m256i mask = _mm256_load_si256(masks + c);
+            _Pragma("GCC unroll 2") for (int e = 0; e < GP; ++e) {
+                const int64_t j = j0 + e * steps;
+                _Pragma("GCC unroll 4") for (int h = 0; h < H; ++h) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(w + j * 128 + 32 * h));
+                    const __m256 wv = _mm256_cvtepi32_ps(c == 7 ? _mm256_srli_epi32(v, 28) : _mm256_and_si256(v, mask));
+                    for (int r = 0; r < R; ++r)
+                        part[e][r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(xs + r * ldx + 8 * j + c), wv, part[e][r][h]);
+                }
             }
-            FOUR_COLUMNS(R, H, lo, xs + 8 * j, ldx, part, masks)
-            FOUR_COLUMNS(R, H, hi, xs + 8 * j + 4, ldx, part, masks)
         }
+    }
+    for (int e = 0; e < GP; ++e) {
+        const int64_t g = g0 + e;
         for (int h = 0; h < H; ++h) {
             const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + g * 64 + 8 * h)));
             const __m256 n = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + g * 64 + 8 * h)));
             for (int r = 0; r < R; ++r)
                 out[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(gs[r * G + g]), n,
-                                            _mm256_fmadd_ps(part[r][h], s, out[r][h]));
+                                            _mm256_fmadd_ps(part[e][r][h], s, out[r][h]));
         }
     }
 }
+
+/* int4: out = the tile's rows . its halves, GP groups at a time (an odd G's last alone) */
+static inline __attribute__((always_inline)) void int4_tile(
+    int R, int H, int GP, const float *xs, int64_t ldx, int64_t K, const uint8_t *w,
+    const uint16_t *sc, const uint16_t *mn, int64_t group, const float *gs, __m256 out[][4]) {
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < H; ++h) out[r][h] = _mm256_setzero_ps();
+    const int64_t G = K / group;
+    int64_t g0 = 0;
+    for (; g0 + GP <= G; g0 += GP) int4_groups(R, H, GP, g0, xs, ldx, G, group / 8, w, sc, mn, gs, out);
+    if (g0 < G) int4_groups(R, H, 1, g0, xs, ldx, G, group / 8, w, sc, mn, gs, out);
+}
+
+/* The int4 tiles, rows x halves x groups at a time, 8-12 FMA chains each: one row takes the
+ * pair two groups at a time (4 chains held it to one FMA a cycle), two rows a block at a time,
+ * two groups each (cache-hot 1.14x the pair one group at a time). Each shape is its own
+ * function: inlined together into run_tile, GCC kept some shapes' accumulators on the stack
+ * (2-row tiles ran at half speed). */
+#define INT4_TILE(R, H, GP)                                                                     \
+    static __attribute__((noinline)) void int4_tile_##R##x##H(                                 \
+        const float *xs, int64_t ldx, int64_t K, const uint8_t *w, const uint16_t *sc,         \
+        const uint16_t *mn, int64_t group, const float *gs, __m256 out[][4]) {                  \
+        int4_tile(R, H, GP, xs, ldx, K, w, sc, mn, group, gs, out);                             \
+    }
+INT4_TILE(4, 2, 1) INT4_TILE(1, 4, 2) INT4_TILE(2, 2, 2) INT4_TILE(3, 4, 1)
+#undef INT4_TILE
 
 /* y[r][o0 + l] = out * scale + bias for the tile's rows and 8 * H lanes, lanes past N left alone */
 static void store_tile(int R, int H, __m256 out[][4], const float *scale, const float *bias,
@@ -132,13 +188,17 @@ static void run_tile(int kind, int R, int H, const float *xs, int64_t ldx, int64
                      const float *gs, const float *scale, const float *bias, int64_t o0, float *y,
                      int64_t ldy, int64_t N) {
     __m256 out[ROWS][4];
-#define TILE(KIND)                                                                          \
-    if (H == 2) int_tile(KIND, ROWS, 2, xs, ldx, K, w, sc, mn, group, gs, out);             \
-    else if (R == 1) int_tile(KIND, 1, 4, xs, ldx, K, w, sc, mn, group, gs, out);           \
-    else if (R == 2) int_tile(KIND, 2, 4, xs, ldx, K, w, sc, mn, group, gs, out);           \
-    else int_tile(KIND, 3, 4, xs, ldx, K, w, sc, mn, group, gs, out);
-    if (kind == KIND_INT8) { TILE(KIND_INT8) } else { TILE(KIND_INT4) }
-#undef TILE
+    if (kind == KIND_INT8) {
+        if (H == 2) int8_tile(ROWS, 2, xs, ldx, K, w, out);
+        else if (R == 1) int8_tile(1, 4, xs, ldx, K, w, out);
+        else if (R == 2) int8_tile(2, 4, xs, ldx, K, w, out);
+        else int8_tile(3, 4, xs, ldx, K, w, out);
+    } else {
+        if (R == 4) int4_tile_4x2(xs, ldx, K, w, sc, mn, group, gs, out);
+        else if (R == 3) int4_tile_3x4(xs, ldx, K, w, sc, mn, group, gs, out);
+        else if (R == 2) int4_tile_2x2(xs, ldx, K, w, sc, mn, group, gs, out);
+        else int4_tile_1x4(xs, ldx, K, w, sc, mn, group, gs, out);
+    }
     store_tile(R, H, out, scale, bias, o0, y, ldy, N);
 }
 #endif
@@ -156,6 +216,8 @@ int graft_quant_int_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64
     float *xs = malloc(sizeof(float) * (size_t)(M * (KP + G)));
     if (!xs) return -1;
     float *gs = xs + M * KP;
+    float unscale[8]; /* int4 column c of 8: 2^-NIBBLE_SHIFT(c), at most 2^-24 as int8's */
+    for (int c = 0; c < 8; ++c) unscale[c] = 1.0f / (float)(1 << NIBBLE_SHIFT(c));
     for (int64_t m = 0; m < M; ++m) { /* plain loops the compiler vectorizes: 2 ns a column counted at 32 rows */
         const float *xm = x + m * ldx;
         float *sm = xs + m * KP;
@@ -164,7 +226,7 @@ int graft_quant_int_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64
             for (int64_t k = K; k < KP; ++k) sm[k] = 0.0f;
         } else {
             for (int64_t j = 0; j < K; j += 8)
-                for (int t = 0; t < 8; ++t) sm[j + t] = xm[j + t] * (t < 4 ? 0x1p-16f : 0x1p-20f);
+                for (int c = 0; c < 8; ++c) sm[j + c] = xm[j + c] * unscale[c];
         }
     }
     if (G) group_sums(x, ldx, M, K, group, gs);
@@ -180,7 +242,11 @@ int graft_quant_int_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64
                 run_tile(kind, ROWS, 2, xs + m0 * KP, KP, K, wp + 64 * b, sc ? sc + 16 * b : 0,
                          mn ? mn + 16 * b : 0, group, gs + m0 * G, scale8, bias, p * 32 + 16 * b,
                          y + m0 * ldy, ldy, N);
-        if (full < M)
+        if (kind == KIND_INT4 && M - full == 2) /* two rows block by block, two groups at a time */
+            for (int b = 0; b < 2; ++b)
+                run_tile(kind, 2, 2, xs + full * KP, KP, K, wp + 64 * b, sc + 16 * b, mn + 16 * b,
+                         group, gs + full * G, scale8, bias, p * 32 + 16 * b, y + full * ldy, ldy, N);
+        else if (full < M)
             run_tile(kind, (int)(M - full), 4, xs + full * KP, KP, K, wp, sc, mn, group,
                      gs + full * G, scale8, bias, p * 32, y + full * ldy, ldy, N);
     }

@@ -1,7 +1,8 @@
 """The AVX2 int8 / int4 linears (kernels/csrc/quant_avx2_int_cpu.c): 4-row one-block tiles
-and 1-3 row pair tiles, each row one FMA chain over the columns in order. So a row's output
-does not depend on how many rows share the call, and ragged K (int8: padded to 4 columns) and
-N (padded to 32 lanes) match the dequantized reference."""
+and 1-3 row pair tiles, each row one FMA chain over the columns in order (int4: per group,
+two groups side by side at 1 and 2 rows). So a row's output does not depend on how many rows
+share the call, and ragged K (int8: padded to 4 columns) and N (padded to 32 lanes) match the
+dequantized reference."""
 
 import pytest
 import torch
@@ -30,13 +31,16 @@ def test_rows_do_not_depend_on_the_batch(scheme, n, k):
         together = cpu_quant.quant_linear(x, qw, bias)  # tiles of 4, 4, then 3 rows
         alone = torch.cat([cpu_quant.quant_linear(x[i:i + 1], qw, bias) for i in range(11)])
         pairs = torch.cat([cpu_quant.quant_linear(x[i:i + 2], qw, bias) for i in range(0, 11, 2)])
+        # a 4-row tile, then 1, 2 or 3 rows left over (int4: two groups at a time at 1 and 2)
+        leftovers = [cpu_quant.quant_linear(x[:m], qw, bias) for m in (5, 6, 7)]
     assert torch.equal(together, alone) and torch.equal(together, pairs)
+    assert all(torch.equal(got, alone[:len(got)]) for got in leftovers)
     torch.testing.assert_close(together, quant_linear(x, qw, bias), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4-g32"])
 def test_large_tiny_and_inf_activations(scheme):
-    """x is scaled by 2^-24 (int4: 2^-16, 2^-20) inside, the weights carry the power of 2:
+    """x is scaled by 2^-24 (int4: 2^-24 at most) inside, the weights carry the power of 2:
     large rows must not overflow, and int8 rows with an inf give what the reference gives (int4
     folds min * sum(x) in after the products: inf - inf there, as before this kernel)."""
     qw, g = _quantized(48, 96, seed=3, scheme=scheme)
