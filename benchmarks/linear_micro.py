@@ -5,7 +5,9 @@ model's layer; this one isolates the kernel's inner loop (the C function called 
 Python wrapper per call) so a change to it shows in one process, before against after.
 
 By default the weights stay cache-hot (the same weight every call: the kernel's compute
-rate); --cold rotates over copies filling --cold-mb so every call streams from memory.
+rate); --cold rotates over copies filling --cold-mb so every call streams from memory. One
+thread unless --threads: the engine runs its linears on all its threads, which share the
+memory bandwidth.
 --baseline-lib PATH also times the same calls in another build of the kernels (say, one
 compiled from an older commit's kernels/csrc) in the same process, and prints new / old.
 Writes JSON.
@@ -35,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cold", action="store_true",
                         help="rotate over weight copies filling --cold-mb (from memory, not cache)")
     parser.add_argument("--cold-mb", type=float, default=128.0, help="bytes of copies with --cold")
+    parser.add_argument("--threads", type=_positive, default=1,
+                        help="threads of each call (the engine's linears run on all its threads)")
     parser.add_argument("--baseline-lib", default=None,
                         help="a .so of the C kernels built from other sources, timed beside")
     parser.add_argument("--out", default=None, help="write the JSON result here")
@@ -50,13 +54,19 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def _call_args(cpu_quant, weight, x, y):
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of threads, 1 or more")
+    return int(text)
+
+
+def _call_args(cpu_quant, weight, x, y, threads: int):
     """The argument list of graft_quant_linear for x @ weight^T into y (no bias)."""
     p = cpu_quant.pack(weight)
     n, k = weight.shape
     return [cpu_quant.kind_code(weight.scheme), x.data_ptr(), x.stride(0), x.shape[0], k,
             p.weight.data_ptr(), *p.pointers(weight.scheme.kind), weight.scheme.group_size, None,
-            y.data_ptr(), n, n, p.num_blocks, 1]
+            y.data_ptr(), n, n, p.num_blocks, threads]
 
 
 def _time(fn, min_seconds: float, repeats: int) -> float:
@@ -94,7 +104,7 @@ def measure(scheme_name: str, out: int, inp: int, rows: int, args, lib, baseline
     weights = [quantize(w, scheme) for _ in range(copies)]
     x = torch.randn(rows, inp, generator=gen)
     y = torch.empty(rows, out)
-    calls = [_call_args(cpu_quant, q, x, y) for q in weights]
+    calls = [_call_args(cpu_quant, q, x, y, args.threads) for q in weights]
     row = {"format": scheme.name, "out": out, "in": inp, "rows": rows}
     for label, one_lib in (("baseline", baseline), ("", lib)):
         if one_lib is None:
@@ -166,7 +176,8 @@ def run(args) -> int:
     with capped, torch.inference_mode():
         path = cpu_quant.isa()
         base_path = None if baseline is None else cpu_quant.ISA_NAMES[baseline.graft_quant_isa()]
-        print(f"C path: {path}, 1 thread, {'cold (from memory)' if args.cold else 'cache-hot'}")
+        print(f"C path: {path}, {args.threads} thread{'s' if args.threads > 1 else ''}, "
+              f"{'cold (from memory)' if args.cold else 'cache-hot'}")
         for fmt in formats:
             for out, inp in shapes:
                 for m in rows:
@@ -184,7 +195,7 @@ def run(args) -> int:
     if args.out:
         from graft.io import atomic_write_json
 
-        atomic_write_json(args.out, {"isa": path, "baseline_isa": base_path, "threads": 1,
+        atomic_write_json(args.out, {"isa": path, "baseline_isa": base_path, "threads": args.threads,
                                      "cold": args.cold, "results": results})
         print(f"wrote {args.out}")
     return 0

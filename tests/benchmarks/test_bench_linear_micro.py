@@ -68,3 +68,19 @@ def test_linear_micro_times_a_baseline_build_beside(tmp_path):
 def test_linear_micro_bad_arguments_say_which(flag, value, message, capsys):
     assert main(["bench", "linear-micro", "--shapes", "32x64", "--rows", "1", *QUICK, flag, value]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_threads_split_the_call_and_are_recorded(tmp_path):
+    """--threads runs each call on that many threads (the engine's linears run on all of
+    them): the same results as one, the count in the JSON."""
+    out = tmp_path / "micro.json"
+    assert main(["bench", "linear-micro", "--formats", "int4-g32,int8", "--shapes", "256x128",
+                 "--rows", "1,3", *QUICK, "--threads", "2", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["threads"] == 2 and len(result["results"]) == 4
+    assert all(r["max_rel_diff"] < 1e-5 for r in result["results"])
+
+
+def test_threads_must_be_a_positive_count(capsys):
+    assert main(["bench", "linear-micro", "--threads", "0"]) == 2
+    assert "--threads: '0': give a whole number of threads" in capsys.readouterr().err
