@@ -16,13 +16,13 @@
  *
  * Tiles: 4 rows x one block (8 accumulators), or the leftover 1-3 rows x the pair's two blocks
  * (4-12 accumulators: one pass over the pair's interleaved stream; int4's 2 rows go block by
- * block, see INT4_TILE). Each row and lane is one
- * FMA chain over the columns in order (int4: per group), whatever the tile: a row's result
- * does not depend on its batch. At one row those are 4 chains, and their FMA latency held it
- * to one FMA a cycle: int4 runs two groups side by side there (each group's sum is its own
- * chain, 8 in all, folded into the output in group order), 1.1-1.35x from memory. A second
- * chain per lane that splits a group (K halves, or even/odd columns) would have to run in
- * every tile, and the 4-row tiles have no registers for it (docs/kernels.md).
+ * block, see INT4_TILE). Each row and lane is one FMA chain over the columns in order (int4:
+ * per group), whatever the tile: a row's result does not depend on its batch. At one row those
+ * are 4 chains, and their FMA latency held it to one FMA a cycle: int4 runs two groups side by
+ * side there (each group's sum is its own chain, 8 in all, folded into the output in group
+ * order), 1.16-1.22x from memory on one thread. A second chain per lane that splits a group
+ * (K halves, or even/odd columns) would have to run in every tile, and the 4-row tiles have no
+ * registers for it (docs/kernels.md).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -87,7 +87,7 @@ static inline __attribute__((always_inline)) void int8_tile(int R, int H, const 
 }
 
 /* int4 column c of a lane word (byte c % 4, the low nibble for c < 4, the high one after),
- * masked in place: q * 2^nibble_shift(c). Column 7 is shifted down instead, q: its mask would
+ * masked in place: q * 2^NIBBLE_SHIFT(c). Column 7 is shifted down instead, q: its mask would
  * keep the sign bit. */
 #define NIBBLE_SHIFT(c) ((c) == 7 ? 0 : (c) < 4 ? 8 * (c) : 8 * ((c) - 4) + 4)
 #define NIBBLE_MASK(c) (0xF << NIBBLE_SHIFT(c))
@@ -112,7 +112,7 @@ static inline __attribute__((always_inline)) void int4_groups(
     for (int64_t i = 0; i < steps; ++i) {
         const int64_t j0 = g0 * steps + i; /* group g0 + e's step: j0 + e * steps */
         /* the pass's steps in order, GP a step (prefetching where each group is read, two
-         * streams 4 steps apart at g32, read 10% slower from memory); two groups at a time
+         * streams 4 steps apart at g32, read 16-18% slower from memory); two groups at a time
          * prefetch the whole step, both blocks: two rows go block by block, and the second
          * block's lines otherwise came from memory unprefetched */
         for (int e = 0; e < GP; ++e) prefetch_step(w + (g0 * steps + GP * i + e) * 128, GP == 2 ? 4 : H);
@@ -158,7 +158,8 @@ static inline __attribute__((always_inline)) void int4_tile(
 
 /* The int4 tiles, rows x halves x groups at a time, 8-12 FMA chains each: one row takes the
  * pair two groups at a time (4 chains held it to one FMA a cycle), two rows a block at a time,
- * two groups each (cache-hot 1.14x the pair one group at a time). Each shape is its own
+ * two groups each (cache-hot 1.14x the old kernel, where the pair one group at a time ran
+ * 0.96x). Each shape is its own
  * function: inlined together into run_tile, GCC kept some shapes' accumulators on the stack
  * (2-row tiles ran at half speed). */
 #define INT4_TILE(R, H, GP)                                                                     \
