@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 
+from graft.cli_types import number_in
 from graft.errors import GraftConfigError
 
 DEFAULT_SHAPES = "1024x512,512x1024,576x1536,1536x576"  # out x in: MoE experts, SmolLM2 MLP
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cold", action="store_true",
                         help="rotate over weight copies filling --cold-mb (from memory, not cache)")
     parser.add_argument("--cold-mb", type=float, default=128.0, help="bytes of copies with --cold")
-    parser.add_argument("--threads", type=_positive, default=1,
+    parser.add_argument("--threads", type=number_in(int, low=1), default=1,
                         help="threads of each call (the engine's linears run on all its threads)")
     parser.add_argument("--baseline-lib", default=None,
                         help="a .so of the C kernels built from other sources, timed beside")
@@ -52,12 +53,6 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
             raise GraftConfigError(f"--shapes: {item!r} is not OUTxIN (e.g. 1024x512)")
         shapes.append((int(out), int(inp)))
     return shapes
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of threads, 1 or more")
-    return int(text)
 
 
 def _call_args(cpu_quant, weight, x, y, threads: int):

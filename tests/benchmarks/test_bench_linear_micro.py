@@ -64,7 +64,7 @@ def test_linear_micro_times_a_baseline_build_beside(tmp_path):
     ("--baseline-lib", "/nonexistent/lib.so", "--baseline-lib: cannot use /nonexistent/lib.so"),
     ("--isa", "sse", "--isa: 'sse' is not one of portable"),
     ("--formats", "int3", "--formats='int3' is not a weight scheme"),
-    ("--threads", "0", "--threads: '0': give a whole number of threads, 1 or more"),
+    ("--threads", "0", "--threads: 0 is out of range: use >= 1"),
 ])
 def test_linear_micro_bad_arguments_say_which(flag, value, message, capsys):
     assert main(["bench", "linear-micro", "--shapes", "32x64", "--rows", "1", *QUICK, flag, value]) == 2
