@@ -30,6 +30,8 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+
+#include "avx2_store.h"
 #define A8_AVX2 1
 #else
 #define A8_AVX2 0
@@ -201,17 +203,6 @@ static inline __attribute__((always_inline)) void a8_tile(
     }
 }
 
-/* y[r][o0 + l] = out + bias for R rows and 8 * H lanes, lanes past N left alone */
-static void a8_store(int R, int H, __m256 out[][4], const float *bias, int64_t o0, float *y,
-                     int64_t ldy, int64_t N) {
-    for (int r = 0; r < R; ++r) {
-        float row[32];
-        for (int h = 0; h < H; ++h) _mm256_storeu_ps(row + 8 * h, out[r][h]);
-        for (int l = 0; l < 8 * H && o0 + l < N; ++l)
-            y[r * ldy + o0 + l] = row[l] + (bias ? bias[o0 + l] : 0.0f);
-    }
-}
-
 /* One tile; constant R and H per specialisation (the int accumulators stay in registers):
  * one row takes the whole pair in one pass (4 halves), 2-4 rows one block (2 halves). */
 static void a8_run(int R, int H, const int8_t *xq, const float *d, const float *gs, int64_t K,
@@ -224,7 +215,7 @@ static void a8_run(int R, int H, const int8_t *xq, const float *d, const float *
     case 3 * 8 + 2: a8_tile(3, 2, xq, d, gs, K, group, w, sc, mn, out); break;
     default: a8_tile(4, 2, xq, d, gs, K, group, w, sc, mn, out); break;
     }
-    a8_store(R, H, out, bias, o0, y, ldy, N);
+    store_tile(R, H, out, 0, bias, o0, y, ldy, N);
 }
 #endif
 
@@ -275,7 +266,7 @@ static inline __attribute__((always_inline)) void a8_tile_vnni(
     }
 }
 
-/* R rows (1-4) through one pair on VNNI, stored as a8_store does (bias added, lanes past N
+/* R rows (1-4) through one pair on VNNI, stored as store_tile does (bias added, lanes past N
  * left alone) */
 static void a8_run_vnni(int R, const int8_t *xq, const float *d, const float *gs, int64_t K,
                         int64_t group, const uint8_t *w, const uint16_t *sc, const uint16_t *mn,
@@ -293,7 +284,7 @@ static void a8_run_vnni(int R, const int8_t *xq, const float *d, const float *gs
             halves[r][2 * b] = _mm512_castps512_ps256(out[r][b]);
             halves[r][2 * b + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(out[r][b]), 1));
         }
-    a8_store(R, 4, halves, bias, o0, y, ldy, N);
+    store_tile(R, 4, halves, 0, bias, o0, y, ldy, N);
 }
 #endif
 

@@ -31,6 +31,8 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+
+#include "avx2_store.h"
 #define INT_AVX2 1
 #else
 #define INT_AVX2 0
@@ -170,17 +172,6 @@ static inline __attribute__((always_inline)) void int4_tile(
     }
 INT4_TILE(4, 2, 1) INT4_TILE(1, 4, 2) INT4_TILE(2, 2, 2) INT4_TILE(3, 4, 1)
 #undef INT4_TILE
-
-/* y[r][o0 + l] = out * scale + bias for the tile's rows and 8 * H lanes, lanes past N left alone */
-static void store_tile(int R, int H, __m256 out[][4], const float *scale, const float *bias,
-                       int64_t o0, float *y, int64_t ldy, int64_t N) {
-    for (int r = 0; r < R; ++r) {
-        float row[32];
-        for (int h = 0; h < H; ++h) _mm256_storeu_ps(row + 8 * h, out[r][h]);
-        for (int l = 0; l < 8 * H && o0 + l < N; ++l)
-            y[r * ldy + o0 + l] = row[l] * (scale ? scale[o0 + l] : 1.0f) + (bias ? bias[o0 + l] : 0.0f);
-    }
-}
 
 /* One tile, R rows x H halves; constant kind, R and H per call: each specialisation keeps
  * its accumulators in registers. */

@@ -69,7 +69,6 @@ static inline int32_t load_word(const int8_t *p) {
     return v;
 }
 
-
 /* Row m of x -> rs[m] (the step s) and its PIECES digit rows (K..KP padded with 0): column k
  * of piece p at dig[p] + (k / 64) * cstride + k % 64 (cstride 64: plain rows; the AMX path
  * asks for its tile blocks). dsum [PIECES][chunks]: each piece's digit sum per CHUNK_K
