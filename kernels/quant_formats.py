@@ -195,7 +195,7 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
 
 def linear_input(x: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     """x in fp32 as a linear of `scheme` multiplies it (rounded for the -a8 schemes)."""
-    return round_activations(x.float()) if scheme.act8 else x.float()
+    return round_activations(x) if scheme.act8 else x.float()
 
 
 def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

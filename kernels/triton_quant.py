@@ -213,7 +213,7 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     if x.shape[-1] != k:
         raise ValueError(f"quant_linear: x has {x.shape[-1]} input features, the weight takes {k}")
     if weight.scheme.act8:  # the -a8 schemes: x rounded in torch, the int4 kernel on that fp32 x_hat
-        return _launch(round_activations(x.float()), weight, bias, **tuning).to(x.dtype)
+        return _launch(round_activations(x), weight, bias, **tuning).to(x.dtype)
     return _launch(x, weight, bias, **tuning)
 
 

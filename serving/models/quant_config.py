@@ -167,7 +167,7 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
     from graft.kernels.quant_formats import quantize, round_activations
 
     def rounded_input(_module, args):
-        return (round_activations(args[0].float()).to(args[0].dtype), *args[1:])
+        return (round_activations(args[0]).to(args[0].dtype), *args[1:])
 
     for name, module in hf_model.named_modules():
         if isinstance(getattr(module, "gate_up_proj", None), nn.Parameter):
