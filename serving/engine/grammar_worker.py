@@ -226,7 +226,12 @@ def _refusal(answer: dict) -> tuple[str, str | None]:
     if answer.get("limit") == "memory":
         return (f"{FIELD} could not be compiled within the grammar compiler's memory limit; "
                 "send a simpler schema", "memory")
-    return f"{FIELD} is not a usable JSON schema: {message[:500]}", None
+    # llguidance appends its parser state and the whole grammar to a matcher's error
+    head = message.split(" <state>", 1)[0].strip()
+    if head == "NoExtensionBias":  # the stop reason alone: nothing can come next
+        head = ("no JSON value satisfies it (the grammar has nothing to continue with; a $ref "
+                "that leads only back to itself never ends)")
+    return f"{FIELD} is not a usable JSON schema: {head[:300]}", None
 
 
 def row_limit(error: str) -> str | None:

@@ -117,6 +117,20 @@ def test_a_wide_object_is_refused_at_compile_time():
     assert SamplingParams(guided_json=wide_object(400)).guided_grammar
 
 
+@pytest.mark.parametrize("schema, words", [
+    ({"$ref": "#"}, "no JSON value satisfies it"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]},
+     "no JSON value satisfies it"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "Too many items"),
+])
+def test_a_schema_with_no_end_is_one_line_without_the_parser_state(schema, words):
+    with pytest.raises(GraftConfigError) as err:
+        SamplingParams(guided_json=schema)
+    message = str(err.value)
+    assert words in message and "not a usable JSON schema" in message, message
+    assert "<state>" not in message and "grammars" not in message and len(message) < 400, message
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
     return Engine.from_pretrained(tiny_llama, EngineConfig(num_kv_blocks=64))
