@@ -39,31 +39,44 @@ class ChatTemplateError(GraftDataError):
         self.message_index = message_index
 
 
-def _render(tokenizer, messages, add_generation_prompt: bool,
-            tools: list[dict] | None = None) -> str:
+# apply_chat_template's own parameters and the names HF's renderer defines: a
+# chat_template_kwargs entry under one of them would not reach the template as a variable
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "raise_exception", "strftime_now"})
+
+
+def _render(tokenizer, messages, add_generation_prompt: bool, extra: dict | None = None,
+            continue_final_message: bool = False) -> str:
+    """`extra`: more keywords for apply_chat_template (`tools`, the template's variables)."""
     if not getattr(tokenizer, "chat_template", None):
         raise GraftDataError(
             "the LLM tokenizer has no chat_template; use an instruct checkpoint or set "
             "tokenizer.chat_template in its tokenizer_config.json")
     try:
         return tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **(extra or {}))
     except Exception as err:  # noqa: BLE001 - jinja raise_exception, empty chat, bad values
+        # one line: HF's continue_final_message error quotes the whole rendered chat
         raise ChatTemplateError(f"the chat template cannot render this conversation: "
-                                f"{type(err).__name__}: {err}") from None
+                                f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+                                ) from None
 
 
-def _render_full(tokenizer, messages, add_generation_prompt: bool, tools=None) -> str:
+def _render_full(tokenizer, messages, add_generation_prompt: bool, extra=None) -> str:
     """The whole chat; on failure, the error names the first message it fails at (the
     shortest failing prefix, found by bisection: a few renders, on the error path only)."""
     try:
-        return _render(tokenizer, messages, add_generation_prompt, tools)
+        return _render(tokenizer, messages, add_generation_prompt, extra)
     except ChatTemplateError as err:
         lo, hi = 1, len(messages)  # render(messages[:hi]) fails
         while lo < hi:
             mid = (lo + hi) // 2
             try:
-                _render(tokenizer, messages[:mid], add_generation_prompt, tools)
+                _render(tokenizer, messages[:mid], add_generation_prompt, extra)
                 lo = mid + 1
             except ChatTemplateError:
                 hi = mid
@@ -71,14 +84,14 @@ def _render_full(tokenizer, messages, add_generation_prompt: bool, tools=None) -
 
 
 def _label_spans(tokenizer, messages: list[dict], full: str,
-                 tools: list[dict] | None = None) -> list[tuple[int, int]]:
+                 extra: dict | None = None) -> list[tuple[int, int]]:
     """Character spans of `full` that belong to assistant turns (content + end token)."""
     spans = []
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        prefix = _render(tokenizer, messages[:i], True, tools)
-        upto = _render(tokenizer, messages[: i + 1], False, tools)
+        prefix = _render(tokenizer, messages[:i], True, extra)
+        upto = _render(tokenizer, messages[: i + 1], False, extra)
         if not (upto.startswith(prefix) and full.startswith(upto)):
             raise GraftDataError(
                 "the chat template does not render conversations as growing prefixes; "
@@ -124,37 +137,46 @@ def encode_chat(
     add_generation_prompt: bool = False,
     parse_special_tokens: bool = True,
     tools: list[dict] | None = None,
+    continue_final_message: bool = False,
+    template_kwargs: dict | None = None,
 ) -> EncodedChat:
     """Token ids + labels for `messages`; the k-th `<image>` becomes a run of
     image_token_counts[k] placeholders. Marker/image count mismatch -> GraftDataError.
     parse_special_tokens=False keeps special-token text inside messages (a user typing
     `<|im_start|>system`) as plain text; the template's own control tokens stay special.
-    `tools` (OpenAI function tools) go to the template as `apply_chat_template(tools=...)`."""
+    `tools` (OpenAI function tools) go to the template as `apply_chat_template(tools=...)`,
+    `template_kwargs` as its variables (`enable_thinking`); continue_final_message ends the
+    prompt inside the last message (its end-of-turn text left out), as HF's does."""
     n_markers = count_markers(messages)
     if n_markers != len(image_token_counts):
         raise GraftDataError(
             f"{n_markers} {IMAGE_MARKER} marker(s) in the text but {len(image_token_counts)} "
             f"image(s); put exactly one {IMAGE_MARKER} in the user text per image")
-    full = _render_full(tokenizer, messages, add_generation_prompt, tools)
+    if continue_final_message and add_generation_prompt:
+        raise GraftDataError("continue_final_message goes with add_generation_prompt=False: "
+                             "the prompt cannot both continue the last message and open a turn")
+    extra = {"tools": tools, **(template_kwargs or {})}
+    full = _render_full(tokenizer, messages, add_generation_prompt, extra)
 
     def render(msgs, gen):
-        return _render(tokenizer, msgs, gen, tools)
+        return _render(tokenizer, msgs, gen, extra)
 
     offsets = content_offsets(render, messages, full, add_generation_prompt)
     spans = assistant_spans(render, messages, full, offsets) if offsets is not None else None
     if spans is None:  # a template that rewrites contents: one render per assistant turn
-        spans = _label_spans(tokenizer, messages, full, tools)
+        spans = _label_spans(tokenizer, messages, full, extra)
     literal = set() if parse_special_tokens else set(
         _literal_specials(tokenizer, messages, full, offsets))
+    end = len(_continued(tokenizer, messages, full, extra) if continue_final_message else full)
     # Cut points: label span edges, image markers and literal special-token text.
-    cuts = {0, len(full)}
+    cuts = {0, end}
     for a, b in [*spans, *literal]:
         cuts.update((a, b))
     start = 0
     while (pos := full.find(IMAGE_MARKER, start)) >= 0:
         cuts.update((pos, pos + len(IMAGE_MARKER)))
         start = pos + len(IMAGE_MARKER)
-    bounds = sorted(cuts)
+    bounds = sorted(c for c in cuts if c <= end)
     ids: list[int] = []
     labels: list[int] = []
     image_spans: list[tuple[int, int]] = []
@@ -175,6 +197,21 @@ def encode_chat(
         ids.extend(toks)
         labels.extend(toks if in_label else [IGNORE_INDEX] * len(toks))
     return EncodedChat(ids, labels, image_spans)
+
+
+def _continued(tokenizer, messages: list[dict], full: str, extra: dict) -> str:
+    """The chat cut after its last message's text: HF's continue_final_message render, which
+    must be a prefix of the whole chat `full` for the cut points found on `full` to hold."""
+    if not messages or not str(messages[-1].get("content") or "").strip():
+        raise ChatTemplateError("continue_final_message needs text in the last message to "
+                                "continue; send it or leave continue_final_message unset",
+                                len(messages) - 1 if messages else None)
+    text = _render(tokenizer, messages, False, extra, continue_final_message=True)
+    if not full.startswith(text):
+        raise ChatTemplateError("this model's chat template does not render the last message "
+                                "as a prefix of the whole chat, so it cannot be continued; "
+                                "leave continue_final_message unset", len(messages) - 1)
+    return text
 
 
 def llava_to_messages(conversations: list[dict], system_prompt: str | None = None) -> list[dict]:

@@ -101,16 +101,17 @@ class MultimodalFront:
         return None
 
     def prompt(self, messages: list[dict], images: list[PreparedImage],
-               parse_special_tokens: bool = True, tools: list[dict] | None = None
+               parse_special_tokens: bool = True, template: dict | None = None
                ) -> PreparedPrompt:
         """Token ids for `messages` (one `<image>` marker per image, in order);
-        parse_special_tokens=False keeps special-token text in messages plain text; `tools`
-        go to the chat template."""
+        parse_special_tokens=False keeps special-token text in messages plain text;
+        `template`: encode_chat's template keywords (tools, add_generation_prompt, ...;
+        default: the assistant's turn opened)."""
         from graft.template import encode_chat
 
         chat = encode_chat(self.tokenizer, messages, [im.n_tokens for im in images],
-                           add_generation_prompt=True, parse_special_tokens=parse_special_tokens,
-                           tools=tools)
+                           parse_special_tokens=parse_special_tokens,
+                           **(template or {"add_generation_prompt": True}))
         return PreparedPrompt(chat.input_ids, images, list(chat.image_spans))
 
     def check_cache_room(self, images: list[PreparedImage]) -> None:

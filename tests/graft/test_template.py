@@ -58,3 +58,38 @@ def test_marker_count_mismatch_is_clear(tok, n_images):
 def test_unknown_role_names_turn():
     with pytest.raises(GraftDataError, match=r"conversations\[1\]"):
         llava_to_messages([{"from": "human", "value": "hi"}, {"from": "bot", "value": "yo"}])
+
+
+def test_continue_final_message_matches_hf_and_keeps_image_runs(tok):
+    msgs = [{"role": "user", "content": "Name it."}, {"role": "assistant", "content": "It is a"}]
+    chat = encode_chat(tok, msgs, [], continue_final_message=True)
+    hf = tok.apply_chat_template(msgs, continue_final_message=True, tokenize=False)
+    assert hf.endswith("It is a")
+    assert chat.input_ids == tok(hf, add_special_tokens=False)["input_ids"]
+    whole = encode_chat(tok, msgs, []).input_ids  # the same chat, its last turn closed
+    assert whole[:len(chat.input_ids)] == chat.input_ids and len(whole) > len(chat.input_ids)
+    msgs[0]["content"] = "<image>\nName it."
+    with_image = encode_chat(tok, msgs, [3], continue_final_message=True)
+    assert with_image.input_ids.count(IMAGE_PLACEHOLDER) == 3 and with_image.image_spans
+    assert tok.decode([t for t in with_image.input_ids if t >= 0]).endswith("It is a")
+
+
+@pytest.mark.parametrize("last, opened, words", [
+    ("It is a", True, "add_generation_prompt=False"),
+    ("  ", False, "needs text in the last message"),
+])
+def test_continue_final_message_refusals_are_clear(tok, last, opened, words):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": last}]
+    with pytest.raises(GraftDataError, match=words):
+        encode_chat(tok, msgs, [], add_generation_prompt=opened, continue_final_message=True)
+
+
+def test_template_kwargs_reach_the_template(tiny_llama):
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    tok.chat_template = ("{% if greeting is defined %}{{ greeting }}\n{% endif %}"
+                         + tok.chat_template)
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = encode_chat(tok, msgs, [], add_generation_prompt=True).input_ids
+    greeted = encode_chat(tok, msgs, [], add_generation_prompt=True,
+                          template_kwargs={"greeting": "Ahoy"}).input_ids
+    assert tok.decode(greeted).startswith("Ahoy\n") and greeted[-len(plain):] == plain

@@ -12,8 +12,6 @@ import json
 import uuid
 from typing import Any
 
-from pydantic import model_validator
-
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.openai.completions_request import CompletionRequest, Prompt
 
@@ -23,16 +21,6 @@ Int = P.Int
 class RenderChatRequest(P.ChatCompletionRequest):
     """A chat request as vLLM's render and tokenize take it: `model` may be left out."""
     model: str | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-
-    @model_validator(mode="after")
-    def _generation_prompt_only(self):
-        # graft serves every chat with the assistant's turn opened: render what it runs
-        if not self.add_generation_prompt or self.continue_final_message:
-            raise ValueError("graft renders chats as it serves them (add_generation_prompt: "
-                             "true, continue_final_message: false); leave both unset")
-        return self
 
 
 class TokenizeChatRequest(RenderChatRequest):

@@ -7,6 +7,7 @@ to the handler until the job is queued. docs/serving.md walks one parameter (max
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -17,7 +18,7 @@ from graft.serving.http.job import Job
 from graft.serving.http.fleet.encoder_peers import fetch_missing
 from graft.serving.http.fleet.pd import pull, transfer_for
 from graft.serving.http.openai.responses import sink
-from graft.serving.http.openai.tool_prompt import tool_prompt
+from graft.serving.http.openai.tool_prompt import refuse_special_text, tool_prompt
 from graft.serving.http.openai.tool_plan import (check_output_schema, guide, guided_by_tools,
                                                  plan_tools, refusal)
 from graft.serving.multimodal.media import load_image
@@ -34,7 +35,8 @@ class EngineRequest:
     prepared: object | None  # the multimodal front's PreparedPrompt (None: text only)
     messages: list[dict]  # the chat as the template saw it (kept to re-prompt after a shrink)
     params: object  # SamplingParams
-    tools: list[dict] | None = None  # for apply_chat_template(tools=...) (tool_prompt.py)
+    # encode_chat's template keywords (tools, the request's template controls)
+    template: dict | None = None
 
 
 async def read_chat_request(ctx, request: Request, parse=P.parse_chat_request):
@@ -113,6 +115,8 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     plan = plan_tools(req)
     check_output_schema(plan)  # before the prompt renders a schema that will be refused
     messages, tools = tool_prompt(ctx.tokenizer, messages, req.messages, plan, parse)
+    check_template_kwargs(ctx.tokenizer, req.chat_template_kwargs, parse)
+    template = req.template_options(tools)
     limit = ctx.settings.limit_images_per_prompt
     if refs and front is None:
         raise P.APIError("this model is text-only (served from an LLM dir, not a run dir); "
@@ -124,15 +128,15 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
                          code="too_many_images")
     try:
         text = encode_chat(ctx.tokenizer, messages, [0] * len(refs),  # images: empty runs
-                           add_generation_prompt=True, parse_special_tokens=parse, tools=tools)
+                           parse_special_tokens=parse, **template)
         check_room(ctx, len(text.input_ids), req.output_limit())
         if front is None:
             return EngineRequest(text.input_ids, None, messages,
-                                 sampling_params_for(ctx, req, len(text.input_ids)), tools)
+                                 sampling_params_for(ctx, req, len(text.input_ids)), template)
         images = [front.prepare_image(load_image(url, ctx.settings.media, param))
                   for param, url in refs]
         front.check_cache_room(images)
-        prepared = front.prompt(messages, images, parse, tools)
+        prepared = front.prompt(messages, images, parse, template)
     except RequestError as err:
         raise P.APIError.from_request(err) from None
     except ChatTemplateError as err:
@@ -141,7 +145,21 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     except GraftError as err:
         raise P.APIError(str(err), param="messages", code="invalid_prompt") from None
     ids = prepared.prompt_token_ids
-    return EngineRequest(ids, prepared, messages, sampling_params_for(ctx, req, len(ids)), tools)
+    return EngineRequest(ids, prepared, messages, sampling_params_for(ctx, req, len(ids)),
+                         template)
+
+
+def check_template_kwargs(tokenizer, variables: dict | None, parse_special_tokens: bool) -> None:
+    """chat_template_kwargs is text the template writes outside the messages: no image marker
+    (it would be an image with no picture), no special-token text unless the server parses it."""
+    if not variables:
+        return
+    text = json.dumps(variables, ensure_ascii=False)
+    if P.IMAGE_MARKER in text:
+        raise P.APIError(f"chat_template_kwargs must not contain the literal {P.IMAGE_MARKER}",
+                         param="chat_template_kwargs", code="invalid_value")
+    if not parse_special_tokens:
+        refuse_special_text(tokenizer, [("chat_template_kwargs", text)])
 
 
 def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> EngineRequest | None:
@@ -153,10 +171,10 @@ def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> Engi
         return None
     images[k] = smaller
     prepared = front.prompt(er.messages, images, ctx.settings.parse_special_tokens_in_text,
-                            er.tools)
+                            er.template)
     ids = prepared.prompt_token_ids
     return EngineRequest(ids, prepared, er.messages, sampling_params_for(ctx, req, len(ids)),
-                         er.tools)
+                         er.template)
 
 
 def check_text_length(ctx, chars: int, param: str = "messages") -> None:

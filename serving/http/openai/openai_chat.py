@@ -175,6 +175,35 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None  # function tools (tool_protocol.py, tool_prompt.py)
     tool_choice: ToolChoice | None = None  # none | auto | required | {function: {name}}
     parallel_tool_calls: bool | None = None
+    # vLLM's chat-template controls (graft.template.encode_chat)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_ending(cls, value: bool, info) -> bool:
+        if value and info.data.get("add_generation_prompt", True):
+            raise ValueError("continue_final_message needs add_generation_prompt: false (the "
+                             "prompt cannot both continue the last message and open a new turn)")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict | None) -> dict | None:
+        from graft.template import RESERVED_TEMPLATE_KWARGS
+
+        taken = sorted(RESERVED_TEMPLATE_KWARGS & set(value or ()))
+        if taken:
+            raise ValueError(f"{taken[0]!r} is set by the server, not a template variable; "
+                             "use the request's own field or leave it out")
+        return value
+
+    def template_options(self, tools: list[dict] | None) -> dict:
+        """encode_chat's keywords for this request's prompt."""
+        return {"tools": tools, "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message,
+                "template_kwargs": self.chat_template_kwargs}
 
     @field_validator("top_logprobs")
     @classmethod

@@ -114,13 +114,18 @@ def _hermes_messages(messages: list[dict], calls: list[list[dict]],
 
 
 def _refuse_special_text(tokenizer, plan: ToolPlan, sent: list) -> None:
-    """Tools and past calls are rendered by the template outside the message text, where
-    special-token text would become control tokens: refuse it, as the server keeps typed
-    special-token text plain (--parse-special-tokens-in-text allows it)."""
-    texts = special_texts(tokenizer)
     pieces = [(f"tools[{k}]", json.dumps(t)) for k, t in enumerate(plan.tools)]
     pieces += [(f"messages[{i}].tool_calls", json.dumps([c.model_dump() for c in m.tool_calls]))
                for i, m in enumerate(sent) if m.tool_calls]
+    refuse_special_text(tokenizer, pieces)
+
+
+def refuse_special_text(tokenizer, pieces: list[tuple[str, str]]) -> None:
+    """Tools, past calls and template variables are rendered by the template outside the
+    message text, where special-token text would become control tokens: refuse it in each
+    (request field, its JSON text), as the server keeps typed special-token text plain
+    (--parse-special-tokens-in-text allows it)."""
+    texts = special_texts(tokenizer)
     for where, text in pieces:
         found = next((t for t in texts if t in text), None)
         if found is not None:

@@ -145,7 +145,7 @@ def test_tokenize_prompt_and_detokenize_round_trip(plain_server):
 @pytest.mark.parametrize("path,body,status,param", [
     ("/tokenize", {"model": "nope", "prompt": "hi"}, 404, "model"),
     ("/tokenize", {"messages": [{"role": "user", "content": "hi"}],
-                   "add_generation_prompt": False}, 400, None),
+                   "continue_final_message": True}, 400, "continue_final_message"),
     ("/tokenize", {"prompt": 3}, 400, "prompt"),
     ("/tokenize", {}, 400, "prompt"),
     ("/detokenize", {"tokens": [1, -5]}, 400, "tokens[1]"),

@@ -184,7 +184,7 @@ def test_tools_beside_an_image(graft_server):
     body = {"model": "g", "messages": messages, "tools": [WEATHER]}
     er = ctx.prepare(P.parse_chat_request(json.dumps(body).encode()), ctx.models["g"])
     ids = er.prepared.prompt_token_ids
-    assert er.tools == [WEATHER]
+    assert er.template["tools"] == [WEATHER]
     text = ctx.tokenizer.decode([t for t in ids if t != IMAGE_PLACEHOLDER])
     assert text.startswith("<|im_start|>system\nTOOLS:" + json.dumps(WEATHER))
     assert ids.count(IMAGE_PLACEHOLDER) == er.prepared.images[0].n_tokens

@@ -1,0 +1,77 @@
+"""vLLM's chat-template controls on /v1/chat/completions and /tokenize: add_generation_prompt,
+continue_final_message (assistant prefill) and chat_template_kwargs; the prompt is the one
+graft.template.encode_chat renders, and bad values are 400s naming the field."""
+
+import httpx
+import pytest
+
+from graft.serving import SamplingParams
+from graft.template import encode_chat
+
+PREFILL = [{"role": "user", "content": "Name a color."},
+           {"role": "assistant", "content": "The color is"}]
+
+
+def _post(server, path, body):
+    return httpx.post(server.url + path, json={"model": "plain", **body}, timeout=60)
+
+
+def _chat(server, **fields):
+    resp = _post(server, "/v1/chat/completions", {"messages": PREFILL, "max_tokens": 4,
+                                                  "temperature": 0, "ignore_eos": True, **fields})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+@pytest.mark.parametrize("fields, expect", [
+    ({}, {"add_generation_prompt": True}),
+    ({"add_generation_prompt": False}, {}),
+    ({"add_generation_prompt": False, "continue_final_message": True},
+     {"continue_final_message": True}),
+])
+def test_the_prompt_is_the_template_render_the_fields_ask_for(plain_server, fields, expect):
+    ctx = plain_server.app.state.ctx
+    ids = encode_chat(ctx.tokenizer, PREFILL, [], **expect).input_ids
+    assert _chat(plain_server, **fields)["usage"]["prompt_tokens"] == len(ids)
+    tokens = _post(plain_server, "/tokenize", {"messages": PREFILL, **fields}).json()["tokens"]
+    assert tokens == ids
+
+
+def test_a_continued_message_is_what_the_engine_makes_of_that_prompt(plain_server):
+    ctx = plain_server.app.state.ctx
+    text = ctx.tokenizer.apply_chat_template(PREFILL, continue_final_message=True, tokenize=False)
+    assert text.endswith("The color is")  # no end-of-turn: the model goes on with the message
+    ids = ctx.tokenizer(text, add_special_tokens=False)["input_ids"]
+    out = ctx.engine.generate(prompt_token_ids=[ids], sampling_params=SamplingParams(
+        temperature=0, max_tokens=4, ignore_eos=True))[0]
+    reply = _chat(plain_server, add_generation_prompt=False, continue_final_message=True)
+    assert reply["choices"][0]["message"]["content"] == out.text
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"continue_final_message": True}, "continue_final_message", "add_generation_prompt: false"),
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "'tools' is set by"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs",
+     "not a template variable"),
+    ({"chat_template_kwargs": {"note": "<|im_start|>system"}}, "chat_template_kwargs",
+     "special-token text"),
+    ({"chat_template_kwargs": {"note": "<image>"}}, "chat_template_kwargs", "<image>"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs", "dictionary"),
+    ({"add_generation_prompt": False, "continue_final_message": True,
+      "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]},
+     "messages[1]", "needs text in the last message"),
+])
+def test_bad_template_controls_are_400s_naming_the_field(plain_server, fields, param, words):
+    body = {"messages": PREFILL, "max_tokens": 2, **fields}
+    resp = _post(plain_server, "/v1/chat/completions", body)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == param and words in err["message"] and "\n" not in err["message"], err
+    assert _chat(plain_server)["usage"]["completion_tokens"] == 4  # still serving
+
+
+def test_template_variables_pass_through_unknown_names(plain_server):
+    # the tiny ChatML template reads no variable: an unknown one changes nothing, as in HF
+    plain = _chat(plain_server)["usage"]["prompt_tokens"]
+    assert _chat(plain_server, chat_template_kwargs={"enable_thinking": False}
+                 )["usage"]["prompt_tokens"] == plain
