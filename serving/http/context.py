@@ -27,6 +27,7 @@ class ServerSettings:
     shrink_images_to_budget: bool = False  # downscale native-resolution images to fit a budget
     # special-token text typed in messages becomes control tokens (trusted clients only)
     parse_special_tokens_in_text: bool = False
+    reasoning_parser: str | None = None  # reasoning.FORMATS: thinking split into `reasoning`
     api_keys: tuple[str, ...] = ()  # accepted `Authorization: Bearer` keys (none: no auth)
     auth_health: bool = False  # /health needs a key too (off: load balancers probe freely)
     auth_metrics: bool = False  # /metrics needs a key too

@@ -9,6 +9,7 @@ from pathlib import Path
 from graft.cli_types import number_in
 from graft.serving.engine.engine_args import add_engine_args
 from graft.serving.http.fleet import kv_events_config
+from graft.serving.http.openai.reasoning import FORMATS as REASONING_FORMATS
 from graft.serving.http.plumbing import stats_log
 from graft.serving.http.serve_config import parse_args  # noqa: F401  (graft.cli's parse hook)
 
@@ -88,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parse-special-tokens-in-text", action="store_true",
                    help="special-token text typed in messages (e.g. <|im_start|>) becomes "
                         "control tokens; default: plain text (trusted clients only)")
+    p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_FORMATS),
+                   help="a reasoning model's thinking (<think> ... </think>) goes to the "
+                        "message's `reasoning`, not its `content` (vLLM's flag; default: off)")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="append one JSON line per finished request (timings, token counts, "
                         "image sizes and hashes; graft tune replays it); rotated by size")
@@ -166,7 +170,7 @@ def build(args: argparse.Namespace):
         admission_slack=args.admission_slack,
         shrink_images_to_budget=args.shrink_images_to_budget,
         parse_special_tokens_in_text=args.parse_special_tokens_in_text,
-        api_keys=keys, allowed_hosts=allowed_host_names(args.host, keys, args.allowed_host),
+        reasoning_parser=args.reasoning_parser, api_keys=keys, allowed_hosts=allowed_host_names(args.host, keys, args.allowed_host),
         auth_health=args.auth_health, auth_metrics=args.auth_metrics,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
         request_body_timeout_s=args.request_body_timeout_s,

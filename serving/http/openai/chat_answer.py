@@ -1,10 +1,12 @@
 """What a chat completion's answer looks like (the `shape` responses.py writes): the JSON body,
-or the chat.completion.chunk events of a stream. With tools, the output goes through the
-ToolPlan's reader (tool_calls.py) into `tool_calls`, streamed as OpenAI streams them."""
+or the chat.completion.chunk events of a stream. With --reasoning-parser, the thinking is split
+off into `reasoning` first (reasoning.py); with tools, the rest goes through the ToolPlan's
+reader (tool_calls.py) into `tool_calls`, streamed as OpenAI streams them."""
 
 from __future__ import annotations
 
 from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai.reasoning import splitter_for
 from graft.serving.http.openai.responses import AnswerShape
 from graft.serving.http.openai.tool_calls import assemble, reader_for
 from graft.serving.http.openai.tool_plan import plan_tools
@@ -16,6 +18,10 @@ class ChatAnswer(AnswerShape):
         self.top = req.top_logprobs or 0
         self.plan = plan_tools(req)
         self.reader = reader_for(self.plan)  # None: plain text, no tools
+        guided = self.plan.schema() is not None or (
+            req.response_format is not None and req.response_format.type != "text")
+        self.splitter = splitter_for(ctx.settings.reasoning_parser, req, guided)
+        self.show_reasoning = req.include_reasoning
 
     def _chunk(self, delta: dict, reason: str | None = None, logprobs=None) -> dict:
         return P.chunk_body(self.job.request_id, self.model, delta, reason, self.created,
@@ -34,31 +40,51 @@ class ChatAnswer(AnswerShape):
         content = None if self.reader is not None else ""  # a tool call has no content
         return [self._chunk({"role": "assistant", "content": content})]
 
-    def piece(self, delta: str, logprobs: dict | None, n_logprobs: int) -> list[dict]:
+    def _deltas(self, reasoning: str, content: str, finish: bool = False) -> list[dict]:
+        """The deltas of some thinking and some answer text (finish: the reader's last)."""
+        deltas = [{"reasoning": reasoning}] if reasoning and self.show_reasoning else []
         if self.reader is None:
-            deltas = [{"content": delta}] if delta or n_logprobs else []
-        else:
-            deltas = self.reader.feed(delta)
-        if n_logprobs and not deltas:  # text held back by the reader: its logprobs go now
-            deltas = [{}]
+            return deltas + ([{"content": content}] if content else [])
+        return deltas + self.reader.feed(content) + (self.reader.finish() if finish else [])
+
+    def _split_whole(self, text: str) -> tuple[str, str]:
+        if self.splitter is None:
+            return "", text
+        (r, c), (r2, c2) = self.splitter.feed(text), self.splitter.finish()
+        return r + r2, c + c2
+
+    def piece(self, delta: str, logprobs: dict | None, n_logprobs: int) -> list[dict]:
+        reasoning, content = self.splitter.feed(delta) if self.splitter else ("", delta)
+        deltas = self._deltas(reasoning, content)
+        if n_logprobs and not deltas:  # text held back (a tag, a call): its logprobs go now
+            deltas = [{"content": ""}] if self.reader is None and self.splitter is None else [{}]
         return [self._chunk(d, None, logprobs if k == 0 else None) for k, d in enumerate(deltas)]
 
     def tail(self, reason: str | None) -> list[dict]:
-        rest = self.reader.finish() if self.reader is not None and reason != "deadline" else []
+        rest = []
+        if reason != "deadline":  # a deadline's stream ends with its error event instead
+            held = self.splitter.finish() if self.splitter else ("", "")
+            rest = self._deltas(*held, finish=True)
         return [self._chunk(d) for d in rest] + [self._chunk({}, self._reason(reason))]
 
     def whole(self, last, reason: str | None) -> dict:
         text = last.text if last is not None else ""
         logprobs = self.ctx.logprobs(last, 0, self.top) if last is not None else None
-        deltas = self.reader.feed(text) + self.reader.finish() if self.reader else None
+        reasoning, content = self._split_whole(text)
+        deltas = None  # fed before _reason, which asks the reader whether the model called
+        if self.reader is not None or self.splitter is not None:
+            deltas = self._deltas(reasoning, content, finish=True)
         body = P.completion_body(self.job.request_id, self.model, text, self._reason(reason),
                                  *self.counts(last), logprobs, last)
-        if deltas is not None:
-            content, calls = assemble(deltas)
-            message = body["choices"][0]["message"]
-            message["content"] = content
-            if calls:
-                message["tool_calls"] = calls
+        if deltas is None:
+            return body
+        content, calls = assemble(deltas)
+        message = body["choices"][0]["message"]
+        message["content"] = content
+        if self.splitter is not None and self.show_reasoning:
+            message["reasoning"] = reasoning or None
+        if calls:
+            message["tool_calls"] = calls
         return body
 
     def usage(self, last) -> dict:

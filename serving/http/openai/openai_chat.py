@@ -179,6 +179,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True  # with --reasoning-parser: false leaves `reasoning` out
 
     @field_validator("continue_final_message")
     @classmethod

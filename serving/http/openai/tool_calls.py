@@ -67,7 +67,7 @@ def _loads(text: str):
         return None
 
 
-def _partial_tag(text: str, tag: str) -> int:
+def partial_tag(text: str, tag: str) -> int:
     """Length of the longest end of `text` that begins `tag` (to be held back)."""
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-n:]):
@@ -102,7 +102,7 @@ class HermesReader:
                 continue
             start = self.pending.find(OPEN)
             if start < 0:
-                keep = _partial_tag(self.pending, OPEN)
+                keep = partial_tag(self.pending, OPEN)
                 cut = len(self.pending) - keep
                 out += self._content(self.pending[:cut])
                 self.pending = self.pending[cut:]

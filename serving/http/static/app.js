@@ -96,7 +96,7 @@ function button(label, className, onclick, title) {
   return b;
 }
 
-function bubble(role, text, image) {
+function bubble(role, text, image, reasoning) {
   const div = document.createElement("div");
   div.className = "msg " + role;
   if (image) {
@@ -107,15 +107,33 @@ function bubble(role, text, image) {
   const body = document.createElement("div");
   body.className = "body";
   div.append(body);
-  show(body, role, text);
+  show(body, role, text, reasoning);
   $("log").append(div);
   div.scrollIntoView({ block: "end" });
   return { div, body };
 }
 
-function show(body, role, text) {
-  if (role === "assistant") body.replaceChildren(renderMarkdown(text));
-  else body.textContent = text;
+// An answer's thinking (a server run with --reasoning-parser) goes in a fold above it: open
+// while the model thinks, then as the reader left it (a finished turn shows it folded).
+function show(body, role, text, reasoning) {
+  if (role !== "assistant") {
+    body.textContent = text;
+    return;
+  }
+  const parts = [renderMarkdown(text)];
+  if (reasoning) {
+    const fold = document.createElement("details");
+    fold.className = "reasoning";
+    const was = body.querySelector("details.reasoning");
+    fold.open = was ? was.open : !text;
+    const summary = document.createElement("summary");
+    summary.textContent = "thinking";
+    const thought = document.createElement("div");
+    thought.textContent = reasoning;
+    fold.append(summary, thought);
+    parts.unshift(fold);
+  }
+  body.replaceChildren(...parts);
 }
 
 // "‹ 2/3 ›" under a message with other versions (edits or regenerated answers)
@@ -159,7 +177,7 @@ function render() {
   const chat = currentChat();
   $("log").replaceChildren();
   for (const node of pathOf(chat)) {
-    const { div } = bubble(node.role, messageText(node), messageImage(node));
+    const { div } = bubble(node.role, messageText(node), messageImage(node), node.reasoning);
     div.dataset.id = node.id;
     if (node.stats) {
       const line = document.createElement("span");
@@ -276,7 +294,7 @@ async function generate(chat) {
   const hitsBefore = withImage ? await cacheHits(model) : null;
   const answer = bubble("assistant", "…");
   const t0 = performance.now();
-  let first = null, reply = "", pieces = 0, usage = null, stopped = false, frame = 0;
+  let first = null, reply = "", thinking = "", pieces = 0, usage = null, stopped = false, frame = 0;
   page.controller = new AbortController();
   try {
     const request = { ...samplingFields(), model, stream: true, stream_options: { include_usage: true },
@@ -288,12 +306,16 @@ async function generate(chat) {
       if (chunk.error) throw new Error(chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
       const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-      if (delta && delta.content) {
+      if (delta && (delta.content || delta.reasoning)) {
         if (first === null) first = performance.now();
         pieces += 1;
-        reply += delta.content;
+        reply += delta.content || "";
+        thinking += delta.reasoning || "";
         // one markdown pass per frame, however many pieces arrive in it
-        frame = frame || requestAnimationFrame(() => { frame = 0; show(answer.body, "assistant", reply); });
+        frame = frame || requestAnimationFrame(() => {
+          frame = 0;
+          show(answer.body, "assistant", reply, thinking);
+        });
       }
     });
   } catch (err) {
@@ -314,7 +336,8 @@ async function generate(chat) {
       stats.push(hitsAfter > hitsBefore ? "image from the encoder cache" : "image encoded");
     }
   }
-  if (store.chats.includes(chat)) addNode(chat, userId, "assistant", reply, { stats: stats.join(" · ") });
+  const extra = { stats: stats.join(" · "), ...(thinking ? { reasoning: thinking } : {}) };
+  if (store.chats.includes(chat)) addNode(chat, userId, "assistant", reply, extra);
   persist();
   if (chat === currentChat()) render();
   return null;

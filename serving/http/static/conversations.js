@@ -98,7 +98,8 @@ function matchesSearch(chat, query) {
 // What "export" downloads: the conversation shown (OpenAI messages) and every version kept.
 function exportChat(chat) {
   return { title: chat.title, created: new Date(chat.created).toISOString(),
-           messages: pathOf(chat).map((n) => ({ role: n.role, content: n.content })),
+           messages: pathOf(chat).map((n) => ({ role: n.role, content: n.content,
+                                                ...(n.reasoning ? { reasoning: n.reasoning } : {}) })),
            versions: chat };
 }
 

@@ -1,0 +1,87 @@
+"""A reasoning model's thinking, split from its answer (`graft serve --reasoning-parser`, vLLM's
+flag and field names): the text up to the end-of-thinking tag goes to the message's
+`reasoning`, the rest to `content`, where the tool-call reader (if any) reads it.
+
+- qwen3 (Qwen3, QwQ): the model opens with `<think>` and closes with `</think>`; a
+  `<tool_call>` inside the thinking ends it too. With `chat_template_kwargs:
+  {"enable_thinking": false}` the template turns thinking off and all the text is content.
+- deepseek_r1 (DeepSeek-R1 and its distills): the template opens `<think>` in the prompt, so
+  the output has only `</think>`; without one, all the text is reasoning.
+
+A guided request (response_format json, or tools under tool_choice required or named) has
+no reasoning: its grammar holds from the first token, so the model answers without thinking
+and all of it is content. A stream holds back text that may begin a tag, so a tag cut across
+two deltas is still found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graft.serving.http.openai.tool_calls import OPEN, partial_tag
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    start: str = "<think>"
+    end: str = "</think>"
+    reads_enable_thinking: bool = True  # the template's `enable_thinking` can turn it off
+    ends_with: str | None = OPEN  # a tag that ends the thinking and stays in content (a call)
+
+
+FORMATS = {"qwen3": ReasoningFormat(),
+           "deepseek_r1": ReasoningFormat(reads_enable_thinking=False, ends_with=None)}
+
+
+class ReasoningSplitter:
+    """feed(text) -> (reasoning, content) of the text so far, holding back a partial tag;
+    finish() -> what was held."""
+
+    def __init__(self, fmt: ReasoningFormat):
+        self.fmt = fmt
+        self.thinking = True
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        self.pending += text
+        if not self.thinking:  # a second end tag is dropped (Qwen3 may repeat it)
+            return "", self._content_part(hold=True)
+        self.pending = self.pending.replace(self.fmt.start, "")
+        ends = [(at, tag) for tag in (self.fmt.end, self.fmt.ends_with)
+                if tag and (at := self.pending.find(tag)) >= 0]
+        if not ends:
+            keep = max(partial_tag(self.pending, tag)
+                       for tag in (self.fmt.start, self.fmt.end, self.fmt.ends_with) if tag)
+            cut = len(self.pending) - keep
+            reasoning, self.pending = self.pending[:cut], self.pending[cut:]
+            return reasoning, ""
+        at, tag = min(ends)
+        reasoning = self.pending[:at]
+        self.pending = self.pending[at + (len(tag) if tag == self.fmt.end else 0):]
+        self.thinking = False
+        return reasoning, self._content_part(hold=True)
+
+    def finish(self) -> tuple[str, str]:
+        if self.thinking:
+            rest, self.pending = self.pending, ""
+            return rest, ""
+        return "", self._content_part(hold=False)
+
+    def _content_part(self, hold: bool) -> str:
+        self.pending = self.pending.replace(self.fmt.end, "")
+        keep = partial_tag(self.pending, self.fmt.end) if hold else 0
+        cut = len(self.pending) - keep
+        content, self.pending = self.pending[:cut], self.pending[cut:]
+        return content
+
+
+def splitter_for(parser: str | None, req, guided: bool) -> ReasoningSplitter | None:
+    """The request's splitter, or None where all its text is content: no parser, thinking
+    turned off in the template, or a grammar from the first token (`guided`)."""
+    if parser is None or guided:
+        return None
+    fmt = FORMATS[parser]
+    kwargs = req.chat_template_kwargs or {}
+    if fmt.reads_enable_thinking and kwargs.get("enable_thinking", True) is False:
+        return None
+    return ReasoningSplitter(fmt)

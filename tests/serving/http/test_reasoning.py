@@ -1,0 +1,132 @@
+"""--reasoning-parser: the thinking goes to `reasoning`, the answer to `content`, the same
+whether the text comes whole or a character at a time; on the server (built from the CLI
+flags), a stream's reasoning deltas add up to the non-streamed message."""
+
+import argparse
+import json
+
+import httpx
+import pytest
+
+from graft.serving import SamplingParams
+from graft.serving.http.openai.reasoning import FORMATS, ReasoningSplitter
+from graft.template import encode_chat
+
+ASK = [{"role": "user", "content": "hello"}]  # the tiny model answers it with text
+
+CALL = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+
+
+def _split(fmt: str, text: str, step: int | None) -> tuple[str, str]:
+    splitter = ReasoningSplitter(FORMATS[fmt])
+    pieces = [text] if step is None else [text[i:i + step] for i in range(0, len(text), step)]
+    reasoning, content = "", ""
+    for piece in pieces:
+        r, c = splitter.feed(piece)
+        reasoning, content = reasoning + r, content + c
+    r, c = splitter.finish()
+    return reasoning + r, content + c
+
+
+@pytest.mark.parametrize("fmt, text, expected", [
+    ("qwen3", "<think>\nplan it\n</think>\n\nthe answer", ("\nplan it\n", "\n\nthe answer")),
+    ("qwen3", "<think>still thinking", ("still thinking", "")),
+    ("qwen3", "<think>a</think>b</think>c", ("a", "bc")),  # a repeated end tag is dropped
+    ("qwen3", "<think>call f" + CALL, ("call f", CALL)),  # a call ends the thinking
+    ("qwen3", "<think>x < y and </thin k", ("x < y and </thin k", "")),  # no tag: no cut
+    ("deepseek_r1", "plan</think>answer", ("plan", "answer")),
+    ("deepseek_r1", "plan" + CALL, ("plan" + CALL, "")),  # R1 calls after thinking only
+])
+@pytest.mark.parametrize("step", [None, 1, 3])
+def test_the_split_does_not_depend_on_how_the_text_arrives(fmt, text, expected, step):
+    assert _split(fmt, text, step) == expected
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    from graft.serving.http import serve_cli
+    from tests.serving.http.conftest import LiveServer
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    args = parser.parse_args([str(tiny_llama), "--served-model-name", "r1",
+                              "--reasoning-parser", "deepseek_r1", "--num-kv-blocks", "32"])
+    app = serve_cli.build(args)
+    engine = app.state.ctx.engine  # the whole text, before the server's thread owns the engine
+    ids = encode_chat(engine.tokenizer, ASK, [], add_generation_prompt=True).input_ids
+    (out,) = engine.generate(prompt_token_ids=[ids], sampling_params=SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True))
+    with LiveServer(app) as live:
+        live.text = out.text
+        yield live
+
+
+def _ask(server, **fields):
+    body = {"model": "r1", "messages": ASK, "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True, **fields}
+    resp = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def _events(resp) -> list[dict]:
+    return [json.loads(line[6:]) for line in resp.text.splitlines()
+            if line.startswith("data: {")]
+
+
+def test_a_model_that_never_ends_thinking_answers_all_in_reasoning(server):
+    # the random tiny model writes no </think>: R1's rule makes all of it reasoning
+    plain = _ask(server, include_reasoning=False).json()["choices"][0]["message"]
+    message = _ask(server).json()["choices"][0]["message"]
+    assert "</think>" not in server.text and server.text.strip()
+    assert message["content"] is None and message["reasoning"] == server.text
+    assert plain["content"] is None and "reasoning" not in plain
+    deltas = [e["choices"][0]["delta"] for e in _events(_ask(server, stream=True))
+              if e["choices"]]
+    assert "".join(d.get("reasoning", "") for d in deltas) == message["reasoning"]
+    assert not any(d.get("content") for d in deltas)
+
+
+def test_guided_requests_answer_in_content(server):
+    # the grammar holds from the first token: no thinking, all of it is the JSON answer
+    message = _ask(server, response_format={"type": "json_object"}).json()["choices"][0]["message"]
+    assert message["content"].startswith("{") and "reasoning" not in message
+
+
+def test_the_flag_names_the_formats():
+    from graft.serving.http import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["x", "--reasoning-parser", "nope"])
+    assert parser.parse_args(["x", "--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
+
+
+def test_thinking_turned_off_in_the_template_is_all_content():
+    from graft.serving.http.openai import openai_chat as P
+    from graft.serving.http.openai.reasoning import splitter_for
+
+    off = P.parse_chat_request(json.dumps({"model": "m", "messages": ASK, "chat_template_kwargs":
+                                           {"enable_thinking": False}}).encode())
+    on = P.parse_chat_request(json.dumps({"model": "m", "messages": ASK}).encode())
+    assert splitter_for("qwen3", off, guided=False) is None
+    assert splitter_for("qwen3", on, guided=False) is not None
+    assert splitter_for("qwen3", on, guided=True) is None
+    assert splitter_for("deepseek_r1", off, guided=False) is not None  # R1 has no such switch
+    assert splitter_for(None, on, guided=False) is None
+
+
+def test_the_chat_page_shows_the_thinking_in_a_fold(server):
+    from tests.serving.http.test_chat_page import _ask as ask_on_page
+    from tests.serving.http.test_chat_page_ui import _page, _set
+
+    with _page(server.url) as browser:
+        _set(browser, "max-tokens", "12")
+        _set(browser, "temperature", "0")
+        ask_on_page(browser, "hello", 1)
+        fold = "document.querySelector('.msg.assistant details.reasoning')"
+        assert browser.js(f"{fold}.querySelector('div').textContent") == server.text
+        assert browser.js(f"{fold}.open")  # no answer after it: the thinking stays open
+        exported = browser.js("exportChat(currentChat())")["messages"][-1]
+        assert exported["reasoning"] == server.text and exported["content"] == ""
