@@ -107,6 +107,10 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # assistant: the calls it made (tool_protocol)
     tool_call_id: str | None = None  # tool: the call this message answers
+    # assistant: its thinking, as a --reasoning-parser answer gave it (vLLM also reads the
+    # older name); templates that keep it (Qwen3's, in a tool loop) read `reasoning_content`
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -319,6 +323,12 @@ def to_chat_messages(messages: list[ChatMessage]) -> tuple[list[dict], list[tupl
                 text.append(IMAGE_MARKER)
         out.append({"role": "system" if msg.role == "developer" else msg.role,
                     "content": "\n".join(text)})  # LLaVA style: "<image>\nquestion"
+        thought = msg.reasoning if msg.reasoning is not None else msg.reasoning_content
+        if thought is not None and msg.role == "assistant":
+            if IMAGE_MARKER in thought:
+                raise APIError(f"messages[{i}].reasoning: text must not contain the literal "
+                               f"{IMAGE_MARKER}", param=f"messages[{i}].reasoning")
+            out[-1].update(reasoning=thought, reasoning_content=thought)
     return out, images
 
 

@@ -101,8 +101,7 @@ def _hermes_messages(messages: list[dict], calls: list[list[dict]],
         after_tool = False
         blocks = [f"<tool_call>\n{json.dumps(c['function'], ensure_ascii=False)}\n</tool_call>"
                   for c in called]
-        out.append({"role": msg["role"],
-                    "content": "\n".join(filter(None, [msg["content"], *blocks]))})
+        out.append({**msg, "content": "\n".join(filter(None, [msg["content"], *blocks]))})
     if plan.tools:
         listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in plan.tools)
         system = HERMES_TOOLS.format(tools=listing)
@@ -117,6 +116,8 @@ def _refuse_special_text(tokenizer, plan: ToolPlan, sent: list) -> None:
     pieces = [(f"tools[{k}]", json.dumps(t)) for k, t in enumerate(plan.tools)]
     pieces += [(f"messages[{i}].tool_calls", json.dumps([c.model_dump() for c in m.tool_calls]))
                for i, m in enumerate(sent) if m.tool_calls]
+    pieces += [(f"messages[{i}].reasoning", m.reasoning or m.reasoning_content or "")
+               for i, m in enumerate(sent) if m.role == "assistant"]
     refuse_special_text(tokenizer, pieces)
 
 

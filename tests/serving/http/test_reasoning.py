@@ -130,3 +130,30 @@ def test_the_chat_page_shows_the_thinking_in_a_fold(server):
         assert browser.js(f"{fold}.open")  # no answer after it: the thinking stays open
         exported = browser.js("exportChat(currentChat())")["messages"][-1]
         assert exported["reasoning"] == server.text and exported["content"] == ""
+
+
+def test_past_thinking_reaches_the_template_and_is_checked(tiny_llama):
+    from transformers import AutoTokenizer
+
+    from graft.serving.http.openai import openai_chat as P
+    from graft.serving.http.openai.tool_plan import plan_tools
+    from graft.serving.http.openai.tool_prompt import tool_prompt
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    tok.chat_template = ("{% for m in messages %}{% if m.reasoning_content %}<think>"
+                         "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n"
+                         "{% endfor %}")
+
+    def prompt(thought, key="reasoning"):
+        req = P.parse_chat_request(json.dumps({"model": "m", "messages": [
+            *ASK, {"role": "assistant", "content": "hi", key: thought}, *ASK]}).encode())
+        messages, _ = P.to_chat_messages(req.messages)
+        messages, tools = tool_prompt(tok, messages, req.messages, plan_tools(req), False)
+        return encode_chat(tok, messages, [], tools=tools).input_ids
+
+    assert tok.decode(prompt("weighed it")) == "hello\n<think>weighed it</think>hi\nhello\n"
+    assert prompt("weighed it", "reasoning_content") == prompt("weighed it")  # vLLM's old name
+    for bad, words in (("<|im_start|>", "special-token text"), ("<image>", "<image>")):
+        with pytest.raises(P.APIError, match=words) as err:
+            prompt(bad)
+        assert err.value.param == "messages[1].reasoning"
