@@ -141,7 +141,11 @@ class Engine:
             self._pending.append(make_output(seq, final=True))
             return
         if params.guided_grammar is not None:  # one matcher per sequence, fresh from its grammar
-            seq.matcher = self.grammar_tokenizer.matcher(params.guided_grammar)
+            matcher = self.grammar_tokenizer.matcher(params.guided_grammar)
+            if params.guided_after_token is None:
+                seq.matcher = matcher
+            else:
+                seq.waiting_matcher = matcher
         seq.kv_export = kv_export
         if kv_import is not None:
             seq.num_transferred_tokens = import_into(self.runner, self.block_manager, seq,
@@ -290,6 +294,8 @@ class Engine:
         reason = None
         # the grammar is complete: nothing more may follow (its last token is part of the text)
         grammar_done = seq.matcher is not None and advance(seq.matcher, token)
+        if seq.waiting_matcher is not None and token == params.guided_after_token:
+            seq.matcher, seq.waiting_matcher = seq.waiting_matcher, None  # from the next token
         if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
             reason = "stop"  # the stop token's text is not added
         else:

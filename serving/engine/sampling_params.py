@@ -37,6 +37,9 @@ class SamplingParams:
     # constrained decoding (serving/engine/guided.py): True = any JSON object, a dict = a JSON
     # schema the output validates against, None (or False) = free text; never speculates
     guided_json: dict | bool | None = None
+    # the grammar holds from the token after this one (a reasoning model's end of thinking,
+    # `</think>`), free text before it; None: from the first token
+    guided_after_token: int | None = None
     guided_grammar: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +81,11 @@ class SamplingParams:
         self._check_processors()
         if self.guided_json is False:
             self.guided_json = None
+        after = self.guided_after_token
+        if after is not None and (not isinstance(after, int) or isinstance(after, bool)
+                                  or after < 0 or self.guided_json is None):
+            raise GraftConfigError(f"SamplingParams.guided_after_token must be None or a token id "
+                                   f">= 0 with guided_json set, got {after!r}")
         if self.guided_json is not None:
             if not isinstance(self.guided_json, (dict, bool)):
                 raise GraftConfigError(f"SamplingParams.guided_json must be None, True (any JSON "
@@ -117,6 +125,9 @@ class SamplingParams:
         if bad:
             raise GraftConfigError(f"SamplingParams.logit_bias names token id {bad[0]}, outside "
                                    f"the model's vocabulary [0, {vocab_size})")
+        if self.guided_after_token is not None and self.guided_after_token >= vocab_size:
+            raise GraftConfigError(f"SamplingParams.guided_after_token {self.guided_after_token} "
+                                   f"is outside the model's vocabulary [0, {vocab_size})")
 
     @property
     def greedy(self) -> bool:

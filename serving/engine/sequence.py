@@ -53,6 +53,7 @@ class Sequence:
         self.spec_tokens: list[int] = []  # proposals verified in this step (after the last token)
         self.spec = None  # spec_decode.controller.SpecState once the sequence has speculated
         self.matcher = None  # llguidance.LLMatcher when params.guided_json is set (guided.py)
+        self.waiting_matcher = None  # the matcher until params.guided_after_token is sampled
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.finish_time: float | None = None

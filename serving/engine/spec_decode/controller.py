@@ -96,8 +96,9 @@ class SpecDecoder:
 
     def enabled(self, seq: Sequence) -> bool:
         # a guided sequence never speculates: its grammar mask depends on every token
-        # before the position, and a matcher advances only on accepted tokens
-        return self.mode(seq) != "off" and seq.matcher is None
+        # before the position, and a matcher advances only on accepted tokens (one that waits
+        # for guided_after_token neither: an accepted run could pass it unmasked)
+        return self.mode(seq) != "off" and seq.matcher is None and seq.waiting_matcher is None
 
     def propose(self, seq: Sequence, budget: int) -> list[int]:
         """Proposals for a decoding seq, at most budget - 1 (its own token comes first)."""

@@ -6,7 +6,7 @@ reader (tool_calls.py) into `tool_calls`, streamed as OpenAI streams them."""
 from __future__ import annotations
 
 from graft.serving.http.openai import openai_chat as P
-from graft.serving.http.openai.reasoning import splitter_for
+from graft.serving.http.openai.reasoning import ReasoningSplitter, thinking_format
 from graft.serving.http.openai.responses import AnswerShape
 from graft.serving.http.openai.tool_calls import assemble, reader_for
 from graft.serving.http.openai.tool_plan import plan_tools
@@ -18,9 +18,9 @@ class ChatAnswer(AnswerShape):
         self.top = req.top_logprobs or 0
         self.plan = plan_tools(req)
         self.reader = reader_for(self.plan)  # None: plain text, no tools
-        guided = self.plan.schema() is not None or (
-            req.response_format is not None and req.response_format.type != "text")
-        self.splitter = splitter_for(ctx.settings.reasoning_parser, req, guided)
+        fmt = thinking_format(ctx.settings.reasoning_parser, ctx.tokenizer, req,
+                              job.sampling_params.guided_grammar is not None)
+        self.splitter = ReasoningSplitter(fmt) if fmt is not None else None
         self.show_reasoning = req.include_reasoning
 
     def _chunk(self, delta: dict, reason: str | None = None, logprobs=None) -> dict:

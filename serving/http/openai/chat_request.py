@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 
@@ -17,6 +17,7 @@ from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.job import Job
 from graft.serving.http.fleet.encoder_peers import fetch_missing
 from graft.serving.http.fleet.pd import pull, transfer_for
+from graft.serving.http.openai.reasoning import end_token, thinking_format
 from graft.serving.http.openai.responses import sink
 from graft.serving.http.openai.tool_prompt import refuse_special_text, tool_prompt
 from graft.serving.http.openai.tool_plan import (check_output_schema, guide, guided_by_tools,
@@ -221,6 +222,9 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
         raise refusal(err) from None
     params = guide(params, req)  # tool_choice required / named: the output's JSON schema
     if params.guided_grammar is not None:
+        fmt = thinking_format(ctx.settings.reasoning_parser, ctx.tokenizer, req, guided=True)
+        if fmt is not None:  # the model thinks first: the grammar holds after its end tag
+            params = replace(params, guided_after_token=end_token(ctx.tokenizer, fmt))
         try:  # the matcher is built here, off the engine's thread (a big schema: ~1 s)
             ctx.engine.grammar_tokenizer.prepare(params.guided_grammar)
         except GraftError as err:

@@ -8,10 +8,12 @@ flag and field names): the text up to the end-of-thinking tag goes to the messag
 - deepseek_r1 (DeepSeek-R1 and its distills): the template opens `<think>` in the prompt, so
   the output has only `</think>`; without one, all the text is reasoning.
 
-A guided request (response_format json, or tools under tool_choice required or named) has
-no reasoning: its grammar holds from the first token, so the model answers without thinking
-and all of it is content. A stream holds back text that may begin a tag, so a tag cut across
-two deltas is still found.
+A guided request (response_format json, or tools under tool_choice required or named) thinks
+first, as in vLLM: its grammar holds from the token after the end tag
+(SamplingParams.guided_after_token), where the tokenizer has that tag as one token (Qwen3's
+and R1's do). Where it does not, the grammar holds from the first token and all of the text
+is content. A stream holds back text that may begin a tag, so a tag cut across two deltas is
+still found.
 """
 
 from __future__ import annotations
@@ -75,13 +77,21 @@ class ReasoningSplitter:
         return content
 
 
-def splitter_for(parser: str | None, req, guided: bool) -> ReasoningSplitter | None:
-    """The request's splitter, or None where all its text is content: no parser, thinking
-    turned off in the template, or a grammar from the first token (`guided`)."""
-    if parser is None or guided:
+def thinking_format(parser: str | None, tokenizer, req, guided: bool) -> ReasoningFormat | None:
+    """How the request's answer thinks, or None where all of its text is content: no parser,
+    thinking turned off in the template, or a grammar that must hold from the first token."""
+    if parser is None:
         return None
     fmt = FORMATS[parser]
     kwargs = req.chat_template_kwargs or {}
     if fmt.reads_enable_thinking and kwargs.get("enable_thinking", True) is False:
         return None
-    return ReasoningSplitter(fmt)
+    if guided and end_token(tokenizer, fmt) is None:
+        return None
+    return fmt
+
+
+def end_token(tokenizer, fmt: ReasoningFormat) -> int | None:
+    """The id of the end tag where the tokenizer has it as one token, else None."""
+    ids = tokenizer(fmt.end, add_special_tokens=False)["input_ids"]
+    return ids[0] if len(ids) == 1 else None

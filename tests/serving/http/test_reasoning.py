@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 
+from graft.errors import GraftConfigError
 from graft.serving import SamplingParams
 from graft.serving.http.openai.reasoning import FORMATS, ReasoningSplitter
 from graft.template import encode_chat
@@ -87,8 +88,8 @@ def test_a_model_that_never_ends_thinking_answers_all_in_reasoning(server):
     assert not any(d.get("content") for d in deltas)
 
 
-def test_guided_requests_answer_in_content(server):
-    # the grammar holds from the first token: no thinking, all of it is the JSON answer
+def test_guided_requests_answer_in_content_without_a_one_token_end_tag(server):
+    # the tiny tokenizer spells </think> in pieces: the grammar holds from the first token
     message = _ask(server, response_format={"type": "json_object"}).json()["choices"][0]["message"]
     assert message["content"].startswith("{") and "reasoning" not in message
 
@@ -103,18 +104,89 @@ def test_the_flag_names_the_formats():
     assert parser.parse_args(["x", "--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
 
 
-def test_thinking_turned_off_in_the_template_is_all_content():
-    from graft.serving.http.openai import openai_chat as P
-    from graft.serving.http.openai.reasoning import splitter_for
+def test_thinking_turned_off_in_the_template_is_all_content(thinking_llm):
+    from transformers import AutoTokenizer
 
+    from graft.serving.http.openai import openai_chat as P
+    from graft.serving.http.openai.reasoning import thinking_format
+
+    tok = AutoTokenizer.from_pretrained(thinking_llm)
     off = P.parse_chat_request(json.dumps({"model": "m", "messages": ASK, "chat_template_kwargs":
                                            {"enable_thinking": False}}).encode())
     on = P.parse_chat_request(json.dumps({"model": "m", "messages": ASK}).encode())
-    assert splitter_for("qwen3", off, guided=False) is None
-    assert splitter_for("qwen3", on, guided=False) is not None
-    assert splitter_for("qwen3", on, guided=True) is None
-    assert splitter_for("deepseek_r1", off, guided=False) is not None  # R1 has no such switch
-    assert splitter_for(None, on, guided=False) is None
+    assert thinking_format("qwen3", tok, off, guided=False) is None
+    assert thinking_format("qwen3", tok, on, guided=False) is FORMATS["qwen3"]
+    assert thinking_format("qwen3", tok, on, guided=True) is FORMATS["qwen3"]  # </think>: 1 token
+    assert thinking_format("deepseek_r1", tok, off, guided=False) is not None  # no such switch
+    assert thinking_format(None, tok, on, guided=False) is None
+
+
+@pytest.fixture(scope="module")
+def thinking_llm(tiny_llama, tmp_path_factory):
+    """The tiny Llama with <think> and </think> as tokens of their own, as Qwen3's are."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("thinking") / "llm"
+    shutil.copytree(tiny_llama, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    tok.add_tokens(["<think>", "</think>"])
+    tok.save_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    model.resize_token_embeddings(len(tok))
+    model.save_pretrained(out)
+    return out
+
+
+def _end_id(path) -> int:
+    from transformers import AutoTokenizer
+
+    (end,) = AutoTokenizer.from_pretrained(path)("</think>", add_special_tokens=False)["input_ids"]
+    return end
+
+
+def test_a_grammar_after_the_end_of_thinking_holds_from_the_next_token(thinking_llm):
+    from graft.serving import Engine, EngineConfig
+
+    engine = Engine.from_pretrained(thinking_llm, EngineConfig(num_kv_blocks=32))
+    end = _end_id(thinking_llm)
+    ids = encode_chat(engine.tokenizer, ASK, [], add_generation_prompt=True).input_ids
+    forced = {end: 100.0}  # the model "thinks" one token: the end tag, first
+
+    def run(**guided):
+        params = SamplingParams(temperature=0, max_tokens=24, logit_bias=forced, **guided)
+        return engine.generate(prompt_token_ids=[ids], sampling_params=params)[0]
+
+    waited = run(guided_json=True, guided_after_token=end)
+    assert waited.token_ids[0] == end and end not in waited.token_ids[1:]  # then the grammar
+    assert waited.text.startswith("</think>{")
+    at_once = run(guided_json=True)
+    assert at_once.token_ids[0] != end and at_once.text.startswith("{")
+    assert run().token_ids == [end] * 24  # unguided, the bias wins every step
+    with pytest.raises(GraftConfigError, match="guided_after_token"):
+        SamplingParams(guided_after_token=end)  # it names when a grammar starts: needs one
+
+
+def test_a_guided_answer_thinks_first_on_the_server(thinking_llm):
+    from graft.serving.http import serve_cli
+    from tests.serving.http.conftest import LiveServer
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    args = parser.parse_args([str(thinking_llm), "--served-model-name", "q",
+                              "--reasoning-parser", "qwen3", "--num-kv-blocks", "32"])
+    body = {"model": "q", "messages": ASK, "max_tokens": 24, "temperature": 0,
+            "logit_bias": {str(_end_id(thinking_llm)): 100}, "response_format":
+            {"type": "json_object"}}
+    with LiveServer(serve_cli.build(args)) as live:
+        message = httpx.post(live.url + "/v1/chat/completions", json=body,
+                             timeout=60).json()["choices"][0]["message"]
+        off = httpx.post(live.url + "/v1/chat/completions", timeout=60, json={
+            **body, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert message["reasoning"] is None and message["content"].startswith("{")
+    assert "</think>" not in message["content"]
+    assert off["choices"][0]["message"]["content"].startswith("{")  # no thinking: JSON at once
 
 
 def test_the_chat_page_shows_the_thinking_in_a_fold(server):
