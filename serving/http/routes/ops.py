@@ -1,5 +1,6 @@
-"""What operators poll: /health (503 once the engine thread stopped) and Prometheus /metrics.
-Two routers, so server.py can put an API key on either alone (--auth-health, --auth-metrics)."""
+"""What operators poll: /health (503 once the engine thread stopped), /version (as vLLM's) and
+Prometheus /metrics. Two routers, so server.py can put an API key on either alone
+(--auth-health, --auth-metrics)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ async def health(request: Request):
     if not request.app.state.ctx.worker.alive:
         return JSONResponse({"status": "engine thread stopped"}, status_code=503)
     return {"status": "ok"}
+
+
+@health_router.get("/version")
+async def version():
+    from graft import __version__
+
+    return {"version": __version__}
 
 
 @metrics_router.get("/metrics")

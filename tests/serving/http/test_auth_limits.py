@@ -6,6 +6,7 @@ import threading
 import httpx
 import pytest
 
+import graft
 from graft.serving.http.plumbing.auth import APIKeys
 from tests.serving.http.conftest import LiveServer
 
@@ -49,6 +50,7 @@ def test_keys_are_checked_on_v1_and_metrics(server):
         for key in ("key-one", "key-two", "key-env"):
             assert httpx.get(server.url + path, headers=_auth(key)).status_code == 200
     assert httpx.get(server.url + "/health").status_code == 200  # not --auth-health
+    assert httpx.get(server.url + "/version").json() == {"version": graft.__version__}
     # refused before the body is read: a huge body without a key costs nothing
     assert httpx.post(server.url + URL, content=b"x" * 100_000,
                       headers={"content-type": "application/json"}).status_code == 401
