@@ -7,6 +7,8 @@ flag and field names): the text up to the end-of-thinking tag goes to the messag
   {"enable_thinking": false}` the template turns thinking off and all the text is content.
 - deepseek_r1 (DeepSeek-R1 and its distills): the template opens `<think>` in the prompt, so
   the output has only `</think>`; without one, all the text is reasoning.
+- A continued message (continue_final_message) goes on thinking only where its text opens a
+  thought it does not close.
 
 A guided request (response_format json, or tools under tool_choice required or named) thinks
 first, as in vLLM: its grammar holds from the token after the end tag
@@ -79,16 +81,26 @@ class ReasoningSplitter:
 
 def thinking_format(parser: str | None, tokenizer, req, guided: bool) -> ReasoningFormat | None:
     """How the request's answer thinks, or None where all of its text is content: no parser,
-    thinking turned off in the template, or a grammar that must hold from the first token."""
+    thinking turned off in the template, a continued message that is not inside a thought, or
+    a grammar that must hold from the first token."""
     if parser is None:
         return None
     fmt = FORMATS[parser]
     kwargs = req.chat_template_kwargs or {}
     if fmt.reads_enable_thinking and kwargs.get("enable_thinking", True) is False:
         return None
+    if req.continue_final_message and not _open_thought(req.messages[-1], fmt):
+        return None
     if guided and end_token(tokenizer, fmt) is None:
         return None
     return fmt
+
+
+def _open_thought(message, fmt: ReasoningFormat) -> bool:
+    """Whether the message's text opens a thought it does not close (a prefill of thinking)."""
+    parts = message.content if isinstance(message.content, list) else [message.content or ""]
+    text = "".join(p if isinstance(p, str) else getattr(p, "text", None) or "" for p in parts)
+    return text.rfind(fmt.start) > text.rfind(fmt.end)
 
 
 def end_token(tokenizer, fmt: ReasoningFormat) -> int | None:

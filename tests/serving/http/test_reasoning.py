@@ -104,7 +104,7 @@ def test_the_flag_names_the_formats():
     assert parser.parse_args(["x", "--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
 
 
-def test_thinking_turned_off_in_the_template_is_all_content(thinking_llm):
+def test_thinking_turned_off_or_a_continued_answer_is_all_content(thinking_llm):
     from transformers import AutoTokenizer
 
     from graft.serving.http.openai import openai_chat as P
@@ -119,6 +119,12 @@ def test_thinking_turned_off_in_the_template_is_all_content(thinking_llm):
     assert thinking_format("qwen3", tok, on, guided=True) is FORMATS["qwen3"]  # </think>: 1 token
     assert thinking_format("deepseek_r1", tok, off, guided=False) is not None  # no such switch
     assert thinking_format(None, tok, on, guided=False) is None
+    for prefill, thinks in (("<think>\nFirst,", True), ("The answer is", False),
+                            ("<think>done</think>\n\nSo", False)):
+        cont = P.parse_chat_request(json.dumps({"model": "m", "messages": [*ASK, {
+            "role": "assistant", "content": prefill}], "add_generation_prompt": False,
+            "continue_final_message": True}).encode())
+        assert (thinking_format("qwen3", tok, cont, guided=False) is not None) == thinks
 
 
 @pytest.fixture(scope="module")
