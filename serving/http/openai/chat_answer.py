@@ -22,6 +22,7 @@ class ChatAnswer(AnswerShape):
                               job.sampling_params.guided_grammar is not None)
         self.splitter = ReasoningSplitter(fmt) if fmt is not None else None
         self.show_reasoning = req.include_reasoning
+        self.echo = req.echoed()  # goes before the answer, outside the splitter and reader
 
     def _chunk(self, delta: dict, reason: str | None = None, logprobs=None) -> dict:
         return P.chunk_body(self.job.request_id, self.model, delta, reason, self.created,
@@ -38,7 +39,8 @@ class ChatAnswer(AnswerShape):
 
     def head(self) -> list[dict]:
         content = None if self.reader is not None else ""  # a tool call has no content
-        return [self._chunk({"role": "assistant", "content": content})]
+        echo = [self._chunk({"content": self.echo})] if self.echo else []
+        return [self._chunk({"role": "assistant", "content": content})] + echo
 
     def _deltas(self, reasoning: str, content: str, finish: bool = False) -> list[dict]:
         """The deltas of some thinking and some answer text (finish: the reader's last)."""
@@ -76,15 +78,15 @@ class ChatAnswer(AnswerShape):
             deltas = self._deltas(reasoning, content, finish=True)
         body = P.completion_body(self.job.request_id, self.model, text, self._reason(reason),
                                  *self.counts(last), logprobs, last)
-        if deltas is None:
-            return body
-        content, calls = assemble(deltas)
         message = body["choices"][0]["message"]
-        message["content"] = content
-        if self.splitter is not None and self.show_reasoning:
-            message["reasoning"] = reasoning or None
-        if calls:
-            message["tool_calls"] = calls
+        if deltas is not None:
+            message["content"], calls = assemble(deltas)
+            if self.splitter is not None and self.show_reasoning:
+                message["reasoning"] = reasoning or None
+            if calls:
+                message["tool_calls"] = calls
+        if self.echo:
+            message["content"] = self.echo + (message["content"] or "")
         return body
 
     def usage(self, last) -> dict:

@@ -112,6 +112,11 @@ class ChatMessage(_Strict):
     reasoning: str | None = None
     reasoning_content: str | None = None
 
+    def text(self) -> str:
+        """The text parts, joined (images left out)."""
+        parts = self.content if isinstance(self.content, list) else [self.content or ""]
+        return "".join(p if isinstance(p, str) else getattr(p, "text", None) or "" for p in parts)
+
     @field_validator("content", mode="before")
     @classmethod
     def _parts_have_type(cls, value: Any) -> Any:
@@ -184,6 +189,12 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True  # with --reasoning-parser: false leaves `reasoning` out
+    echo: bool = False  # vLLM's: the answer starts with the last message's text if assistant
+
+    def echoed(self) -> str:
+        """The text `echo` puts before the answer: the last message's, if the assistant's."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
 
     @field_validator("continue_final_message")
     @classmethod

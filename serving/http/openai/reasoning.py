@@ -89,17 +89,15 @@ def thinking_format(parser: str | None, tokenizer, req, guided: bool) -> Reasoni
     kwargs = req.chat_template_kwargs or {}
     if fmt.reads_enable_thinking and kwargs.get("enable_thinking", True) is False:
         return None
-    if req.continue_final_message and not _open_thought(req.messages[-1], fmt):
+    if req.continue_final_message and not _open_thought(req.messages[-1].text(), fmt):
         return None
     if guided and end_token(tokenizer, fmt) is None:
         return None
     return fmt
 
 
-def _open_thought(message, fmt: ReasoningFormat) -> bool:
-    """Whether the message's text opens a thought it does not close (a prefill of thinking)."""
-    parts = message.content if isinstance(message.content, list) else [message.content or ""]
-    text = "".join(p if isinstance(p, str) else getattr(p, "text", None) or "" for p in parts)
+def _open_thought(text: str, fmt: ReasoningFormat) -> bool:
+    """Whether the text opens a thought it does not close (a prefill of thinking)."""
     return text.rfind(fmt.start) > text.rfind(fmt.end)
 
 

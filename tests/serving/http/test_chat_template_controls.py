@@ -2,6 +2,8 @@
 continue_final_message (assistant prefill) and chat_template_kwargs; the prompt is the one
 graft.template.encode_chat renders, and bad values are 400s naming the field."""
 
+import json
+
 import httpx
 import pytest
 
@@ -75,3 +77,19 @@ def test_template_variables_pass_through_unknown_names(plain_server):
     plain = _chat(plain_server)["usage"]["prompt_tokens"]
     assert _chat(plain_server, chat_template_kwargs={"enable_thinking": False}
                  )["usage"]["prompt_tokens"] == plain
+
+
+def test_echo_puts_the_prefilled_message_before_the_answer(plain_server):
+    fields = {"add_generation_prompt": False, "continue_final_message": True}
+    answer = _chat(plain_server, **fields)["choices"][0]["message"]["content"]
+    echoed = _chat(plain_server, echo=True, **fields)["choices"][0]["message"]["content"]
+    assert echoed == "The color is" + answer
+    resp = _post(plain_server, "/v1/chat/completions", {
+        "messages": PREFILL, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+        "stream": True, "echo": True, **fields})
+    events = [json.loads(line[6:]) for line in resp.text.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == echoed
+    asked = [{"role": "user", "content": "hi"}]  # the last message is not the assistant's
+    plain = _chat(plain_server, messages=asked)["choices"][0]["message"]["content"]
+    assert _chat(plain_server, messages=asked, echo=True)["choices"][0]["message"]["content"] == plain

@@ -11,6 +11,7 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from graft.serving import SamplingParams
 from graft.serving.engine.outputs import RequestOutput
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.openai.chat_answer import ChatAnswer
@@ -98,7 +99,7 @@ def test_streamed_tool_calls_reassemble_in_the_openai_client(plain_server):
         queue: asyncio.Queue = asyncio.Queue()
         for out in outputs:
             queue.put_nowait(("output", out))
-        job = Job("chatcmpl-t", [1, 2], None, sink=lambda *a: None)
+        job = Job("chatcmpl-t", [1, 2], SamplingParams(), sink=lambda *a: None)
         watcher = asyncio.create_task(asyncio.sleep(3600))
         return [e async for e in stream(ctx, job, queue, ChatAnswer(ctx, job, req), False,
                                         watcher)]
@@ -109,7 +110,7 @@ def test_streamed_tool_calls_reassemble_in_the_openai_client(plain_server):
     for line in lines[:-1]:
         state.handle_chunk(ChatCompletionChunk.model_validate_json(line))
     streamed = state.get_final_completion().choices[0]
-    job = Job("chatcmpl-t", [1, 2], None, sink=lambda *a: None)
+    job = Job("chatcmpl-t", [1, 2], SamplingParams(), sink=lambda *a: None)
     whole = ChatCompletion.model_validate(ChatAnswer(ctx, job, req).whole(outputs[-1], "stop"))
     for choice in (streamed, whole.choices[0]):
         assert choice.finish_reason == "tool_calls"
