@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -118,21 +119,32 @@ def test_a_long_job_speeds_up_once_other_work_ends(proc):
         torch.set_num_threads(default)
 
 
+def _spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        pass
+
+
 def test_a_real_busy_process_is_seen(tmp_path):
-    """One CPU, a spinning process pinned to it: the sample sees that core busy (other work on
-    this machine can only add to it), and our own spinning thread is not counted as others'."""
+    """A spinning process pinned to one CPU: the sample over this process's CPUs sees a core
+    busy (other work on this machine can only add to it), and a spinning thread of our own is
+    not counted as others'. Sampled over all of them, as graft does: this process's own time,
+    which it subtracts, is spent on any of them."""
+    stop = threading.Event()
+    ours = threading.Thread(target=_spin, args=(stop,), daemon=True)
     cpu = min(os.sched_getaffinity(0))
     spin = subprocess.Popen([sys.executable, "-c", "import os, sys; os.sched_setaffinity(0, {%d}); "
                              "print('ready', flush=True)\nwhile True: pass" % cpu],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert spin.stdout.readline() == "ready\n"
-        before = cpu_sample({cpu})
+        ours.start()
+        before = cpu_sample()
         import time
 
         time.sleep(0.5)
-        busy = others_busy(before, cpu_sample({cpu}))
+        busy = others_busy(before, cpu_sample())
     finally:
+        stop.set()
         spin.kill()
         spin.wait()
     assert busy >= 0.7

@@ -111,7 +111,9 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     from graft.template import ChatTemplateError, encode_chat
 
     messages, refs = P.to_chat_messages(req.messages)
-    check_text_length(ctx, sum(len(m["content"]) for m in messages))
+    # the template also writes past thinking and its variables into the prompt
+    check_text_length(ctx, sum(len(m["content"]) + len(m.get("reasoning") or "") for m in messages)
+                      + len(json.dumps(req.chat_template_kwargs or {})))
     parse = ctx.settings.parse_special_tokens_in_text
     plan = plan_tools(req)
     check_output_schema(plan)  # before the prompt renders a schema that will be refused

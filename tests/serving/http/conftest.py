@@ -38,6 +38,17 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
+def serve_app(*argv: str):
+    """The app `graft serve ARGV` serves, built as the CLI builds it (not started)."""
+    import argparse
+
+    from graft.serving.http import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    return serve_cli.build(parser.parse_args(list(argv)))
+
+
 @pytest.fixture(scope="module")
 def live_server(tiny_run_dir, tmp_path_factory):  # noqa: F811
     import argparse

@@ -155,6 +155,11 @@ def test_a_huge_text_is_refused_before_it_is_tokenized(live_server, monkeypatch)
     assert calls == []  # refused by its length alone
     _error(_post(live_server, {**huge, "messages": [{"role": "user", "content": "a" * 8_000_000}]}),
            400, "messages")
+    # text the template writes outside the messages' content counts too
+    thought = [*HELLO, {"role": "assistant", "content": "hi", "reasoning": "a" * bound}, *HELLO]
+    _error(_post(live_server, {**huge, "messages": thought}), 400, "messages")
+    _error(_post(live_server, {**huge, "messages": HELLO,
+                               "chat_template_kwargs": {"note": "a" * bound}}), 400, "messages")
     assert calls == []
     assert _post(live_server, {"model": "tiny", "messages": HELLO, "max_tokens": 2}).status_code \
         == 200 and calls  # the spy sees what is tokenized

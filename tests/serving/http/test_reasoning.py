@@ -12,6 +12,7 @@ from graft.errors import GraftConfigError
 from graft.serving import SamplingParams
 from graft.serving.http.openai.reasoning import FORMATS, ReasoningSplitter
 from graft.template import encode_chat
+from tests.serving.http.conftest import LiveServer, serve_app
 
 ASK = [{"role": "user", "content": "hello"}]  # the tiny model answers it with text
 
@@ -45,14 +46,8 @@ def test_the_split_does_not_depend_on_how_the_text_arrives(fmt, text, expected, 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    from graft.serving.http import serve_cli
-    from tests.serving.http.conftest import LiveServer
-
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    args = parser.parse_args([str(tiny_llama), "--served-model-name", "r1",
-                              "--reasoning-parser", "deepseek_r1", "--num-kv-blocks", "32"])
-    app = serve_cli.build(args)
+    app = serve_app(str(tiny_llama), "--served-model-name", "r1", "--reasoning-parser",
+                    "deepseek_r1", "--num-kv-blocks", "32")
     engine = app.state.ctx.engine  # the whole text, before the server's thread owns the engine
     ids = encode_chat(engine.tokenizer, ASK, [], add_generation_prompt=True).input_ids
     (out,) = engine.generate(prompt_token_ids=[ids], sampling_params=SamplingParams(
@@ -175,17 +170,12 @@ def test_a_grammar_after_the_end_of_thinking_holds_from_the_next_token(thinking_
 
 
 def test_a_guided_answer_thinks_first_on_the_server(thinking_llm):
-    from graft.serving.http import serve_cli
-    from tests.serving.http.conftest import LiveServer
-
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    args = parser.parse_args([str(thinking_llm), "--served-model-name", "q",
-                              "--reasoning-parser", "qwen3", "--num-kv-blocks", "32"])
+    app = serve_app(str(thinking_llm), "--served-model-name", "q", "--reasoning-parser",
+                    "qwen3", "--num-kv-blocks", "32")
     body = {"model": "q", "messages": ASK, "max_tokens": 24, "temperature": 0,
             "logit_bias": {str(_end_id(thinking_llm)): 100}, "response_format":
             {"type": "json_object"}}
-    with LiveServer(serve_cli.build(args)) as live:
+    with LiveServer(app) as live:
         message = httpx.post(live.url + "/v1/chat/completions", json=body,
                              timeout=60).json()["choices"][0]["message"]
         off = httpx.post(live.url + "/v1/chat/completions", timeout=60, json={
