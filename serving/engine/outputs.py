@@ -57,13 +57,16 @@ class Detokenizer:
 
 
 def find_stop_string(seq: Sequence, old_len: int) -> int | None:
-    """Index in seq.text where a stop string starts, searching only text added since old_len."""
+    """Where seq.text ends at the first stop string in the text added since old_len: where it
+    starts, or where it ends with params.include_stop_str_in_output; None if there is none."""
     best = None
     for stop in seq.params.stop:
         idx = seq.text.find(stop, max(0, old_len - len(stop) + 1))
-        if idx != -1 and (best is None or idx < best):
-            best = idx
-    return best
+        if idx != -1 and (best is None or idx < best[0]):
+            best = (idx, len(stop))
+    if best is None:
+        return None
+    return best[0] + (best[1] if seq.params.include_stop_str_in_output else 0)
 
 
 def make_output(seq: Sequence, final: bool) -> RequestOutput:

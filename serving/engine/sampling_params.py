@@ -25,6 +25,7 @@ class SamplingParams:
     seed: int | None = None  # per-request generator: same seed, same tokens, any batch
     stop_token_ids: list[int] = field(default_factory=list)  # finish when one is sampled
     stop: list[str] | str | None = None  # finish when the text contains one (cut before it)
+    include_stop_str_in_output: bool = False  # cut after the stop string instead (vLLM's)
     logprobs: int | None = None  # return this many top logprobs per token (plus the sampled)
     skip_special_tokens: bool = True  # for the decoded text
     speculative: str | None = None  # off | ngram | suffix for this request; None = the engine's
@@ -125,6 +126,10 @@ class SamplingParams:
         if bad:
             raise GraftConfigError(f"SamplingParams.logit_bias names token id {bad[0]}, outside "
                                    f"the model's vocabulary [0, {vocab_size})")
+        bad = [t for t in self.stop_token_ids if t >= vocab_size]
+        if bad:
+            raise GraftConfigError(f"SamplingParams.stop_token_ids names token id {bad[0]}, "
+                                   f"outside the model's vocabulary [0, {vocab_size})")
         if self.guided_after_token is not None and self.guided_after_token >= vocab_size:
             raise GraftConfigError(f"SamplingParams.guided_after_token {self.guided_after_token} "
                                    f"is outside the model's vocabulary [0, {vocab_size})")

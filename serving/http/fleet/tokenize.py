@@ -101,7 +101,8 @@ def _sampling_params(params) -> dict[str, Any]:
             "logprobs": params.logprobs, "presence_penalty": params.presence_penalty,
             "frequency_penalty": params.frequency_penalty,
             "repetition_penalty": params.repetition_penalty,
-            "skip_special_tokens": params.skip_special_tokens}
+            "skip_special_tokens": params.skip_special_tokens,
+            "include_stop_str_in_output": params.include_stop_str_in_output}
 
 
 def _generate_request(ctx, name: str, er) -> dict[str, Any]:

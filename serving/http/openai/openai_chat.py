@@ -144,6 +144,11 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # vLLM-style extension; 0 = off
     seed: Int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what the sampler takes
     stop: Union[str, list[str], None] = None
+    # vLLM's: token ids that end the answer (their text left out), the stop string kept in
+    # the text, special tokens' text kept
+    stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     n: Int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
