@@ -7,7 +7,6 @@ import json
 import httpx
 import pytest
 
-from graft.serving import SamplingParams
 from graft.template import encode_chat
 
 PREFILL = [{"role": "user", "content": "Name a color."},
@@ -44,10 +43,11 @@ def test_a_continued_message_is_what_the_engine_makes_of_that_prompt(plain_serve
     text = ctx.tokenizer.apply_chat_template(PREFILL, continue_final_message=True, tokenize=False)
     assert text.endswith("The color is")  # no end-of-turn: the model goes on with the message
     ids = ctx.tokenizer(text, add_special_tokens=False)["input_ids"]
-    out = ctx.engine.generate(prompt_token_ids=[ids], sampling_params=SamplingParams(
-        temperature=0, max_tokens=4, ignore_eos=True))[0]
+    # the same prompt ids as a text completion (the server's thread owns the engine)
+    completion = _post(plain_server, "/v1/completions", {
+        "prompt": ids, "max_tokens": 4, "temperature": 0, "ignore_eos": True}).json()
     reply = _chat(plain_server, add_generation_prompt=False, continue_final_message=True)
-    assert reply["choices"][0]["message"]["content"] == out.text
+    assert reply["choices"][0]["message"]["content"] == completion["choices"][0]["text"]
 
 
 @pytest.mark.parametrize("fields, param, words", [
