@@ -29,6 +29,7 @@ class SchemaLimits:
 
 
 FIELD = "SamplingParams.guided_json"
+REGEX_FIELD = "SamplingParams.guided_regex"
 
 
 def schema_text(schema: dict, limits: SchemaLimits) -> str:
@@ -49,6 +50,16 @@ def schema_text(schema: dict, limits: SchemaLimits) -> str:
                                 f"as a level), over the limit of {limits.max_depth}; flatten "
                                 "its $ref chains", "max_depth")
     return text
+
+
+def regex_text(pattern: str, limits: SchemaLimits, field: str = REGEX_FIELD) -> str:
+    """The pattern, or GrammarLimitError naming `field` when it is over the size bound schemas
+    have."""
+    size = len(pattern.encode())
+    if size > limits.max_bytes:
+        raise GrammarLimitError(f"{field} is {size} bytes as a regex, over the limit of "
+                                f"{limits.max_bytes}; send a shorter one", "max_bytes")
+    return pattern
 
 
 def _count_objects(value) -> int:

@@ -1,6 +1,6 @@
 """The grammar compile worker's process (run as a script by grammar_worker.py, never imported
-by the server): reads one JSON schema per line on stdin, compiles it with llguidance, walks its
-first bytes, and writes one verdict per line on stdout. A schema that crashes llguidance
+by the server): reads one JSON schema (a JSON string) or {"regex": pattern} per line on stdin,
+compiles it with llguidance, walks its first bytes, and writes one verdict per line on stdout. A schema that crashes llguidance
 (a stack overflow on a deep $ref chain) ends this process, never the server.
 
 Imports the standard library and llguidance only: no torch, no transformers, fast to start."""
@@ -37,13 +37,16 @@ def _limit_memory(max_bytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (max_bytes, max_bytes))
 
 
-def verdict(schema_text: str, options: dict, lltok) -> dict:
-    """{"grammar": str} when the schema compiles and its first bytes can be matched, else
-    {"error": one line, "limit": llguidance's stop reason or None}."""
+def verdict(source: str | dict, options: dict, lltok) -> dict:
+    """{"grammar": str} when the JSON schema text (or {"regex": pattern}) compiles and its first
+    bytes can be matched, else {"error": one line, "limit": llguidance's stop reason or None}."""
     from llguidance import LLMatcher
 
     try:
-        grammar = LLMatcher.grammar_from_json_schema(schema_text, defaults=options)
+        if isinstance(source, dict):
+            grammar = LLMatcher.grammar_from_regex(source["regex"])
+        else:
+            grammar = LLMatcher.grammar_from_json_schema(source, defaults=options)
     except Exception as err:  # noqa: BLE001 - whatever llguidance cannot read is a bad schema
         return {"error": str(err), "limit": None}
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)

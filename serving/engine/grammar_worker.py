@@ -1,8 +1,8 @@
-"""Compiling untrusted JSON schemas where a crash cannot reach the engine: static bounds first
-(grammar_check.py), then a pool of compile worker processes (grammar_child.py) with a time and
-a memory limit each, restarted when one dies. Verdicts are cached by the sha256 of the schema,
-so a schema compiles (or crashes a worker) once; the server builds its matchers only from
-grammars a worker accepted."""
+"""Compiling untrusted JSON schemas and regexes where a crash cannot reach the engine: static
+bounds first (grammar_check.py), then a pool of compile worker processes (grammar_child.py)
+with a time and a memory limit each, restarted when one dies. Verdicts are cached by the
+sha256 of the schema or pattern, so each compiles (or crashes a worker) once; the server
+builds its matchers only from grammars a worker accepted."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graft.errors import GraftConfigError, RequestError
-from graft.serving.engine.grammar_check import FIELD, GrammarLimitError, SchemaLimits, schema_text
+from graft.serving.engine.grammar_check import (FIELD, REGEX_FIELD, GrammarLimitError,
+                                                SchemaLimits, regex_text, schema_text)
 
 log = logging.getLogger("graft.serving")
 
@@ -61,10 +62,11 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def ask(self, text: str, timeout_s: float) -> dict | None:
-        """The child's verdict on a schema; None when it died or ran past timeout_s."""
+    def ask(self, source: str | dict, timeout_s: float) -> dict | None:
+        """The child's verdict on a schema's text or {"regex": pattern}; None when it died or
+        ran past timeout_s."""
         try:
-            self.proc.stdin.write(json.dumps(text).encode() + b"\n")
+            self.proc.stdin.write(json.dumps(source).encode() + b"\n")
             self.proc.stdin.flush()
         except OSError:  # died before reading it
             return None
@@ -122,14 +124,23 @@ class GrammarCompiler:
         """The grammar of `schema`, or GraftConfigError (GrammarLimitError for a limit) whose
         message names SamplingParams.guided_json. Cached by the schema's sha256."""
         text = schema_text(schema, self.limits.schema)
-        key = _sha(text)
+        return self._grammar(_sha(text), text, FIELD)
+
+    def regex_grammar(self, pattern: str, field: str = REGEX_FIELD) -> str:
+        """The grammar of a regex the whole output matches; errors name `field`
+        (SamplingParams.guided_regex, or the guided_choice it was made from). Cached by the
+        pattern's sha256."""
+        text = regex_text(pattern, self.limits.schema, field)
+        return self._grammar(f"regex:{field}:" + _sha(text), {"regex": text}, field)
+
+    def _grammar(self, key: str, source: str | dict, field: str) -> str:
         with self._lock:
             verdict = self._verdicts.get(key)
             if verdict is not None:
                 self._verdicts.move_to_end(key)
                 self.hits += 1
         if verdict is None:
-            verdict = self._compile(text)
+            verdict = self._compile(source, field)
             with self._lock:
                 self.misses += 1
                 _remember(self._verdicts, key, verdict, self.limits.cache_entries)
@@ -146,28 +157,29 @@ class GrammarCompiler:
         with self._lock:
             return key in self._accepted
 
-    def _compile(self, text: str) -> tuple:
+    def _compile(self, source: str | dict, field: str) -> tuple:
         # a worker that dies on a schema gets one retry on a fresh one: it may have died of
         # something else (killed from outside) just before this schema reached it
         for attempt in (1, 2):
-            answer, ended = self._ask(text)
+            answer, ended = self._ask(source)
             if answer is not None or attempt == 2:
                 break
+        what = "regex" if isinstance(source, dict) else "schema"
         if answer is None:
-            log.warning("a JSON schema (%d bytes) is refused: the grammar compile worker %s "
-                        "on it, twice", len(text), ended)
-            return (None, f"{FIELD} could not be compiled: the grammar compiler {ended} on it "
+            log.warning("a %s (%d bytes) is refused: the grammar compile worker %s on it, twice",
+                        what, len(json.dumps(source)), ended)
+            return (None, f"{field} could not be compiled: the grammar compiler {ended} on it "
                     f"(limits: {self.limits.timeout_s:g} s, {self.limits.memory_bytes >> 20} "
-                    "MiB); send a simpler schema", "compiler")
+                    f"MiB); send a simpler {what}", "compiler")
         if "grammar" in answer:
             return answer["grammar"], None, None
-        return (None, *_refusal(answer))
+        return (None, *_refusal(answer, field, what))
 
-    def _ask(self, text: str) -> tuple[dict | None, str]:
+    def _ask(self, source: str | dict) -> tuple[dict | None, str]:
         """(the verdict, "") or (None, how the worker ended)."""
         with self._slots:
             worker = self._take()
-            answer = worker.ask(text, self.limits.timeout_s)
+            answer = worker.ask(source, self.limits.timeout_s)
             if answer is not None:
                 with self._lock:
                     self._idle.append(worker)
@@ -217,21 +229,23 @@ def _remember(lru: OrderedDict, key: str, value, size: int) -> None:
         lru.popitem(last=False)
 
 
-def _refusal(answer: dict) -> tuple[str, str | None]:
-    """(the client's one-line message, the limit it names or None) for a worker's refusal."""
+def _refusal(answer: dict, field: str, what: str) -> tuple[str, str | None]:
+    """(the client's one-line message, the limit it names or None) for a worker's refusal of
+    a schema or regex (`what`) sent as SamplingParams `field`."""
     message = " ".join(answer["error"].split())
     limit = row_limit(message)
     if limit is not None:
-        return f"{FIELD} {limit}", "max_items_in_row"
+        return f"{field} {limit}", "max_items_in_row"
     if answer.get("limit") == "memory":
-        return (f"{FIELD} could not be compiled within the grammar compiler's memory limit; "
-                "send a simpler schema", "memory")
+        return (f"{field} could not be compiled within the grammar compiler's memory limit; "
+                f"send a simpler {what}", "memory")
     # llguidance appends its parser state and the whole grammar to a matcher's error
     head = message.split(" <state>", 1)[0].strip()
     if head == "NoExtensionBias":  # the stop reason alone: nothing can come next
         head = ("no JSON value satisfies it (the grammar has nothing to continue with; a $ref "
                 "that leads only back to itself never ends)")
-    return f"{FIELD} is not a usable JSON schema: {head[:300]}", None
+    usable = "regex" if what == "regex" else "JSON schema"
+    return f"{field} is not a usable {usable}: {head[:300]}", None
 
 
 def row_limit(error: str) -> str | None:

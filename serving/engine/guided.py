@@ -1,6 +1,6 @@
-"""Constrained decoding through llguidance: a JSON schema (or "any JSON object") becomes a
-grammar, each guided sequence owns a matcher, and each step masks the tokens the grammar
-does not allow before anything is sampled."""
+"""Constrained decoding through llguidance: a JSON schema (or "any JSON object"), a regex or
+a list of choices becomes a grammar, each guided sequence owns a matcher, and each step masks
+the tokens the grammar does not allow before anything is sampled."""
 
 from __future__ import annotations
 
@@ -23,6 +23,22 @@ def json_grammar(guided_json: dict | bool) -> str:
     field in one line (an unknown type, a bad regex, a dangling $ref; GrammarLimitError for a
     schema over a limit). Compiled and checked in a worker process (grammar_worker.py)."""
     return compiler().json_grammar(ANY_OBJECT if guided_json is True else guided_json)
+
+
+def regex_grammar(pattern: str, field: str = "SamplingParams.guided_regex") -> str:
+    """The grammar of a regex the whole output matches, or GraftConfigError naming `field`
+    (the SamplingParams field the pattern came from)."""
+    return compiler().regex_grammar(pattern, field)
+
+
+# what the regex crate (llguidance's) escapes: each choice stands for itself
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+
+
+def choice_regex(choices: list[str]) -> str:
+    """SamplingParams.guided_choice as a regex: exactly one of the strings."""
+    return "(?:" + "|".join("".join("\\" + c if c in _REGEX_META else c for c in choice)
+                            for choice in choices) + ")"
 
 
 def _one_line(text: str) -> str:

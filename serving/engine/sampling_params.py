@@ -38,6 +38,8 @@ class SamplingParams:
     # constrained decoding (serving/engine/guided.py): True = any JSON object, a dict = a JSON
     # schema the output validates against, None (or False) = free text; never speculates
     guided_json: dict | bool | None = None
+    guided_regex: str | None = None  # or: the whole output matches this regex
+    guided_choice: list[str] | None = None  # or: the output is exactly one of these strings
     # the grammar holds from the token after this one (a reasoning model's end of thinking,
     # `</think>`), free text before it; None: from the first token
     guided_after_token: int | None = None
@@ -82,19 +84,41 @@ class SamplingParams:
         self._check_processors()
         if self.guided_json is False:
             self.guided_json = None
+        self._check_guided()
         after = self.guided_after_token
         if after is not None and (not isinstance(after, int) or isinstance(after, bool)
-                                  or after < 0 or self.guided_json is None):
+                                  or after < 0 or self.guided_grammar is None):
             raise GraftConfigError(f"SamplingParams.guided_after_token must be None or a token id "
-                                   f">= 0 with guided_json set, got {after!r}")
+                                   f">= 0 with a guided_* grammar set, got {after!r}")
+
+    def _check_guided(self) -> None:
+        """At most one of guided_json / guided_regex / guided_choice, compiled to guided_grammar."""
+        from graft.serving.engine import guided
+
+        given = [name for name in ("guided_json", "guided_regex", "guided_choice")
+                 if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise GraftConfigError(f"SamplingParams.{given[1]} cannot go with {given[0]}: "
+                                   "a request follows one grammar")
         if self.guided_json is not None:
             if not isinstance(self.guided_json, (dict, bool)):
                 raise GraftConfigError(f"SamplingParams.guided_json must be None, True (any JSON "
                                        f"object) or a JSON schema dict, got "
                                        f"{type(self.guided_json).__name__}")
-            from graft.serving.engine.guided import json_grammar
-
-            self.guided_grammar = json_grammar(self.guided_json)
+            self.guided_grammar = guided.json_grammar(self.guided_json)
+        elif self.guided_regex is not None:
+            if not isinstance(self.guided_regex, str) or not self.guided_regex:
+                raise GraftConfigError(f"SamplingParams.guided_regex must be a non-empty "
+                                       f"string, got {self.guided_regex!r}")
+            self.guided_grammar = guided.regex_grammar(self.guided_regex)
+        elif self.guided_choice is not None:
+            choices = self.guided_choice
+            if (not isinstance(choices, (list, tuple)) or not choices
+                    or not all(isinstance(c, str) and c for c in choices)):
+                raise GraftConfigError(f"SamplingParams.guided_choice must be a non-empty list "
+                                       f"of non-empty strings, got {choices!r}")
+            self.guided_grammar = guided.regex_grammar(guided.choice_regex(list(choices)),
+                                                       "SamplingParams.guided_choice")
 
     def _check_processors(self) -> None:
         bias = self.logit_bias

@@ -1,6 +1,7 @@
-"""Guided decoding (SamplingParams.guided_json through llguidance): outputs parse and validate,
-batched with free sequences, greedy and sampled, identical with speculation on, across
-preemption; max_tokens cuts with "length"; a bad schema is one line naming the field."""
+"""Guided decoding (SamplingParams.guided_json, guided_regex, guided_choice through
+llguidance): outputs parse and validate (or match whole), batched with free sequences, greedy
+and sampled, identical with speculation on, across preemption; max_tokens cuts with
+"length"; a bad schema, regex or choice list is one line naming the field."""
 
 import json
 
@@ -115,6 +116,36 @@ def test_bad_schema_is_one_line_naming_the_field(schema, reason):
     with pytest.raises(GraftConfigError, match="SamplingParams.guided_json") as err:
         SamplingParams(guided_json=schema)
     assert reason in str(err.value) and "\n" not in str(err.value)
+
+
+CHOICES = ["positive", "negative", "neutral (n/a)"]
+
+
+@pytest.mark.parametrize("seed", [None, 3, 8])
+def test_regex_and_choice_outputs_match_whole(engine, seed):
+    import re
+
+    prompts = make_prompts((12, 20), seed=5)
+    kw = {"temperature": 0.0} if seed is None else {"temperature": 1.0, "seed": seed}
+    pattern = r"[0-9]{3}-[a-z]{2,4}"
+    regex, choice = engine.generate(prompt_token_ids=prompts, sampling_params=[
+        SamplingParams(max_tokens=40, guided_regex=pattern, **kw),
+        SamplingParams(max_tokens=40, guided_choice=CHOICES, **kw)])
+    assert regex.finish_reason == "stop" and re.fullmatch(pattern, regex.text), regex.text
+    assert choice.finish_reason == "stop" and choice.text in CHOICES, choice.text
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"guided_regex": "(("}, "guided_regex is not a usable regex"),
+    ({"guided_regex": ""}, "guided_regex must be a non-empty string"),
+    ({"guided_choice": []}, "guided_choice must be a non-empty list"),
+    ({"guided_choice": ["x" * 70000, "y" * 70000]}, "guided_choice is 140005 bytes"),
+    ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice cannot go with guided_regex"),
+])
+def test_bad_regex_or_choice_is_one_line_naming_the_field(kw, words):
+    with pytest.raises(GraftConfigError) as err:
+        SamplingParams(**kw)
+    assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 def test_false_is_free_text(engine):
