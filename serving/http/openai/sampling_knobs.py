@@ -1,14 +1,17 @@
 """The request fields that shape sampling beyond temperature and top_p: `logit_bias`, the
-presence / frequency / repetition penalties, `min_tokens` and `response_format` (OpenAI's
-names and ranges; repetition_penalty and min_tokens as vLLM has them), as a mixin any
-request model can take, and how they become SamplingParams fields."""
+presence / frequency / repetition penalties, `min_tokens`, `response_format` (OpenAI's names
+and ranges; repetition_penalty and min_tokens as vLLM has them) and vLLM's
+`structured_outputs` (a JSON schema, any JSON object, a regex or a list of choices), as a
+mixin any request model can take, and how they become SamplingParams fields."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
+                      model_validator)
 from typing_extensions import Annotated
 
 
@@ -54,6 +57,42 @@ ResponseFormat = Annotated[Union[Annotated[TextFormat, Tag("TextFormat")],
                            Discriminator(_format_kind)]
 
 
+class StructuredOutputs(_Fields):
+    """vLLM's `structured_outputs`, the kinds graft follows: exactly one of a JSON schema
+    (`json`, an object or its JSON text), any JSON object, a regex the whole answer matches,
+    or strings the answer is one of."""
+    json_: Union[dict[str, Any], str, None] = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = Field(default=None, min_length=1)
+    choice: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+
+    @field_validator("json_")
+    @classmethod
+    def _schema_object(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as err:
+                raise ValueError(f"json is not valid JSON ({err})") from None
+            if not isinstance(value, dict):
+                raise ValueError("json must be a JSON schema object")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        given = [name for name, value in (("json", self.json_), ("json_object", self.json_object),
+                                          ("regex", self.regex), ("choice", self.choice))
+                 if value is not None]
+        if len(given) != 1:
+            raise ValueError("set exactly one of json, json_object, regex and choice, got "
+                             f"{', '.join(given) or 'none'}")
+        return self
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        return {"guided_json": True if self.json_object else self.json_,
+                "guided_regex": self.regex, "guided_choice": self.choice}
+
+
 class SamplingKnobs(_Fields):
     # OpenAI: token id (as a JSON key, a string) -> bias added to its logit, -100..100
     logit_bias: dict[str, float] | None = None
@@ -62,6 +101,7 @@ class SamplingKnobs(_Fields):
     repetition_penalty: float | None = Field(default=None, gt=0.0)  # vLLM-style extension
     min_tokens: int | None = Field(default=None, ge=0)  # vLLM-style extension
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's; not with response_format
 
     @field_validator("response_format", mode="before")
     @classmethod
@@ -88,28 +128,44 @@ class SamplingKnobs(_Fields):
                 raise ValueError(f"bias for token {key} must be in [-100, 100], got {bias!r}")
         return value
 
+    @field_validator("structured_outputs")
+    @classmethod
+    def _one_grammar(cls, value: Any, info) -> Any:
+        fmt = info.data.get("response_format")
+        if value is not None and fmt is not None and not isinstance(fmt, TextFormat):
+            raise ValueError("a request follows one grammar: send response_format or "
+                             "structured_outputs, not both")
+        return value
+
     def sampling_kwargs(self) -> dict[str, Any]:
         """These fields as SamplingParams keyword arguments (defaults where absent)."""
         fmt = self.response_format
         guided = (fmt.json_schema.schema_ if isinstance(fmt, JsonSchemaFormat)
                   else True if isinstance(fmt, JsonObjectFormat) else None)
+        grammar = ({"guided_json": guided} if self.structured_outputs is None
+                   else self.structured_outputs.sampling_kwargs())
         return dict(
             logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            min_tokens=self.min_tokens or 0, guided_json=guided)
+            min_tokens=self.min_tokens or 0, **grammar)
+
+    def request_fields(self) -> dict[str, str]:
+        """SamplingParams field -> the request field the client sent it as."""
+        so = "structured_outputs" if self.structured_outputs is not None else None
+        return {"guided_json": f"{so}.json" if so else "response_format",
+                "guided_regex": "structured_outputs.regex",
+                "guided_choice": "structured_outputs.choice"}
 
 
-# SamplingParams field -> the request field a client sent it as
-_REQUEST_FIELD = {"guided_json": "response_format"}
-
-
-def request_param(message: str) -> tuple[str | None, str]:
+def request_param(message: str, fields: dict[str, str] | None = None
+                  ) -> tuple[str | None, str]:
     """(request field, message in the client's words) for a SamplingParams error message:
-    "SamplingParams.guided_json is not ..." -> ("response_format", "response_format is not ...")."""
+    "SamplingParams.guided_json is not ..." -> ("response_format", "response_format is not ...")
+    (`fields`: SamplingKnobs.request_fields, where the request is at hand)."""
     found = re.match(r"SamplingParams\.(\w+)", message)
     if found is None:
         return None, message
-    field = _REQUEST_FIELD.get(found.group(1), found.group(1))
+    field = (fields or {"guided_json": "response_format"}).get(found.group(1), found.group(1))
     return field, field + message[found.end():]

@@ -109,6 +109,10 @@ def guide(params, req):
         raise APIError("tool_choice 'required' or a named function constrains the output to "
                        "tool calls; it cannot also follow response_format: send one of them",
                        param="response_format", code="invalid_value")
+    if req.structured_outputs is not None:
+        raise APIError("tool_choice 'required' or a named function constrains the output to "
+                       "tool calls; it cannot also follow structured_outputs: send one of them",
+                       param="structured_outputs", code="invalid_value")
     return _compiled(lambda: dataclasses.replace(params, guided_json=schema))
 
 
@@ -130,17 +134,19 @@ def _compiled(compile_it):
         raise refusal(err, tools=True) from None
 
 
-def refusal(err: GraftError, tools: bool = False) -> APIError:
+def refusal(err: GraftError, tools: bool = False, fields: dict[str, str] | None = None
+            ) -> APIError:
     """The 400 for a SamplingParams error ("SamplingParams.guided_json is ..."), naming the
     request field: `tools` when the schema is a function's parameters (tool_choice required
-    or named), else the field SamplingParams' field came from (response_format, ...). A
-    schema over a grammar limit is code schema_too_complex."""
+    or named), else the field SamplingParams' field came from (response_format, ...; `fields`:
+    the request's SamplingKnobs.request_fields). A grammar over a limit is code
+    schema_too_complex."""
     code = "schema_too_complex" if isinstance(err, GrammarLimitError) else "invalid_value"
     if tools:
         detail = str(err).removeprefix("SamplingParams.guided_json ")
         return APIError(f"tools: a function's `parameters` {detail} (tool_choice needs it as "
                         "the output's schema)", param="tools", code=code)
-    param, message = request_param(str(err))
+    param, message = request_param(str(err), fields)
     return APIError(message, param=param, code=code)
 
 

@@ -1,8 +1,10 @@
-"""response_format, logit_bias, min_tokens and the penalties through the official openai
-client against the real server (tiny random model): json_schema answers parse and validate,
-streamed or not, batched beside free requests; bad schemas are a 400 naming the field."""
+"""response_format, vLLM's structured_outputs, logit_bias, min_tokens and the penalties through
+the official openai client against the real server (tiny random model): json_schema answers
+parse and validate, streamed or not, batched beside free requests; regex and choice answers
+match whole; bad schemas and patterns are a 400 naming the field."""
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -129,6 +131,27 @@ def test_penalties_change_a_repetitive_answer(client):
         assert client.chat.completions.create(**kw, **extra).choices[0].message.content != plain
 
 
+CHOICES = ["red", "green", "blue (dark)"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("outputs, check", [
+    ({"regex": "[0-9]{2}-[a-z]{3}"}, lambda text: re.fullmatch("[0-9]{2}-[a-z]{3}", text)),
+    ({"choice": CHOICES}, lambda text: text in CHOICES),
+    ({"json": json.dumps(ANSWER)}, lambda text: problems(json.loads(text), ANSWER) == []),
+])
+def test_vllm_structured_outputs_hold_whole(live_server, path, outputs, check):
+    ask = {"messages": ASK} if "chat" in path else {"prompt": "Pick one:"}
+    for temperature, seed in ((0.0, None), (1.0, 5)):
+        resp = httpx.post(live_server.url + path, timeout=60, json={
+            "model": "tiny", "max_tokens": 150, "temperature": temperature, "seed": seed,
+            "structured_outputs": outputs, **ask})
+        assert resp.status_code == 200, resp.text
+        choice = resp.json()["choices"][0]
+        text = choice["message"]["content"] if "chat" in path else choice["text"]
+        assert choice["finish_reason"] == "stop" and check(text), text
+
+
 @pytest.mark.parametrize("body,param,words", [
     ({"response_format": _schema_format({"type": "foo"})}, "response_format", "Invalid type"),
     ({"response_format": _schema_format({"type": "string", "pattern": "(("})}, "response_format",
@@ -140,6 +163,14 @@ def test_penalties_change_a_repetitive_answer(client):
     ({"logit_bias": {"7": 150}}, "logit_bias", "[-100, 100]"),
     ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
     ({"min_tokens": 9, "max_tokens": 4}, "min_tokens", "max_tokens=4"),
+    ({"structured_outputs": {"regex": "(("}}, "structured_outputs.regex", "not a usable regex"),
+    ({"structured_outputs": {"json": {"type": "foo"}}}, "structured_outputs.json",
+     "Invalid type"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs",
+     "exactly one of"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "at least 1 item"),
+    ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+     "structured_outputs", "not both"),
 ])
 def test_bad_settings_are_one_line_400s(live_server, body, param, words):
     resp = httpx.post(live_server.url + "/v1/chat/completions", timeout=60,
@@ -147,3 +178,13 @@ def test_bad_settings_are_one_line_400s(live_server, body, param, words):
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["param"] == param and words in err["message"] and "\n" not in err["message"]
+
+
+def test_tool_choice_and_structured_outputs_are_one_grammar_too_many(plain_server):
+    # the 2k-context server: a tool prompt alone is longer than live_server's context
+    resp = httpx.post(plain_server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "plain", "messages": ASK, "max_tokens": 8, "structured_outputs": {"regex": "a"},
+        "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == "structured_outputs" and "send one of them" in err["message"], err
