@@ -241,7 +241,9 @@ def _refusal(answer: dict, field: str, what: str) -> tuple[str, str | None]:
                 f"send a simpler {what}", "memory")
     # llguidance appends its parser state and the whole grammar to a matcher's error
     head = message.split(" <state>", 1)[0].strip()
-    if head == "NoExtensionBias":  # the stop reason alone: nothing can come next
+    if head == "NoExtensionBias" and what == "regex":  # the stop reason alone: nothing can
+        head = "no text matches it (the grammar has nothing to continue with)"  # come next
+    elif head == "NoExtensionBias":
         head = ("no JSON value satisfies it (the grammar has nothing to continue with; a $ref "
                 "that leads only back to itself never ends)")
     usable = "regex" if what == "regex" else "JSON schema"

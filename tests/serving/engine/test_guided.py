@@ -137,6 +137,7 @@ def test_regex_and_choice_outputs_match_whole(engine, seed):
 
 @pytest.mark.parametrize("kw, words", [
     ({"guided_regex": "(("}, "guided_regex is not a usable regex"),
+    ({"guided_regex": r"[^\s\S]"}, "guided_regex is not a usable regex: no text matches it"),
     ({"guided_regex": ""}, "guided_regex must be a non-empty string"),
     ({"guided_choice": []}, "guided_choice must be a non-empty list"),
     ({"guided_choice": ["x" * 70000, "y" * 70000]}, "guided_choice is 140005 bytes"),
