@@ -113,9 +113,11 @@ class ChatMessage(_Strict):
     reasoning_content: str | None = None
 
     def text(self) -> str:
-        """The text parts, joined (images left out)."""
+        """The text parts, joined as to_chat_messages joins them for the template (images left
+        out)."""
         parts = self.content if isinstance(self.content, list) else [self.content or ""]
-        return "".join(p if isinstance(p, str) else getattr(p, "text", None) or "" for p in parts)
+        return "\n".join(p if isinstance(p, str) else p.text for p in parts
+                         if isinstance(p, str) or getattr(p, "text", None) is not None)
 
     @field_validator("content", mode="before")
     @classmethod

@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+import torch
 
 from graft.errors import GraftConfigError
 from graft.serving import SamplingParams
@@ -135,6 +136,7 @@ def thinking_llm(tiny_llama, tmp_path_factory):
     tok.add_tokens(["<think>", "</think>"])
     tok.save_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
+    torch.manual_seed(0)  # the new rows are drawn at random
     model.resize_token_embeddings(len(tok))
     model.save_pretrained(out)
     return out
