@@ -259,7 +259,8 @@ class EngineWorker:
                       if job.prepared is not None else None)
                 self.engine.add_request(job.request_id, prompt_token_ids=job.prompt_token_ids,
                                         sampling_params=job.sampling_params, mm_inputs=mm,
-                                        deadline=job.deadline, graft=job.graft,
+                                        deadline=job.deadline, priority=job.priority,
+                                        graft=job.graft,
                                         kv_export=job.kv_export, kv_import=job.kv_import)
             except Exception as err:  # noqa: BLE001 - this job's failure, nobody else's
                 self._fail_job(job, err)

@@ -18,6 +18,7 @@ class Job:
     sink: Callable[[str, object], None]  # thread-safe; kinds: output, error, deadline
     prepared: object = None  # multimodal.PreparedPrompt when the prompt has images
     deadline: float | None = None  # absolute time.monotonic() for the first token
+    priority: int = 0  # the request's (vLLM's): lower waits less, after deadlines
     arrival: float = field(default_factory=time.monotonic)
     encode_tokens: int = 0  # image tokens not in the encoder cache at admission
     front: object = None  # MultimodalFront of the graft it asked for (None: text only)

@@ -105,19 +105,19 @@ def _sampling_params(params) -> dict[str, Any]:
             "include_stop_str_in_output": params.include_stop_str_in_output}
 
 
-def _generate_request(ctx, name: str, er) -> dict[str, Any]:
+def _generate_request(ctx, name: str, er, priority: int) -> dict[str, Any]:
     """One vLLM GenerateRequest (vllm/entrypoints/serve/disagg/protocol.py)."""
     return {"request_id": uuid.uuid4().hex, "token_ids": wire_ids(ctx, er.ids),
             "features": _features(er), "sampling_params": _sampling_params(er.params),
             "model": name, "stream": False, "stream_options": None, "cache_salt": None,
-            "priority": 0, "kv_transfer_params": None}
+            "priority": priority, "kv_transfer_params": None}
 
 
 async def render_chat(ctx, raw: bytes) -> dict[str, Any]:
     req = P.parse_chat_request(raw, RenderChatRequest)
     name, front = _served(ctx, req.model)
     req.model = name
-    return _generate_request(ctx, name, await _engine_request(ctx, req, front))
+    return _generate_request(ctx, name, await _engine_request(ctx, req, front), req.priority)
 
 
 async def render_completion(ctx, raw: bytes) -> list[dict[str, Any]]:
@@ -125,7 +125,7 @@ async def render_completion(ctx, raw: bytes) -> list[dict[str, Any]]:
     req = P.parse_chat_request(raw, RenderCompletionRequest)
     name, _ = _served(ctx, req.model)
     req.model = name
-    return [_generate_request(ctx, name, await _engine_request(ctx, req, None))]
+    return [_generate_request(ctx, name, await _engine_request(ctx, req, None), req.priority)]
 
 
 async def tokenize(ctx, raw: bytes) -> dict[str, Any]:

@@ -73,6 +73,7 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     for attempt in range(_MAX_SHRINK_STEPS + 1):
         job = Job(cid, er.ids, er.params, sink=sink(loop, queue), prepared=er.prepared,
                   arrival=arrival, deadline=arrival + budget_ms / 1000 if budget_ms else None,
+                  priority=req.priority,
                   encode_tokens=front.uncached_tokens(er.prepared.images) if er.prepared else 0,
                   front=front, graft=req.model, request=req, kv_export=transfer.export,
                   kv_import=kv_import)

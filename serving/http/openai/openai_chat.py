@@ -151,6 +151,8 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: lower is admitted first among waiting requests (after first-token deadlines)
+    priority: Int = Field(default=0, ge=-(2 ** 31), le=2 ** 31 - 1)
     n: Int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None

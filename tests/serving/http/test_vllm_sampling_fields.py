@@ -1,6 +1,7 @@
 """vLLM's sampling fields on chat and text completions: stop_token_ids (the answer ends at the
-first, its text left out), include_stop_str_in_output (the stop string kept) and
-skip_special_tokens; the answers are the engine's for the same SamplingParams."""
+first, its text left out), include_stop_str_in_output (the stop string kept),
+skip_special_tokens, and priority (the waiting order); the answers are the engine's for the
+same SamplingParams."""
 
 import httpx
 import pytest
@@ -69,8 +70,49 @@ def test_skip_special_tokens_false_keeps_their_text(server):
     assert _answer(server, skip_special_tokens=False, **bias)[0] == server.forced["keep"]
 
 
+def test_a_priority_outside_int32_is_a_400(server):
+    resp = _chat(server, priority=2 ** 31)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "priority", resp.text
+
+
 @pytest.mark.parametrize("ids", [[-1], [10 ** 6], ["7"]])
 def test_bad_stop_token_ids_are_400s_naming_the_field(server, ids):
     resp = _chat(server, stop_token_ids=ids)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"].startswith("stop_token_ids"), resp.text
+
+
+def test_priority_orders_the_waiting_requests(tiny_llama, monkeypatch):
+    """One sequence at a time, slowed steps: of two requests waiting behind a running one,
+    the lower priority value goes first, whichever came first."""
+    import threading
+    import time
+
+    from graft.serving.http.server import ServerSettings, build_app
+
+    engine = Engine.from_pretrained(tiny_llama, EngineConfig(num_kv_blocks=32, max_num_seqs=1))
+    real = engine.step
+    monkeypatch.setattr(engine, "step", lambda: time.sleep(0.01) or real())
+    done: list[str] = []
+    with LiveServer(build_app(engine, ServerSettings(model_name="plain"))) as live:
+        def ask(name, priority, tokens):
+            _answer(live, max_tokens=tokens, priority=priority)
+            done.append(name)
+
+        def wait_for(n_waiting, n_running=1):
+            end = time.monotonic() + 30
+            while (len(engine.scheduler.waiting), len(engine.scheduler.running)) != \
+                    (n_waiting, n_running):
+                assert time.monotonic() < end, "the requests did not queue"
+                time.sleep(0.002)
+
+        threads = [threading.Thread(target=ask, args=("first", 0, 150))]
+        threads[0].start()
+        wait_for(0)
+        for name, priority in (("later", 5), ("urgent", -5)):
+            threads.append(threading.Thread(target=ask, args=(name, priority, 2)))
+            threads[-1].start()
+            wait_for(len(threads) - 1)
+        for t in threads:
+            t.join(60)
+    assert done == ["first", "urgent", "later"]
