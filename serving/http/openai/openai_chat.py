@@ -133,6 +133,7 @@ class ChatMessage(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage so far on every chunk
 
 
 class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, response_format

@@ -72,12 +72,12 @@ class AnswerShape:
 
 
 async def answer(ctx, request: Request, job: Job, queue: asyncio.Queue, shape,
-                 stream_it: bool, include_usage: bool) -> Response:
+                 stream_it: bool, options=None) -> Response:
     """The HTTP answer to a submitted job: SSE chunks or one JSON body, as `shape` (a
-    ChatAnswer or CompletionAnswer) writes them."""
+    ChatAnswer or CompletionAnswer) writes them; `options`: the request's stream_options."""
     if stream_it:
         watcher = watch_disconnect(request, lambda: ctx.worker.abort(job.request_id))
-        return StreamingResponse(stream(ctx, job, queue, shape, include_usage, watcher),
+        return StreamingResponse(stream(ctx, job, queue, shape, options, watcher),
                                  media_type="text/event-stream")
     return await complete(ctx, job, queue, request, shape)
 
@@ -113,16 +113,23 @@ async def complete(ctx, job: Job, queue: asyncio.Queue, request: Request, shape)
     return JSONResponse(body)
 
 
-async def stream(ctx, job: Job, queue: asyncio.Queue, shape, include_usage: bool,
-                 watcher: asyncio.Task):
+async def stream(ctx, job: Job, queue: asyncio.Queue, shape, options, watcher: asyncio.Task):
     """SSE events; Starlette cancels this generator when the client disconnects. `watcher`
     (watch_disconnect, started by `answer`) aborts the job should the client go before
-    this generator ever runs; it is cancelled here once the stream is over."""
+    this generator ever runs; it is cancelled here once the stream is over. `options`: the
+    request's stream_options (None: none)."""
     sent, done, last = 0, False, None
     sent_lp = 0  # output tokens whose logprobs went out already
+    continuous = bool(options and options.continuous_usage_stats)
+
+    def sse(body: dict) -> bytes:  # continuous_usage_stats: every chunk says the usage so far
+        if continuous:
+            body["usage"] = P.usage(*shape.counts(last), last)
+        return P.sse(body)
+
     try:
         for body in shape.head():
-            yield P.sse(body)
+            yield sse(body)
         while True:
             kind, out = await next_event(ctx, job, queue)
             if kind == "error":
@@ -131,7 +138,7 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, shape, include_usage: bool
                 break
             if kind == "deadline":
                 for body in shape.tail("deadline"):
-                    yield P.sse(body)
+                    yield sse(body)
                 done = True
                 break
             last = out
@@ -141,13 +148,13 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, shape, include_usage: bool
             logprobs, n_lp = shape.logprobs(out, sent_lp) if delta or out.finished else (None, 0)
             sent_lp += n_lp
             for body in shape.piece(delta, logprobs, n_lp):
-                yield P.sse(body)
+                yield sse(body)
             if out.finished:
                 done = True
                 for body in shape.tail(out.finish_reason):
-                    yield P.sse(body)
+                    yield sse(body)
                 break
-        if include_usage:
+        if options and options.include_usage:
             yield P.sse(shape.usage(last))
         yield P.sse("[DONE]")
     finally:

@@ -47,6 +47,5 @@ async def _serve(request: Request, parse, shape) -> Response:
     ctx = request.app.state.ctx
     req, front = await read_chat_request(ctx, request, parse)
     job, queue = await submit_chat(ctx, req, front, arrival)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return await answer(ctx, request, job, queue, shape(ctx, job, req), req.stream,
-                        include_usage)
+                        req.stream_options)

@@ -116,3 +116,20 @@ def test_priority_orders_the_waiting_requests(tiny_llama, monkeypatch):
         for t in threads:
             t.join(60)
     assert done == ["first", "urgent", "later"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_continuous_usage_stats_count_every_chunk(server, path):
+    import json
+
+    ask = {"messages": ASK} if "chat" in path else {"prompt": "hello"}
+    resp = httpx.post(server.url + path, timeout=60, json={
+        "model": "plain", "max_tokens": N, "temperature": 0, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}, **ask})
+    events = [json.loads(line[6:]) for line in resp.text.splitlines()
+              if line.startswith("data: {")]
+    counts = [e["usage"]["completion_tokens"] for e in events]
+    assert all("usage" in e for e in events) and counts == sorted(counts)
+    assert counts[-1] == N and (counts[0] == 0 or "chat" not in path)  # the role chunk: 0
+    (prompt,) = {e["usage"]["prompt_tokens"] for e in events}
+    assert all(e["usage"]["total_tokens"] == prompt + c for e, c in zip(events, counts))
