@@ -28,6 +28,7 @@ class ServerSettings:
     # special-token text typed in messages becomes control tokens (trusted clients only)
     parse_special_tokens_in_text: bool = False
     reasoning_parser: str | None = None  # reasoning.FORMATS: thinking split into `reasoning`
+    tool_call_parser: str = "hermes"  # tool_calls.TOOL_CALL_PARSERS: how "auto" calls read
     api_keys: tuple[str, ...] = ()  # accepted `Authorization: Bearer` keys (none: no auth)
     auth_health: bool = False  # /health needs a key too (off: load balancers probe freely)
     auth_metrics: bool = False  # /metrics needs a key too

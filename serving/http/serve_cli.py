@@ -10,6 +10,7 @@ from graft.cli_types import number_in
 from graft.serving.engine.engine_args import add_engine_args
 from graft.serving.http.fleet import kv_events_config
 from graft.serving.http.openai.reasoning import FORMATS as REASONING_FORMATS
+from graft.serving.http.openai.tool_calls import TOOL_CALL_PARSERS
 from graft.serving.http.plumbing import stats_log
 from graft.serving.http.serve_config import parse_args  # noqa: F401  (graft.cli's parse hook)
 
@@ -92,6 +93,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_FORMATS),
                    help="a reasoning model's thinking (<think> ... </think>) goes to the "
                         "message's `reasoning`, not its `content` (vLLM's flag; default: off)")
+    p.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_CALL_PARSERS),
+                   help="how an answer's tool calls are written, under tool_choice auto: "
+                        "hermes (<tool_call> blocks: Qwen2.5/3, Hermes; default) or llama3_json "
+                        "(Llama 3.1-3.3's JSON calls); vLLM's flag")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM's command lines: graft always reads tool calls "
+                        "under tool_choice auto")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="append one JSON line per finished request (timings, token counts, "
                         "image sizes and hashes; graft tune replays it); rotated by size")
@@ -170,7 +178,8 @@ def build(args: argparse.Namespace):
         admission_slack=args.admission_slack,
         shrink_images_to_budget=args.shrink_images_to_budget,
         parse_special_tokens_in_text=args.parse_special_tokens_in_text,
-        reasoning_parser=args.reasoning_parser, api_keys=keys, allowed_hosts=allowed_host_names(args.host, keys, args.allowed_host),
+        reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
+        api_keys=keys, allowed_hosts=allowed_host_names(args.host, keys, args.allowed_host),
         auth_health=args.auth_health, auth_metrics=args.auth_metrics,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
         request_body_timeout_s=args.request_body_timeout_s,

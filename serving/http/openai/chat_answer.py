@@ -17,7 +17,7 @@ class ChatAnswer(AnswerShape):
         super().__init__(ctx, job, req)
         self.top = req.top_logprobs or 0
         self.plan = plan_tools(req)
-        self.reader = reader_for(self.plan)  # None: plain text, no tools
+        self.reader = reader_for(self.plan, ctx.settings.tool_call_parser)  # None: no tools
         fmt = thinking_format(ctx.settings.reasoning_parser, ctx.tokenizer, req,
                               job.sampling_params.guided_grammar is not None)
         self.splitter = ReasoningSplitter(fmt) if fmt is not None else None

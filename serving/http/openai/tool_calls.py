@@ -6,10 +6,15 @@ first one of a call carries index, id, type and name, the next ones its argument
 non-streaming answer is the same deltas put together (`assemble`), so both agree by
 construction.
 
-- HermesReader ("auto"): `<tool_call>{"name": .., "arguments": {..}}</tool_call>` blocks, the
-  format of Hermes models and the Qwen2.5/Qwen3 templates; the text outside the blocks is the
-  content (whitespace at its ends dropped). A block that is not such JSON, or names a
-  function not offered, stays in the content as the text it is.
+- HermesReader ("auto", `--tool-call-parser hermes`, the default): `<tool_call>{"name": ..,
+  "arguments": {..}}</tool_call>` blocks, the format of Hermes models and the Qwen2.5/Qwen3
+  templates; the text outside the blocks is the content (whitespace at its ends dropped). A
+  block that is not such JSON, or names a function not offered, stays in the content as the
+  text it is.
+- Llama3JsonReader ("auto", `--tool-call-parser llama3_json`): Llama 3.1-3.3's calls, an answer
+  that is JSON objects `{"name": .., "parameters": {..}}` (separated by `;` where there are
+  several), read whole; an answer that does not start with `{`, or is not all such calls, is
+  the content.
 - CallListReader ("required"): the whole output is a JSON array of {name, arguments}.
 - NamedReader (a named function): the whole output is that function's arguments object.
 """
@@ -139,6 +144,53 @@ class HermesReader:
         return [{"content": out}]
 
 
+class Llama3JsonReader:
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.calls = _Calls()
+        self.text = ""
+        self.calling: bool | None = None  # decided by the answer's first character
+
+    @property
+    def called(self) -> bool:
+        return self.calls.count > 0
+
+    def feed(self, text: str) -> list[dict]:
+        self.text += text
+        if self.calling is None and self.text.strip():
+            self.calling = self.text.lstrip().startswith("{")
+        if self.calling is False:  # plain text: it streams as it comes
+            out, self.text = self.text, ""
+            return [{"content": out}] if out else []
+        return []
+
+    def finish(self) -> list[dict]:
+        text, self.text = self.text, ""
+        found = _json_calls(text, self.names) if self.calling else None
+        if not found:
+            return [{"content": text}] if text else []
+        return [delta for name, arguments in found for delta in self.calls.start(name, arguments)]
+
+
+def _json_calls(text: str, names: list[str]) -> list[tuple[str, str]] | None:
+    """The calls of `text`, JSON objects separated by `;` (and whitespace), or None when it is
+    anything else."""
+    decoder, at, found = json.JSONDecoder(), 0, []
+    while True:
+        while at < len(text) and (text[at].isspace() or (found and text[at] == ";")):
+            at += 1
+        if at == len(text):
+            return found or None
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return None
+        call = _call(value, names)
+        if call is None:
+            return None
+        found.append(call)
+
+
 class CallListReader:
     """The output of tool_choice "required" (guided_json: an array of calls), read whole."""
 
@@ -182,10 +234,13 @@ class NamedReader:
         return [] if self.calls.count else self.calls.start(self.name)
 
 
-def reader_for(plan):
-    """The output reader of a ToolPlan (None: plain text)."""
+TOOL_CALL_PARSERS = {"hermes": HermesReader, "llama3_json": Llama3JsonReader}  # vLLM's names
+
+
+def reader_for(plan, parser: str = "hermes"):
+    """The output reader of a ToolPlan (None: plain text); `parser` reads "auto"'s calls."""
     if plan.mode == "auto":
-        return HermesReader(plan.names)
+        return TOOL_CALL_PARSERS[parser](plan.names)
     if plan.mode == "required":
         return CallListReader(plan.names)
     if plan.mode == "named":

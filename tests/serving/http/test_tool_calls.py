@@ -8,8 +8,8 @@ import json
 import pytest
 
 from graft.serving.http.openai import openai_chat as P
-from graft.serving.http.openai.tool_calls import (CallListReader, HermesReader, NamedReader, assemble,
-                                           reader_for)
+from graft.serving.http.openai.tool_calls import (CallListReader, HermesReader, Llama3JsonReader,
+                                                 NamedReader, assemble, reader_for)
 from graft.serving.http.openai.tool_prompt import HERMES_TOOLS, template_handles_tools, tool_prompt
 from graft.serving.http.openai.tool_plan import plan_tools
 
@@ -100,6 +100,42 @@ def test_streamed_deltas_reassemble_to_the_whole_answer(text):
             for part in d.get("tool_calls", ()):
                 assert set(part) in ({"index", "id", "type", "function"}, {"index", "function"})
         assert not any("<tool_call>" in d.get("content", "") for d in deltas if want[1])
+
+
+# Llama-3.1-8B-Instruct's calls: JSON objects with "parameters", several separated by ";"
+LLAMA_ONE = '{"name": "get_current_temperature", "parameters": {"location": "Paris"}}'
+LLAMA_TWO = (LLAMA_ONE + '; {"name": "get_temperature_date", "parameters": {"location": '
+             '"Paris", "date": "2024-10-01"}}')
+
+
+@pytest.mark.parametrize("text, content, names", [
+    (LLAMA_ONE, None, NAMES[:1]),
+    (" " + LLAMA_TWO + "\n", None, NAMES),
+    ("It is sunny in Paris.", "It is sunny in Paris.", []),
+    ('{"answer": 4}', '{"answer": 4}', []),  # JSON, but no call
+    ('{"name": "delete_everything", "parameters": {}}',
+     '{"name": "delete_everything", "parameters": {}}', []),  # not an offered function
+    (LLAMA_ONE + " and then some text", LLAMA_ONE + " and then some text", []),
+    ('{"name": "get_current_temperature", "parameters": {"loc', None, None),  # cut short
+])
+def test_llama3_json_calls_whole_and_streamed(text, content, names):
+    if names is None:  # max_tokens cut the call: the text is all there is
+        content, names = text, []
+    for cuts in ([], list(range(1, len(text))), list(range(2, len(text), 5))):
+        reader = Llama3JsonReader(NAMES)
+        got, calls = assemble(streamed(reader, text, cuts))
+        assert got == content and [c["function"]["name"] for c in calls] == names
+        assert reader.called == bool(names)
+    if names:
+        args = json.loads(calls[0]["function"]["arguments"])
+        assert args == {"location": "Paris"}
+
+
+def test_the_tool_call_parser_picks_the_auto_reader():
+    req = P.parse_chat_request(json.dumps({"model": "m", "messages": [
+        {"role": "user", "content": "hi"}], "tools": [WEATHER]}).encode())
+    assert isinstance(reader_for(plan_tools(req)), HermesReader)
+    assert isinstance(reader_for(plan_tools(req), "llama3_json"), Llama3JsonReader)
 
 
 def test_required_reader_reads_the_array_of_calls():

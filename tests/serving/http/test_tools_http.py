@@ -122,6 +122,25 @@ def test_streamed_tool_calls_reassemble_in_the_openai_client(plain_server):
         [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
 
 
+def test_a_llama3_json_server_reads_llama_calls(tiny_llama_2k):
+    """`graft serve --tool-call-parser llama3_json` (and vLLM's --enable-auto-tool-choice): a
+    Llama 3.1 answer of two JSON calls is two tool_calls, not content."""
+    from tests.serving.http.conftest import serve_app
+    from tests.serving.http.test_tool_calls import LLAMA_TWO
+
+    app = serve_app(str(tiny_llama_2k), "--served-model-name", "plain", "--num-kv-blocks", "32",
+                    "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json")
+    ctx = app.state.ctx
+    tools = [WEATHER, {"type": "function", "function": {"name": NAMES[1]}}]
+    req = P.parse_chat_request(json.dumps({"model": "plain", "messages": ASK,
+                                           "tools": tools}).encode())
+    job = Job("chatcmpl-t", [1, 2], SamplingParams(), sink=lambda *a: None)
+    out = hermes_outputs(ctx.tokenizer, LLAMA_TWO)[-1]
+    choice = ChatCompletion.model_validate(ChatAnswer(ctx, job, req).whole(out, "stop")).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [c.function.name for c in choice.message.tool_calls] == NAMES
+
+
 def check_forecast_calls(choice):
     assert choice.finish_reason == "tool_calls"
     for call in choice.message.tool_calls:
