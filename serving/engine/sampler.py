@@ -85,8 +85,10 @@ class Sampler:
         if bool((top_ps < 1.0).any()):
             sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
             probs = torch.softmax(sorted_logits, dim=-1)
-            # drop a token when the mass strictly before it already reaches top_p
+            # drop a token when the mass strictly before it already reaches top_p; the first
+            # stays whatever top_p is (a top_p below float32's smallest is 0 here)
             drop = (probs.cumsum(-1) - probs) >= top_ps[:, None]
+            drop[:, 0] = False
             sorted_logits = sorted_logits.masked_fill(drop, -float("inf"))
             logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
         min_ps = torch.tensor([s.params.min_p for s in seqs], device=logits.device)
