@@ -19,7 +19,7 @@ from graft.serving.http.fleet.encoder_peers import fetch_missing
 from graft.serving.http.fleet.pd import pull, transfer_for
 from graft.serving.http.openai.reasoning import end_token, thinking_format
 from graft.serving.http.openai.responses import sink
-from graft.serving.http.openai.tool_prompt import refuse_special_text, tool_prompt
+from graft.serving.http.openai.tool_prompt import check_outside_text, tool_prompt
 from graft.serving.http.openai.tool_plan import (check_output_schema, guide, guided_by_tools,
                                                  plan_tools, refusal)
 from graft.serving.multimodal.media import load_image
@@ -119,7 +119,9 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     plan = plan_tools(req)
     check_output_schema(plan)  # before the prompt renders a schema that will be refused
     messages, tools = tool_prompt(ctx.tokenizer, messages, req.messages, plan, parse)
-    check_template_kwargs(ctx.tokenizer, req.chat_template_kwargs, parse)
+    if req.chat_template_kwargs:  # written by the template outside the messages too
+        check_outside_text(ctx.tokenizer, [("chat_template_kwargs", json.dumps(
+            req.chat_template_kwargs, ensure_ascii=False))], parse)
     template = req.template_options(tools)
     limit = ctx.settings.limit_images_per_prompt
     if refs and front is None:
@@ -151,19 +153,6 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     ids = prepared.prompt_token_ids
     return EngineRequest(ids, prepared, messages, sampling_params_for(ctx, req, len(ids)),
                          template)
-
-
-def check_template_kwargs(tokenizer, variables: dict | None, parse_special_tokens: bool) -> None:
-    """chat_template_kwargs is text the template writes outside the messages: no image marker
-    (it would be an image with no picture), no special-token text unless the server parses it."""
-    if not variables:
-        return
-    text = json.dumps(variables, ensure_ascii=False)
-    if P.IMAGE_MARKER in text:
-        raise P.APIError(f"chat_template_kwargs must not contain the literal {P.IMAGE_MARKER}",
-                         param="chat_template_kwargs", code="invalid_value")
-    if not parse_special_tokens:
-        refuse_special_text(tokenizer, [("chat_template_kwargs", text)])
 
 
 def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> EngineRequest | None:

@@ -345,10 +345,7 @@ def to_chat_messages(messages: list[ChatMessage]) -> tuple[list[dict], list[tupl
         out.append({"role": "system" if msg.role == "developer" else msg.role,
                     "content": "\n".join(text)})  # LLaVA style: "<image>\nquestion"
         thought = msg.reasoning if msg.reasoning is not None else msg.reasoning_content
-        if thought is not None and msg.role == "assistant":
-            if IMAGE_MARKER in thought:
-                raise APIError(f"messages[{i}].reasoning: text must not contain the literal "
-                               f"{IMAGE_MARKER}", param=f"messages[{i}].reasoning")
+        if thought is not None and msg.role == "assistant":  # checked with the tools
             out[-1].update(reasoning=thought, reasoning_content=thought)
     return out, images
 

@@ -39,12 +39,7 @@ def tool_prompt(tokenizer, messages: list[dict], sent: list, plan: ToolPlan,
                 parse_special_tokens: bool) -> tuple[list[dict], list[dict] | None]:
     """(messages for the template, `tools` for apply_chat_template). `messages` are
     to_chat_messages' output for the request's messages `sent` (one per message)."""
-    if not parse_special_tokens:
-        _refuse_special_text(tokenizer, plan, sent)
-    for k, tool in enumerate(plan.tools):
-        if "<image>" in json.dumps(tool):
-            raise APIError(f"tools[{k}] must not contain the literal <image>",
-                           param=f"tools[{k}]", code="invalid_value")
+    check_outside_text(tokenizer, _outside_text(plan, sent), parse_special_tokens)
     _check_tool_turns(sent)
     calls = [_history_calls(i, msg) for i, msg in enumerate(sent)]
     if template_handles_tools(tokenizer):
@@ -112,22 +107,28 @@ def _hermes_messages(messages: list[dict], calls: list[list[dict]],
     return out
 
 
-def _refuse_special_text(tokenizer, plan: ToolPlan, sent: list) -> None:
+def _outside_text(plan: ToolPlan, sent: list) -> list[tuple[str, str]]:
+    """(request field, its text) of the tools, past calls and past reasoning."""
     pieces = [(f"tools[{k}]", json.dumps(t)) for k, t in enumerate(plan.tools)]
     pieces += [(f"messages[{i}].tool_calls", json.dumps([c.model_dump() for c in m.tool_calls]))
                for i, m in enumerate(sent) if m.tool_calls]
     pieces += [(f"messages[{i}].reasoning", m.reasoning or m.reasoning_content or "")
                for i, m in enumerate(sent) if m.role == "assistant"]
-    refuse_special_text(tokenizer, pieces)
+    return pieces
 
 
-def refuse_special_text(tokenizer, pieces: list[tuple[str, str]]) -> None:
-    """Tools, past calls and template variables are rendered by the template outside the
-    message text, where special-token text would become control tokens: refuse it in each
-    (request field, its JSON text), as the server keeps typed special-token text plain
-    (--parse-special-tokens-in-text allows it)."""
-    texts = special_texts(tokenizer)
+def check_outside_text(tokenizer, pieces: list[tuple[str, str]],
+                       parse_special_tokens: bool) -> None:
+    """Tools, past calls and reasoning, and template variables are rendered by the template
+    outside the message text. In each (request field, its text), refuse an `<image>` marker
+    (an image with no picture) and special-token text, which would become control tokens
+    there, as the server keeps typed special-token text plain (--parse-special-tokens-in-text
+    allows it)."""
+    texts = [] if parse_special_tokens else special_texts(tokenizer)
     for where, text in pieces:
+        if "<image>" in text:
+            raise APIError(f"{where} must not contain the literal <image>", param=where,
+                           code="invalid_value")
         found = next((t for t in texts if t in text), None)
         if found is not None:
             raise APIError(f"{where} contains special-token text {found!r}; remove it",
