@@ -345,9 +345,8 @@ class EngineWorker:
             job.sink("error", _internal_error())
         elif out.finish_reason == "error" and (out.error or "").startswith(GUIDED_FIELD):
             # its grammar met llguidance's row limit mid-generation (guided.advance): a 400
-            fields = job.request.request_fields() if job.request is not None else None
             job.sink("error", refusal(GrammarLimitError(out.error, "max_items_in_row"),
-                                      guided_by_tools(job.request), fields))
+                                      guided_by_tools(job.request), job.request))
         elif out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
             job.sink("error", APIError(out.error or "the engine rejected this prompt",
                                        param="messages", code="invalid_prompt"))

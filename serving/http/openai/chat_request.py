@@ -213,7 +213,7 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
     except RequestError as err:  # the grammar compiler cannot run
         raise P.APIError.from_request(err) from None
     except GraftError as err:
-        raise refusal(err, fields=req.request_fields()) from None
+        raise refusal(err, req=req) from None
     params = guide(params, req)  # tool_choice required / named: the output's JSON schema
     if params.guided_grammar is not None:
         fmt = thinking_format(ctx.settings.reasoning_parser, ctx.tokenizer, req, guided=True)
@@ -222,7 +222,7 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
         try:  # the matcher is built here, off the engine's thread (a big schema: ~1 s)
             ctx.engine.grammar_tokenizer.prepare(params.guided_grammar)
         except GraftError as err:
-            raise refusal(err, guided_by_tools(req), req.request_fields()) from None
+            raise refusal(err, guided_by_tools(req), req) from None
     return params
 
 

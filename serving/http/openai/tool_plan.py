@@ -134,19 +134,18 @@ def _compiled(compile_it):
         raise refusal(err, tools=True) from None
 
 
-def refusal(err: GraftError, tools: bool = False, fields: dict[str, str] | None = None
-            ) -> APIError:
+def refusal(err: GraftError, tools: bool = False, req=None) -> APIError:
     """The 400 for a SamplingParams error ("SamplingParams.guided_json is ..."), naming the
     request field: `tools` when the schema is a function's parameters (tool_choice required
-    or named), else the field SamplingParams' field came from (response_format, ...; `fields`:
-    the request's SamplingKnobs.request_fields). A grammar over a limit is code
-    schema_too_complex."""
+    or named), else the field of `req` (the request, None: not at hand) that SamplingParams'
+    field came from (response_format, structured_outputs.regex, ...). A grammar over a
+    limit is code schema_too_complex."""
     code = "schema_too_complex" if isinstance(err, GrammarLimitError) else "invalid_value"
     if tools:
         detail = str(err).removeprefix("SamplingParams.guided_json ")
         return APIError(f"tools: a function's `parameters` {detail} (tool_choice needs it as "
                         "the output's schema)", param="tools", code=code)
-    param, message = request_param(str(err), fields)
+    param, message = request_param(str(err), req.request_fields() if req is not None else None)
     return APIError(message, param=param, code=code)
 
 
