@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from graft.errors import GraftError
-from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai import response_bodies as R
 from graft.serving.http.engine_worker import EngineWorker
 from graft.serving.http.fleet.server_info import load
 from graft.serving.http.plumbing.metrics import ServerMetrics, speculation_gauges
@@ -154,5 +154,5 @@ class ServerContext:
         if out.logprobs is None:
             return None
         ids = out.token_ids[start:len(out.logprobs)]
-        return P.logprobs_body(ids, out.logprobs[start:start + len(ids)], top,
+        return R.logprobs_body(ids, out.logprobs[start:start + len(ids)], top,
                                lambda t: self.tokenizer.decode([t]))

@@ -5,7 +5,7 @@ reader (tool_calls.py) into `tool_calls`, streamed as OpenAI streams them."""
 
 from __future__ import annotations
 
-from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai import response_bodies as R
 from graft.serving.http.openai.reasoning import ReasoningSplitter, thinking_format
 from graft.serving.http.openai.responses import AnswerShape
 from graft.serving.http.openai.tool_calls import assemble, reader_for
@@ -25,7 +25,7 @@ class ChatAnswer(AnswerShape):
         self.echo = req.echoed()  # goes before the answer, outside the splitter and reader
 
     def _chunk(self, delta: dict, reason: str | None = None, logprobs=None) -> dict:
-        return P.chunk_body(self.job.request_id, self.model, delta, reason, self.created,
+        return R.chunk_body(self.job.request_id, self.model, delta, reason, self.created,
                             logprobs)
 
     def _reason(self, reason: str | None) -> str | None:
@@ -76,7 +76,7 @@ class ChatAnswer(AnswerShape):
         deltas = None  # fed before _reason, which asks the reader whether the model called
         if self.reader is not None or self.splitter is not None:
             deltas = self._deltas(reasoning, content, finish=True)
-        body = P.completion_body(self.job.request_id, self.model, text, self._reason(reason),
+        body = R.completion_body(self.job.request_id, self.model, text, self._reason(reason),
                                  *self.counts(last), logprobs, last)
         message = body["choices"][0]["message"]
         if deltas is not None:
@@ -90,5 +90,5 @@ class ChatAnswer(AnswerShape):
         return body
 
     def usage(self, last) -> dict:
-        return P.usage_chunk_body(self.job.request_id, self.model, self.created,
+        return R.usage_chunk_body(self.job.request_id, self.model, self.created,
                                   *self.counts(last), last)

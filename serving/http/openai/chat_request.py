@@ -14,6 +14,7 @@ from fastapi import Request
 
 from graft.errors import GraftError, RequestError
 from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai import response_bodies as R
 from graft.serving.http.job import Job
 from graft.serving.http.fleet.encoder_peers import fetch_missing
 from graft.serving.http.fleet.pd import pull, transfer_for
@@ -69,7 +70,7 @@ async def submit_chat(ctx, req: P.ChatCompletionRequest, front, arrival: float):
     if er.prepared is not None and er.prepared.images:
         await fetch_missing(ctx, front, er.prepared.images)  # other workers' encoder caches
     queue: asyncio.Queue = asyncio.Queue()
-    cid = P.new_completion_id()
+    cid = R.new_completion_id()
     for attempt in range(_MAX_SHRINK_STEPS + 1):
         job = Job(cid, er.ids, er.params, sink=sink(loop, queue), prepared=er.prepared,
                   arrival=arrival, deadline=arrival + budget_ms / 1000 if budget_ms else None,

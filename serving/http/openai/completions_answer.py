@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai import response_bodies as R
 from graft.serving.http.openai.responses import AnswerShape
 
 
@@ -75,7 +75,7 @@ class CompletionAnswer(AnswerShape):
         return body
 
     def _usage(self, last) -> dict:
-        return P.usage(*self.counts(last), last)
+        return R.usage(*self.counts(last), last)
 
     def usage(self, last) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created,

@@ -1,4 +1,5 @@
-"""OpenAI chat-completions request/response shapes, validation and error bodies.
+"""OpenAI chat-completions request shapes, their validation, and error bodies (the answers'
+bodies: response_bodies.py).
 
 Every 4xx the server sends is an `APIError` rendered as {"error": {message, type, param, code}}.
 """
@@ -6,8 +7,6 @@ Every 4xx the server sends is an `APIError` rendered as {"error": {message, type
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from typing import Any, Literal, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
@@ -47,8 +46,6 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
 
-
-# -- request -------------------------------------------------------------------------------
 
 class _Strict(BaseModel):
     # Unknown fields are ignored so newer OpenAI clients keep working; known ones are typed
@@ -348,77 +345,3 @@ def to_chat_messages(messages: list[ChatMessage]) -> tuple[list[dict], list[tupl
         if thought is not None and msg.role == "assistant":  # checked with the tools
             out[-1].update(reasoning=thought, reasoning_content=thought)
     return out, images
-
-
-# -- response ------------------------------------------------------------------------------
-
-def new_completion_id() -> str:
-    return "chatcmpl-" + uuid.uuid4().hex[:24]
-
-
-def usage(prompt_tokens: int, completion_tokens: int, out=None) -> dict[str, Any]:
-    """OpenAI usage: prompt_tokens_details.cached_tokens counts the prompt tokens whose KV
-    the engine did not compute for this request (prefix cache, or another engine's KV: the
-    sequence's num_cached_tokens); `transferred_tokens` (graft) those of them whose KV came
-    from a prefill worker, which vllm-router keeps where it replaces cached_tokens with the
-    prefill worker's. A request that speculated also reports its proposals the way OpenAI's
-    predicted outputs do (completion_tokens_details.*_prediction_tokens)."""
-    details = {"cached_tokens": out.num_cached_tokens if out is not None else 0}
-    if out is not None and out.num_transferred_tokens:
-        details["transferred_tokens"] = out.num_transferred_tokens
-    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                            "total_tokens": prompt_tokens + completion_tokens,
-                            "prompt_tokens_details": details}
-    if out is not None and out.spec_verify_steps:
-        accepted = out.spec_accepted_tokens
-        body["completion_tokens_details"] = {
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": out.spec_proposed_tokens - accepted,
-            # graft: tokens emitted per verify step (accepted + the step's own token)
-            "mean_accepted_length": round((accepted + out.spec_verify_steps)
-                                          / out.spec_verify_steps, 3)}
-    return body
-
-
-def logprobs_body(token_ids: list[int], entries: list[dict[int, float]], top: int,
-                  decode) -> dict[str, Any]:
-    """OpenAI `choices[].logprobs`: per output token its text, logprob, UTF-8 bytes and the
-    `top` most likely alternatives. entries[i] holds the sampled token and the top-k."""
-    def item(tid: int, lp: float) -> dict[str, Any]:
-        text = decode(tid)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
-
-    content = []
-    for tid, entry in zip(token_ids, entries):
-        best = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
-        content.append({**item(tid, entry[tid]), "top_logprobs": [item(t, lp) for t, lp in best]})
-    return {"content": content, "refusal": None}
-
-
-def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
-                    prompt_tokens: int, completion_tokens: int,
-                    logprobs: dict[str, Any] | None = None, out=None) -> dict[str, Any]:
-    return {
-        "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": logprobs, "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens, out),
-    }
-
-
-def chunk_body(cid: str, model: str, delta: dict[str, Any], finish_reason: str | None,
-               created: int, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
-                         "finish_reason": finish_reason}]}
-
-
-def usage_chunk_body(cid: str, model: str, created: int, prompt_tokens: int,
-                     completion_tokens: int, out=None) -> dict[str, Any]:
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [], "usage": usage(prompt_tokens, completion_tokens, out)}
-
-
-def sse(data: dict[str, Any] | str) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode()

@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai import response_bodies as R
 from graft.serving.http.job import Job
 
 
@@ -124,8 +125,8 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, shape, options, watcher: a
 
     def sse(body: dict) -> bytes:  # continuous_usage_stats: every chunk says the usage so far
         if continuous:
-            body["usage"] = P.usage(*shape.counts(last), last)
-        return P.sse(body)
+            body["usage"] = R.usage(*shape.counts(last), last)
+        return R.sse(body)
 
     try:
         for body in shape.head():
@@ -133,7 +134,7 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, shape, options, watcher: a
         while True:
             kind, out = await next_event(ctx, job, queue)
             if kind == "error":
-                yield P.sse(out.body())
+                yield R.sse(out.body())
                 done = True
                 break
             if kind == "deadline":
@@ -155,8 +156,8 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, shape, options, watcher: a
                     yield sse(body)
                 break
         if options and options.include_usage:
-            yield P.sse(shape.usage(last))
-        yield P.sse("[DONE]")
+            yield R.sse(shape.usage(last))
+        yield R.sse("[DONE]")
     finally:
         watcher.cancel()
         if not done:  # client went away mid-stream: free its KV blocks and cache pins
