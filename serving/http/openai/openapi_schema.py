@@ -68,7 +68,7 @@ class Choice(BaseModel):
 
 
 class ChatCompletion(BaseModel):
-    """A non-streaming answer (`protocol.completion_body` builds it)."""
+    """A non-streaming answer (`response_bodies.completion_body` builds it)."""
     id: str
     object: Literal["chat.completion"]
     created: int
