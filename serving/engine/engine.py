@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from graft.serving.engine import prompt_logprobs
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.grammar_check import GrammarLimitError
@@ -147,7 +148,7 @@ class Engine:
             else:
                 seq.waiting_matcher = matcher
         seq.kv_export = kv_export
-        if kv_import is not None:
+        if kv_import is not None and not prompt_logprobs.wanted(seq):  # (those score every token)
             seq.num_transferred_tokens = import_into(self.runner, self.block_manager, seq,
                                                      kv_import, self.kv_exports.stats)
         self.seqs[request_id] = seq
@@ -179,8 +180,9 @@ class Engine:
             return outputs
         rngs = seeded_rng_states(batch.seqs)
         try:
-            logits, sampling = self.runner.execute(batch)
+            logits, sampling, scored = self.runner.execute(batch)
             tokens, logprobs = self._sample(logits, sampling)
+            prompt_logprobs.record(scored)
             self._record_timing(batch, time.perf_counter() - t0)
         except Exception:  # noqa: BLE001 - the batch failed; find whose request did it
             restore_rng_states(rngs)  # seeded rows redraw what the failed batch drew
@@ -215,7 +217,9 @@ class Engine:
         sampling, tokens, logprobs = [], [], []
         for seq, n in zip(batch.seqs, batch.num_tokens):
             try:
-                logits, sampled = self.runner.execute(ScheduledBatch([seq], [n], int(n == 1)))
+                logits, sampled, scored = self.runner.execute(
+                    ScheduledBatch([seq], [n], int(n == 1)))
+                prompt_logprobs.record(scored)
                 if sampled:
                     got, lps = self._sample(logits, sampled)
                     sampling += sampled

@@ -17,6 +17,7 @@ from graft.errors import GraftConfigError
 from graft.kernels import cpu_linear, cpu_ops, cpu_quant, huge_pages, rope_cos_sin
 from graft.kernels.dispatch import kernels_mode
 from graft.kernels.linear_dispatch import resolve_mode
+from graft.serving.engine import prompt_logprobs
 from graft.serving.engine.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
@@ -179,9 +180,11 @@ class ModelRunner:
 
     # --- one forward ----------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence], list]:
         """Run batch; return logits fp32 and the B sequences they belong to: one row per
-        sequence, or 1 + len(seq.spec_tokens) rows for a sequence verifying proposals."""
+        sequence, or 1 + len(seq.spec_tokens) rows for a sequence verifying proposals; and
+        the prompt-logprob rows, (seq, first position, logits [n, vocab]) per sequence that
+        wants them (prompt_logprobs.py)."""
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -192,6 +195,7 @@ class ModelRunner:
         ctx_lens: list[int] = []
         cu = [0]
         mm_rows = []
+        prompt_rows: list[tuple[Sequence, int, list[int]]] = []  # (seq, first position, flat rows)
         for seq, n in zip(batch.seqs, batch.num_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             table = seq.block_table
@@ -206,21 +210,26 @@ class ModelRunner:
             if end == len(seq) + len(draft):
                 logits_idx.extend(range(len(ids) - 1 - len(draft), len(ids)))
                 sampling.append(seq)
+            scored = prompt_logprobs.positions(seq, start, end)
+            if scored:
+                first_row = len(ids) - len(draft) - n
+                prompt_rows.append((seq, scored.start, [first_row + p - start for p in scored]))
             if seq.mm_inputs is not None:
                 rows = seq.mm_inputs.rows_for(start, end)
                 if rows is not None:
                     mm_rows.append(rows)
         nd = batch.num_decodes
         graphs = self.decode_graphs
-        if graphs is not None and nd == len(tables) and not mm_rows and graphs.fits(nd):
-            return graphs.run(ids, positions, slots, tables, ctx_lens), sampling
+        if (graphs is not None and nd == len(tables) and not mm_rows and not prompt_rows
+                and graphs.fits(nd)):
+            return graphs.run(ids, positions, slots, tables, ctx_lens), sampling, []
         fused = getattr(self.model, "fused_decode", None)
         if (fused is not None and not mm_rows and len(sampling) == len(tables)
                 and fused.step_applies(nd, len(tables)) and self.cos_table.is_contiguous()):
             # the CPU fast path: the whole step, ids to logits, in one C call (every row
             # decodes one token and is sampled)
             return fused.step(ids, positions, slots, tables, ctx_lens, self.cos_table,
-                              self.sin_table), sampling
+                              self.sin_table), sampling, []
         dev = self.device
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
@@ -241,9 +250,16 @@ class ModelRunner:
             rows = torch.cat(mm_rows).to(device=dev, dtype=self.dtype)  # [n_image_positions, d]
             override = (input_ids < 0, rows)
         cos, sin = self.cos_table[pos], self.sin_table[pos]  # [T, R/2]
+        n_sampled = len(logits_idx)
+        for _, _, rows in prompt_rows:  # after the sampled rows: those stay rows 0..B-1
+            logits_idx.extend(rows)
         logits = self.model(input_ids, cos, sin, meta,
                             torch.tensor(logits_idx, dtype=torch.int64, device=dev), override)
-        return logits, sampling
+        scored, at = [], n_sampled
+        for seq, first, rows in prompt_rows:
+            scored.append((seq, first, logits[at:at + len(rows)]))
+            at += len(rows)
+        return logits[:n_sampled], sampling, scored
 
 
 def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:

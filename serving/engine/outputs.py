@@ -21,6 +21,8 @@ class RequestOutput:
     finish_reason: str | None = None  # stop | length | deadline | error | abort | internal_error
     error: str | None = None  # what went wrong, for finish_reason "error" / "internal_error"
     logprobs: list[dict[int, float]] | None = None  # per output token: {token id: logprob}
+    # per prompt token (the first None), once the prompt is computed; SamplingParams.prompt_logprobs
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (or transferred)
     num_transferred_tokens: int = 0  # ... of them, those whose KV came from another engine
     spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed for this request ...
@@ -87,6 +89,7 @@ def make_output(seq: Sequence, final: bool) -> RequestOutput:
         finish_reason=seq.finish_reason,
         error=seq.error,
         logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+        prompt_logprobs=seq.prompt_logprobs if seq.num_output_tokens else None,
         num_cached_tokens=seq.num_cached_tokens,
         num_transferred_tokens=seq.num_transferred_tokens,
         spec_proposed_tokens=seq.spec.proposed if seq.spec else 0,

@@ -27,6 +27,8 @@ class SamplingParams:
     stop: list[str] | str | None = None  # finish when the text contains one (cut before it)
     include_stop_str_in_output: bool = False  # cut after the stop string instead (vLLM's)
     logprobs: int | None = None  # return this many top logprobs per token (plus the sampled)
+    # this many top logprobs per prompt token (plus the prompt's own); no prefix-cache hits
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True  # for the decoded text
     speculative: str | None = None  # off | ngram | suffix for this request; None = the engine's
     # logits processors (serving/engine/logits_processors.py), OpenAI / vLLM semantics
@@ -65,9 +67,12 @@ class SamplingParams:
         if (not isinstance(self.min_p, (int, float)) or isinstance(self.min_p, bool)
                 or not 0.0 <= self.min_p <= 1.0):
             raise GraftConfigError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise GraftConfigError(
-                f"SamplingParams.logprobs must be None or an int >= 0, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 0):
+                raise GraftConfigError(
+                    f"SamplingParams.{name} must be None or an int >= 0, got {value!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not SEED_MIN <= self.seed <= SEED_MAX):
             raise GraftConfigError(

@@ -13,6 +13,7 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
+from graft.serving.engine import prompt_logprobs
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.sequence import Sequence, SequenceStatus
@@ -105,8 +106,8 @@ class Scheduler:
                 # a decode may carry proposals to verify (spec_decode): its chunk is then
                 # 1 + len(draft) tokens, shrunk like a prefill chunk when blocks are short
                 draft = self.spec.propose(seq, budget) if want_decode and self.spec else []
-                n = self._grow(seq, min(seq.num_uncomputed + len(draft), budget), scheduled,
-                               finished)
+                want = min(seq.num_uncomputed + len(draft), budget)
+                n = self._grow(seq, prompt_logprobs.chunk_limit(seq, want), scheduled, finished)
                 if n:
                     seq.spec_tokens = draft[:n - seq.num_uncomputed]
                     (decodes if n == 1 else chunks).append((seq, n))
@@ -125,13 +126,15 @@ class Scheduler:
                             "raise EngineConfig.num_kv_blocks or kv_cache_memory")
                 finished.append(seq)
                 continue
-            # a sequence whose KV came from another engine arrives with its blocks
+            # a sequence whose KV came from another engine arrives with its blocks; one that
+            # wants prompt logprobs computes every prompt position (no cache hits)
             preloaded = bool(seq.block_table)
-            hits = [] if preloaded else self.bm.lookup(seq)
-            tail = None if preloaded else self.bm.lookup_tail(seq, hits)
+            lookup = not preloaded and not prompt_logprobs.wanted(seq)
+            hits = self.bm.lookup(seq) if lookup else []
+            tail = self.bm.lookup_tail(seq, hits) if lookup else None
             cached = (seq.num_computed_tokens if preloaded else
                       len(hits) * self.bm.block_size + (tail[1] if tail else 0))
-            n = min(len(seq) - cached, budget)
+            n = prompt_logprobs.chunk_limit(seq, min(len(seq) - cached, budget))
             need = (self.bm.blocks_for(cached + n) - len(seq.block_table) - len(hits)
                     - (tail is not None))
             if need > self.bm.num_free_blocks - self.bm.num_reclaimed(hits, tail):

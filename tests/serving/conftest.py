@@ -49,13 +49,13 @@ def fused_then_per_op(engine, batch):
     runner, model = engine.runner, engine.runner.model
     pools = [runner.kv_cache] + ([runner.kv_scales] if runner.kv_scales is not None else [])
     before = [t.clone() for t in pools]
-    fused_logits, _ = runner.execute(batch)
+    fused_logits = runner.execute(batch)[0]
     fused = [t.clone() for t in pools]
     for t, b in zip(pools, before):
         t.copy_(b)
     keep, model.fused_decode = model.fused_decode, None
     try:
-        per_op_logits, _ = runner.execute(batch)
+        per_op_logits = runner.execute(batch)[0]
     finally:
         model.fused_decode = keep
     assert all(torch.equal(f, t) for f, t in zip(fused, pools)), "the KV caches differ"
