@@ -40,18 +40,22 @@ def chunk_limit(seq: Sequence, n: int) -> int:
 def record(rows: list[tuple[Sequence, int, torch.Tensor]]) -> None:
     """Store the entries of each (seq, first position, logits [n, vocab]) of a step: {token
     id: logprob} of the k likeliest and of the prompt's own token, from the model's raw
-    distribution (an image position's placeholder gets None: it is not a token)."""
+    distribution, and the own token's rank (1: the likeliest; vLLM's). An image position's
+    placeholder gets None: it is not a token."""
     for seq, first, logits in rows:
         if seq.is_finished:
             continue
         lp = torch.log_softmax(logits.float(), dim=-1)
         targets = seq.token_ids[first + 1:first + 1 + lp.shape[0]]
-        own = lp.gather(1, torch.tensor(targets, device=lp.device).clamp(min=0)[:, None])[:, 0]
+        own = lp.gather(1, torch.tensor(targets, device=lp.device).clamp(min=0)[:, None])
+        ranks = ((lp > own).sum(dim=1) + 1).tolist()
         k = seq.params.prompt_logprobs
         top = torch.topk(lp, k) if k > 0 else None
         tops = ([dict(zip(i, v)) for i, v in zip(top.indices.tolist(), top.values.tolist())]
                 if top is not None else [{} for _ in targets])
-        for i, (token, value, entry) in enumerate(zip(targets, own.tolist(), tops)):
+        for i, (token, value, entry) in enumerate(zip(targets, own[:, 0].tolist(), tops)):
+            at = first + 1 + i
             if token >= 0:
                 entry[token] = value
-            seq.prompt_logprobs[first + 1 + i] = entry if token >= 0 else None
+            seq.prompt_logprobs[at] = entry if token >= 0 else None
+            seq.prompt_ranks[at] = ranks[i] if token >= 0 else None

@@ -49,9 +49,11 @@ class Sequence:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] = []
-        # by prompt position (prompt_logprobs.py); the first has none
+        # by prompt position (prompt_logprobs.py), with the prompt token's rank; the first has none
+        wanted = params.prompt_logprobs is not None
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
-            [None] * self.num_prompt_tokens if params.prompt_logprobs is not None else None)
+            [None] * self.num_prompt_tokens if wanted else None)
+        self.prompt_ranks: list[int | None] | None = [None] * self.num_prompt_tokens if wanted else None
         self.generator = None  # torch.Generator when params.seed is set
         self.spec_tokens: list[int] = []  # proposals verified in this step (after the last token)
         self.spec = None  # spec_decode.controller.SpecState once the sequence has speculated

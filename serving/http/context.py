@@ -149,6 +149,10 @@ class ServerContext:
             return to_completion_request(self, req)
         return to_engine_request(self, req, front)
 
+    def prompt_logprobs(self, out) -> list | None:
+        """vLLM's prompt_logprobs of out's prompt tokens (None when off)."""
+        return R.prompt_logprobs_body(out, lambda t: self.tokenizer.decode([t]))
+
     def logprobs(self, out, start: int, top: int) -> dict | None:
         """OpenAI logprobs of out's output tokens from index `start` on (None when off)."""
         if out.logprobs is None:

@@ -87,6 +87,8 @@ class ChatAnswer(AnswerShape):
                 message["tool_calls"] = calls
         if self.echo:
             message["content"] = self.echo + (message["content"] or "")
+        if self.job.sampling_params.prompt_logprobs is not None:  # vLLM's place for them
+            body["prompt_logprobs"] = self.ctx.prompt_logprobs(last)
         return body
 
     def usage(self, last) -> dict:

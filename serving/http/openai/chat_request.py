@@ -207,6 +207,7 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
             top_k=req.top_k or 0, min_p=req.min_p or 0.0, max_tokens=limit or room,
             seed=req.seed,
             stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
+            prompt_logprobs=req.num_prompt_logprobs(),
             stop_token_ids=req.stop_token_ids or [], skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             speculative=req.speculative, **req.sampling_kwargs())

@@ -12,7 +12,7 @@ from graft.serving.http.openai.responses import AnswerShape
 
 def completion_logprobs(ids: list[int], entries: list[dict[int, float]], top: int, tokenizer,
                         offset: int) -> tuple[dict[str, Any], int]:
-    """(OpenAI completions `logprobs` for output tokens `ids`, the offset after them);
+    """(OpenAI completions `logprobs` for tokens `ids`, the offset after them);
     text_offset counts characters of the answer's text from `offset` on, token by token as
     vLLM counts them, with special tokens adding nothing (the text skips them)."""
     def decode(t: int, skip: bool = False) -> str:
@@ -20,12 +20,12 @@ def completion_logprobs(ids: list[int], entries: list[dict[int, float]], top: in
 
     body: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                              "text_offset": []}
-    for tid, entry in zip(ids, entries):
+    for tid, entry in zip(ids, entries):  # entry None: the prompt's first token
         text = decode(tid)
-        best = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
+        best = sorted(entry.items(), key=lambda kv: -kv[1])[:top] if entry is not None else None
         body["tokens"].append(text)
-        body["token_logprobs"].append(entry[tid])
-        body["top_logprobs"].append({decode(t): lp for t, lp in best})
+        body["token_logprobs"].append(entry[tid] if entry is not None else None)
+        body["top_logprobs"].append({decode(t): lp for t, lp in best} if best is not None else None)
         body["text_offset"].append(offset)
         offset += len(decode(tid, skip=True))
     return body, offset
@@ -41,12 +41,23 @@ class CompletionAnswer(AnswerShape):
             self.echo = (req.prompt if isinstance(req.prompt, str)
                          else ctx.tokenizer.decode(job.prompt_token_ids))
         self.offset = len(self.echo)  # text_offset of the next streamed token
+        # echo with logprobs: the prompt's tokens are scored too, and a stream's echo waits
+        # for them (the first output)
+        self.scored_echo = req.echo and req.logprobs is not None
+        self.prompt_logprobs = req.prompt_logprobs is not None  # vLLM's field, in the choice
 
     def _body(self, text: str, reason: str | None, logprobs=None) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created,
                 "model": self.model, "choices": [{"index": 0, "text": text,
                                                   "logprobs": logprobs,
                                                   "finish_reason": reason}]}
+
+    def _echo_logprobs(self, out) -> tuple[dict[str, Any] | None, int]:
+        """The prompt's part of echo's logprobs (its first token has none), from offset 0."""
+        if out is None or out.prompt_logprobs is None:
+            return None, len(self.echo)
+        return completion_logprobs(out.prompt_token_ids, out.prompt_logprobs, self.top,
+                                   self.ctx.tokenizer, 0)
 
     def _logprobs(self, out, start: int, offset: int) -> tuple[dict[str, Any] | None, int]:
         if out is None or out.logprobs is None:
@@ -60,7 +71,13 @@ class CompletionAnswer(AnswerShape):
         return body, len(body["tokens"]) if body else 0
 
     def head(self) -> list[dict]:
-        return [self._body(self.echo, None)] if self.echo else []
+        return [self._body(self.echo, None)] if self.echo and not self.scored_echo else []
+
+    def first(self, out) -> list[dict]:
+        if not self.scored_echo:
+            return []
+        logprobs, self.offset = self._echo_logprobs(out)
+        return [self._body(self.echo, None, logprobs)]
 
     def piece(self, delta: str, logprobs: dict | None, n_logprobs: int) -> list[dict]:
         return [self._body(delta, None, logprobs)] if delta or n_logprobs else []
@@ -70,7 +87,13 @@ class CompletionAnswer(AnswerShape):
 
     def whole(self, last, reason: str | None) -> dict:
         text = last.text if last is not None else ""
-        body = self._body(self.echo + text, reason, self._logprobs(last, 0, len(self.echo))[0])
+        echoed, offset = self._echo_logprobs(last) if self.scored_echo else (None, len(self.echo))
+        logprobs = self._logprobs(last, 0, offset)[0]
+        if echoed is not None:
+            logprobs = {k: echoed[k] + logprobs[k] for k in echoed} if logprobs else echoed
+        body = self._body(self.echo + text, reason, logprobs)
+        if self.prompt_logprobs:
+            body["choices"][0]["prompt_logprobs"] = self.ctx.prompt_logprobs(last)
         body["usage"] = self._usage(last)
         return body
 

@@ -46,16 +46,14 @@ class CompletionRequest(P.SamplingFields):
             raise ValueError("suffix (insertion) is not supported; leave it out")
         return value
 
-    @field_validator("echo")
-    @classmethod
-    def _echo_without_logprobs(cls, value: Any, info) -> Any:
-        if value and info.data.get("logprobs") is not None:
-            raise ValueError("echo with logprobs needs prompt logprobs, which this server "
-                             "does not compute; drop one of them")
-        return value
-
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        """echo with logprobs scores the prompt too (OpenAI's legacy use: a text's likelihood)"""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None)
+                  if k is not None]
+        return max(wanted) if wanted else None
 
     def output_limit(self) -> int | None:
         return self.max_tokens

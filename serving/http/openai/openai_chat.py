@@ -154,6 +154,8 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     n: Int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's: each prompt token's logprob and this many likeliest alternatives
+    prompt_logprobs: Int | None = Field(default=None, ge=0, le=20)
     # graft extension (pass with the openai client's extra_body): time to first token budget
     ttft_budget_ms: float | None = Field(default=None, gt=0.0)
     # graft extension: on a budget refusal, downscale native-resolution images and retry
@@ -176,6 +178,18 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
         if "" in (value if isinstance(value, list) else [value]):
             raise ValueError("stop sequences must not be empty strings")
         return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_whole(cls, value: Any, info) -> Any:
+        if value is not None and info.data.get("stream"):
+            raise ValueError("prompt_logprobs are not available with stream: true (as in "
+                             "vLLM); ask without streaming")
+        return value
+
+    def num_prompt_logprobs(self) -> int | None:
+        """SamplingParams.prompt_logprobs for this request: None (off) or the top-k count."""
+        return self.prompt_logprobs
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -75,6 +75,9 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[Choice]
     usage: Usage
+    # vLLM's, with the request's prompt_logprobs: per prompt token None (the first) or
+    # {token id: {logprob, rank, decoded_token}}
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 class TextChoice(BaseModel):
@@ -82,6 +85,7 @@ class TextChoice(BaseModel):
     text: str
     logprobs: dict[str, Any] | None = None  # tokens, token_logprobs, top_logprobs, text_offset
     finish_reason: str | None
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # as ChatCompletion's
 
 
 class TextCompletion(BaseModel):

@@ -52,6 +52,21 @@ def logprobs_body(token_ids: list[int], entries: list[dict[int, float]], top: in
     return {"content": content, "refusal": None}
 
 
+def prompt_logprobs_body(out, decode) -> list[dict[str, Any] | None] | None:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first; an image position) or
+    {token id: {logprob, rank, decoded_token}} of the prompt's own token and the k likeliest
+    (their ranks 1..k; the prompt token's own rank among the whole vocabulary)."""
+    if out is None or out.prompt_logprobs is None:
+        return None
+    body: list[dict[str, Any] | None] = []
+    for tid, entry, rank in zip(out.prompt_token_ids, out.prompt_logprobs, out.prompt_ranks):
+        ordered = sorted(entry.items(), key=lambda kv: -kv[1]) if entry is not None else None
+        body.append(None if ordered is None else {
+            str(t): {"logprob": lp, "rank": rank if t == tid else r, "decoded_token": decode(t)}
+            for r, (t, lp) in enumerate(ordered, 1)})
+    return body
+
+
 def completion_body(cid: str, model: str, text: str, finish_reason: str | None,
                     prompt_tokens: int, completion_tokens: int,
                     logprobs: dict[str, Any] | None = None, out=None) -> dict[str, Any]:

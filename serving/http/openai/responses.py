@@ -67,6 +67,10 @@ class AnswerShape:
         self.model = req.model
         self.created = int(time.time())
 
+    def first(self, out) -> list[dict]:
+        """Chunks to send before the first output's (completions: a scored echo)."""
+        return []
+
     def counts(self, last) -> tuple[int, int]:
         """(prompt tokens, output tokens) for usage; `last` None: nothing came out."""
         return len(self.job.prompt_token_ids), len(last.token_ids) if last is not None else 0
@@ -142,6 +146,9 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, shape, options, watcher: a
                     yield sse(body)
                 done = True
                 break
+            if last is None:
+                for body in shape.first(out):
+                    yield sse(body)
             last = out
             delta = out.text[sent:]
             sent = len(out.text)

@@ -24,10 +24,12 @@ def hf_prompt_logprobs(model_dir, prompt) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def check(model_dir, prompt, entries, k):
+def check(model_dir, prompt, entries, k, ranks=None):
     ref = hf_prompt_logprobs(model_dir, prompt)
     assert len(entries) == len(prompt) and entries[0] is None
     for p in range(1, len(prompt)):
+        if ranks is not None:
+            assert ranks[p] == int((ref[p - 1] > ref[p - 1][prompt[p]]).sum()) + 1
         entry, row, token = entries[p], ref[p - 1], prompt[p]
         assert entry[token] == pytest.approx(float(row[token]), abs=2e-4), f"position {p}"
         top = set(torch.topk(row, k).indices.tolist()) if k else set()
@@ -47,7 +49,8 @@ def test_prompt_logprobs_equal_hf(tiny_llm_any, k):
     prompts = make_prompts((1, 2, 17, 40), seed=11)
     outs = run(engine, prompts, k)
     for prompt, out in zip(prompts, outs):
-        check(tiny_llm_any, prompt, out.prompt_logprobs, k)
+        check(tiny_llm_any, prompt, out.prompt_logprobs, k, out.prompt_ranks)
+        assert out.prompt_ranks[0] is None and min(out.prompt_ranks[1:], default=1) >= 1
         assert out.token_ids == hf_greedy(tiny_llm_any, prompt, 4)
 
 

@@ -90,7 +90,6 @@ def test_echo_and_stop(client, reference):
     ({"prompt": [5, 10 ** 6]}, "prompt[1]"),
     ({"prompt": "word " * 3000}, "prompt"),
     ({"suffix": "tail"}, "suffix"),
-    ({"echo": True, "logprobs": 1}, "echo"),
     ({"n": 2}, "n"),
     ({"logprobs": 21}, "logprobs"),
     ({"model": "nope"}, "model"),
