@@ -121,11 +121,12 @@ async def render_chat(ctx, raw: bytes) -> dict[str, Any]:
 
 
 async def render_completion(ctx, raw: bytes) -> list[dict[str, Any]]:
-    """A list, one GenerateRequest per prompt, as vLLM answers (graft takes one prompt)."""
+    """A list, one GenerateRequest per prompt, as vLLM answers."""
     req = P.parse_chat_request(raw, RenderCompletionRequest)
     name, _ = _served(ctx, req.model)
     req.model = name
-    return [_generate_request(ctx, name, await _engine_request(ctx, req, None), req.priority)]
+    return [_generate_request(ctx, name, await _engine_request(ctx, part, None), req.priority)
+            for part in req.prompt_requests()]
 
 
 async def tokenize(ctx, raw: bytes) -> dict[str, Any]:

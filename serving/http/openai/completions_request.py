@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Union
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.openai.chat_request import (EngineRequest, check_room, check_text_length,
@@ -19,25 +19,36 @@ Prompt = Union[str, list[Int], list[str], list[list[Int]]]
 
 
 class CompletionRequest(P.SamplingFields):
-    # one prompt: a string or token ids, or a list holding one of those (the openai client
-    # accepts lists of prompts; graft serves one per request, like n=1)
+    # a string or token ids, or a list of those: one choice per prompt (and per n)
     prompt: Prompt
     max_tokens: Int | None = Field(default=16, ge=1)  # OpenAI's default for completions
     logprobs: Int | None = Field(default=None, ge=0, le=20)  # top-k alternatives per token
     echo: bool = False  # the prompt text before the completion
     suffix: str | None = None  # (insertion: not supported)
+    _param: str = PrivateAttr(default="prompt")  # where this prompt is in the request
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-            if len(value) != 1:
-                raise ValueError(f"{len(value)} prompts given; this server completes one "
-                                 "prompt per request, send them as separate requests")
-            value = value[0]
-        if not value:
-            raise ValueError("the prompt is empty; send text or at least one token id")
+    def _no_empty_prompt(cls, value: Any) -> Any:
+        several = isinstance(value, list) and value and isinstance(value[0], (str, list))
+        for i, item in enumerate(value if several else [value]):
+            if not item:
+                where = f"prompt[{i}] is empty" if several else "the prompt is empty"
+                raise ValueError(f"{where}; send text or at least one token id")
         return value
+
+    def prompt_requests(self) -> list[CompletionRequest]:
+        """One request per prompt of a list (itself when it holds one prompt)."""
+        if not (isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list))):
+            return [self]
+        if len(self.prompt) == 1:
+            return [self.model_copy(update={"prompt": self.prompt[0]})]
+        parts = []
+        for i, item in enumerate(self.prompt):
+            part = self.model_copy(update={"prompt": item})
+            part._param = f"prompt[{i}]"
+            parts.append(part)
+        return parts
 
     @field_validator("suffix")
     @classmethod
@@ -65,19 +76,20 @@ parse_completion_request = partial(P.parse_chat_request, model=CompletionRequest
 def prompt_ids(ctx, req: CompletionRequest) -> list[int]:
     """The prompt's token ids. Text is tokenized as the model's tokenizer does by default
     (special-token text included: the client writes the whole prompt, template and all)."""
+    where = req._param
     if isinstance(req.prompt, str):
-        check_text_length(ctx, len(req.prompt), "prompt")  # megabytes refused untokenized
+        check_text_length(ctx, len(req.prompt), where)  # megabytes refused untokenized
         return ctx.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]
     vocab = ctx.engine.runner.vocab_size
     for i, tid in enumerate(req.prompt):
         if not 0 <= tid < vocab:
-            raise P.APIError(f"prompt[{i}] = {tid} is not a token id of this model (0 to "
-                             f"{vocab - 1})", param=f"prompt[{i}]", code="invalid_value")
+            raise P.APIError(f"{where}[{i}] = {tid} is not a token id of this model (0 to "
+                             f"{vocab - 1})", param=f"{where}[{i}]", code="invalid_value")
     return list(req.prompt)
 
 
 def to_completion_request(ctx, req: CompletionRequest) -> EngineRequest:
-    """The EngineRequest of a text completion (ServerContext.prepare calls it)."""
+    """The EngineRequest of a text completion of one prompt (ServerContext.prepare calls it)."""
     ids = prompt_ids(ctx, req)
-    check_room(ctx, len(ids), req.output_limit(), "prompt")
+    check_room(ctx, len(ids), req.output_limit(), req._param)
     return EngineRequest(ids, None, [], sampling_params_for(ctx, req, len(ids)))

@@ -151,7 +151,7 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     skip_special_tokens: bool = True
     # vLLM's: lower is admitted first among waiting requests (after first-token deadlines)
     priority: Int = Field(default=0, ge=-(2 ** 31), le=2 ** 31 - 1)
-    n: Int = Field(default=1, ge=1, le=1)
+    n: Int = Field(default=1, ge=1, le=128)  # choices per prompt, each its own engine request
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's: each prompt token's logprob and this many likeliest alternatives
@@ -186,6 +186,10 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
             raise ValueError("prompt_logprobs are not available with stream: true (as in "
                              "vLLM); ask without streaming")
         return value
+
+    def prompt_requests(self) -> list:
+        """One request per prompt (/v1/completions takes a list of them; a chat is one)."""
+        return [self]
 
     def num_prompt_logprobs(self) -> int | None:
         """SamplingParams.prompt_logprobs for this request: None (off) or the top-k count."""

@@ -88,8 +88,18 @@ async def answer(ctx, request: Request, job: Job, queue: asyncio.Queue, shape,
 
 
 async def complete(ctx, job: Job, queue: asyncio.Queue, request: Request, shape) -> Response:
-    reason, last = None, None
     watcher = watch_disconnect(request, lambda: queue.put_nowait(("gone", None)))
+    try:
+        body = await whole(ctx, job, queue, shape)
+    finally:
+        watcher.cancel()
+    return body if isinstance(body, Response) else JSONResponse(body)
+
+
+async def whole(ctx, job: Job, queue: asyncio.Queue, shape) -> dict | Response:
+    """The JSON body of the job's answer once it finished, or the Response that ends it
+    instead (an error; 499 when a ("gone", None) event says the client went away)."""
+    reason, last = None, None
     try:
         while True:
             kind, out = await next_event(ctx, job, queue)
@@ -108,14 +118,18 @@ async def complete(ctx, job: Job, queue: asyncio.Queue, request: Request, shape)
     except asyncio.CancelledError:
         ctx.worker.abort(job.request_id)
         raise
-    finally:
-        watcher.cancel()
     body = shape.whole(last, reason)
     if job.kv_export and reason in ("stop", "length"):  # P/D: where the prompt's KV waits
         from graft.serving.http.fleet.pd import answer_params
 
         body["kv_transfer_params"] = answer_params(ctx, job.request_id)
-    return JSONResponse(body)
+    return body
+
+
+class Progress:
+    """How far one job's stream got: its last output, and whether it ended (else abort it)."""
+    last = None
+    done = False
 
 
 async def stream(ctx, job: Job, queue: asyncio.Queue, shape, options, watcher: asyncio.Task):
@@ -123,49 +137,56 @@ async def stream(ctx, job: Job, queue: asyncio.Queue, shape, options, watcher: a
     (watch_disconnect, started by `answer`) aborts the job should the client go before
     this generator ever runs; it is cancelled here once the stream is over. `options`: the
     request's stream_options (None: none)."""
-    sent, done, last = 0, False, None
-    sent_lp = 0  # output tokens whose logprobs went out already
-    continuous = bool(options and options.continuous_usage_stats)
-
-    def sse(body: dict) -> bytes:  # continuous_usage_stats: every chunk says the usage so far
-        if continuous:
-            body["usage"] = R.usage(*shape.counts(last), last)
-        return R.sse(body)
-
+    progress = Progress()
     try:
-        for body in shape.head():
-            yield sse(body)
-        while True:
-            kind, out = await next_event(ctx, job, queue)
-            if kind == "error":
-                yield R.sse(out.body())
-                done = True
-                break
-            if kind == "deadline":
-                for body in shape.tail("deadline"):
-                    yield sse(body)
-                done = True
-                break
-            if last is None:
-                for body in shape.first(out):
-                    yield sse(body)
-            last = out
-            delta = out.text[sent:]
-            sent = len(out.text)
-            # logprobs ride with the text they belong to (stop-string hold-back delays both)
-            logprobs, n_lp = shape.logprobs(out, sent_lp) if delta or out.finished else (None, 0)
-            sent_lp += n_lp
-            for body in shape.piece(delta, logprobs, n_lp):
-                yield sse(body)
-            if out.finished:
-                done = True
-                for body in shape.tail(out.finish_reason):
-                    yield sse(body)
-                break
+        async for body in chunks(ctx, job, queue, shape, options, progress):
+            yield R.sse(body)
         if options and options.include_usage:
-            yield R.sse(shape.usage(last))
+            yield R.sse(shape.usage(progress.last))
         yield R.sse("[DONE]")
     finally:
         watcher.cancel()
-        if not done:  # client went away mid-stream: free its KV blocks and cache pins
+        if not progress.done:  # client went away mid-stream: free its KV blocks and cache pins
             ctx.worker.abort(job.request_id)
+
+
+async def chunks(ctx, job: Job, queue: asyncio.Queue, shape, options, progress: Progress):
+    """The chunk bodies of one job's stream, up to its tail (or an error's body), as `shape`
+    writes them; `progress` follows it."""
+    sent, sent_lp = 0, 0  # characters, and output tokens whose logprobs went out already
+    continuous = bool(options and options.continuous_usage_stats)
+
+    def counted(body: dict) -> dict:  # continuous_usage_stats: every chunk says the usage so far
+        if continuous:
+            body["usage"] = R.usage(*shape.counts(progress.last), progress.last)
+        return body
+
+    for body in shape.head():
+        yield counted(body)
+    while True:
+        kind, out = await next_event(ctx, job, queue)
+        if kind == "error":
+            progress.done = True
+            yield out.body()
+            return
+        if kind == "deadline":
+            progress.done = True
+            for body in shape.tail("deadline"):
+                yield counted(body)
+            return
+        if progress.last is None:
+            for body in shape.first(out):
+                yield counted(body)
+        progress.last = out
+        delta = out.text[sent:]
+        sent = len(out.text)
+        # logprobs ride with the text they belong to (stop-string hold-back delays both)
+        logprobs, n_lp = shape.logprobs(out, sent_lp) if delta or out.finished else (None, 0)
+        sent_lp += n_lp
+        for body in shape.piece(delta, logprobs, n_lp):
+            yield counted(body)
+        if out.finished:
+            progress.done = True
+            for body in shape.tail(out.finish_reason):
+                yield counted(body)
+            return

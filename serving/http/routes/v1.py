@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.openai.chat_answer import ChatAnswer
 from graft.serving.http.openai.chat_request import read_chat_request, submit_chat
+from graft.serving.http.openai.choices import answer_all, choice_requests, submit_all
 from graft.serving.http.openai.completions_answer import CompletionAnswer
 from graft.serving.http.openai.completions_request import parse_completion_request
 from graft.serving.http.openai.openapi_schema import CHAT_PATH, COMPLETIONS_PATH
@@ -46,6 +47,11 @@ async def _serve(request: Request, parse, shape) -> Response:
     arrival = time.monotonic()
     ctx = request.app.state.ctx
     req, front = await read_chat_request(ctx, request, parse)
-    job, queue = await submit_chat(ctx, req, front, arrival)
-    return await answer(ctx, request, job, queue, shape(ctx, job, req), req.stream,
+    parts = choice_requests(req)  # n > 1, or a list of prompts: a request per choice
+    if len(parts) > 1:
+        subs = await submit_all(ctx, parts, front, arrival)
+        shapes = [shape(ctx, job, part) for (job, _), part in zip(subs, parts)]
+        return await answer_all(ctx, request, req, subs, shapes)
+    job, queue = await submit_chat(ctx, parts[0], front, arrival)
+    return await answer(ctx, request, job, queue, shape(ctx, job, parts[0]), req.stream,
                         req.stream_options)

@@ -85,12 +85,15 @@ def test_echo_and_stop(client, reference):
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"prompt": ["one", "two"]}, "prompt"),
+    ({"prompt": ["one", ""]}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": [5, 10 ** 6]}, "prompt[1]"),
+    ({"prompt": [[5], [6, 10 ** 6]]}, "prompt[1][1]"),
+    ({"prompt": ["one", "word " * 3000]}, "prompt[1]"),
+    ({"prompt": ["one"] * 65, "n": 2}, "n"),
+    ({"n": 129}, "n"),
     ({"prompt": "word " * 3000}, "prompt"),
     ({"suffix": "tail"}, "suffix"),
-    ({"n": 2}, "n"),
     ({"logprobs": 21}, "logprobs"),
     ({"model": "nope"}, "model"),
 ])

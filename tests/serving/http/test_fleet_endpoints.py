@@ -140,6 +140,9 @@ def test_tokenize_prompt_and_detokenize_round_trip(plain_server):
                                                           "max_tokens": 3}).json()
     (one,) = [GenerateRequest.model_validate(r) for r in listed]  # vLLM answers a list
     assert one.token_ids == whole.tokens and one.sampling_params["max_tokens"] == 3
+    two = _post(plain_server, "/v1/completions/render", {"model": "plain", "prompt": [
+        whole.tokens, bare["tokens"]]}).json()
+    assert [r["token_ids"] for r in two] == [whole.tokens, bare["tokens"]]
 
 
 @pytest.mark.parametrize("path,body,status,param", [
@@ -154,6 +157,7 @@ def test_tokenize_prompt_and_detokenize_round_trip(plain_server):
     ("/v1/chat/completions/render", {"model": "nope", "messages": [
         {"role": "user", "content": "hi"}]}, 404, "model"),
     ("/v1/completions/render", {"prompt": [1, 10 ** 6]}, 400, "prompt[1]"),
+    ("/v1/completions/render", {"prompt": [[1], [2, 10 ** 6]]}, 400, "prompt[1][1]"),
 ])
 def test_bad_input_is_refused_by_field_and_the_server_keeps_serving(plain_server, path, body,
                                                                     status, param):

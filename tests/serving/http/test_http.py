@@ -129,7 +129,7 @@ BAD = {
     "max_tokens_over_context": ({"model": "tiny", "messages": _msgs(None), "max_tokens": 10_000},
                                 400, "messages"),
     "unknown_model": ({"model": "gpt-9", "messages": _msgs(None)}, 404, "model"),
-    "n_2": ({"model": "tiny", "messages": _msgs(None), "n": 2}, 400, "n"),
+    "n_129": ({"model": "tiny", "messages": _msgs(None), "n": 129}, 400, "n"),
     "top_logprobs_21": ({"model": "tiny", "messages": _msgs(None), "logprobs": True,
                          "top_logprobs": 21}, 400, "top_logprobs"),
     "top_logprobs_without_logprobs": ({"model": "tiny", "messages": _msgs(None),

@@ -29,7 +29,7 @@ def _img(w=8, h=6, color=(200, 10, 10)):
     (_body(temperature="hot"), "temperature"),
     (_body(top_p=0), "top_p"),
     (_body(max_tokens=0), "max_tokens"),
-    (_body(n=2), "n"),
+    (_body(n=0), "n"),
     (_body(messages=[{"role": "bob", "content": "x"}]), "messages[0].role"),
     (_body(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
     (_body(messages=[{"role": "user", "content": [{"type": "image_url",
