@@ -30,6 +30,7 @@ class SchemaLimits:
 
 FIELD = "SamplingParams.guided_json"
 REGEX_FIELD = "SamplingParams.guided_regex"
+CFG_FIELD = "SamplingParams.guided_cfg"
 
 
 def schema_text(schema: dict, limits: SchemaLimits) -> str:
@@ -52,12 +53,13 @@ def schema_text(schema: dict, limits: SchemaLimits) -> str:
     return text
 
 
-def regex_text(pattern: str, limits: SchemaLimits, field: str = REGEX_FIELD) -> str:
-    """The pattern, or GrammarLimitError naming `field` when it is over the size bound schemas
-    have."""
+def regex_text(pattern: str, limits: SchemaLimits, field: str = REGEX_FIELD,
+               kind: str = "regex") -> str:
+    """The pattern (or a grammar's text, `kind` "grammar"), or GrammarLimitError naming `field`
+    when it is over the size bound schemas have."""
     size = len(pattern.encode())
     if size > limits.max_bytes:
-        raise GrammarLimitError(f"{field} is {size} bytes as a regex, over the limit of "
+        raise GrammarLimitError(f"{field} is {size} bytes as a {kind}, over the limit of "
                                 f"{limits.max_bytes}; send a shorter one", "max_bytes")
     return pattern
 

@@ -1,5 +1,6 @@
 """The grammar compile worker's process (run as a script by grammar_worker.py, never imported
-by the server): reads one JSON schema (a JSON string) or {"regex": pattern} per line on stdin,
+by the server): reads one JSON schema (a JSON string), {"regex": pattern} or {"cfg": Lark or
+GBNF text} per line on stdin,
 compiles it with llguidance, walks its first bytes, and writes one verdict per line on stdout. A schema that crashes llguidance
 (a stack overflow on a deep $ref chain) ends this process, never the server.
 
@@ -38,12 +39,14 @@ def _limit_memory(max_bytes: int) -> None:
 
 
 def verdict(source: str | dict, options: dict, lltok) -> dict:
-    """{"grammar": str} when the JSON schema text (or {"regex": pattern}) compiles and its first
+    """{"grammar": str} when the JSON schema text (or {"regex": ...}, {"cfg": ...}) compiles and its first
     bytes can be matched, else {"error": one line, "limit": llguidance's stop reason or None}."""
-    from llguidance import LLMatcher
+    from llguidance import LLMatcher, grammar_from
 
     try:
-        if isinstance(source, dict):
+        if isinstance(source, dict) and "cfg" in source:  # Lark, or GBNF converted to Lark
+            grammar = grammar_from("grammar", source["cfg"])
+        elif isinstance(source, dict):
             grammar = LLMatcher.grammar_from_regex(source["regex"])
         else:
             grammar = LLMatcher.grammar_from_json_schema(source, defaults=options)

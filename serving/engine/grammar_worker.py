@@ -1,4 +1,4 @@
-"""Compiling untrusted JSON schemas and regexes where a crash cannot reach the engine: static
+"""Compiling untrusted JSON schemas, regexes and grammars where a crash cannot reach the engine: static
 bounds first (grammar_check.py), then a pool of compile worker processes (grammar_child.py)
 with a time and a memory limit each, restarted when one dies. Verdicts are cached by the
 sha256 of the schema or pattern, so each compiles (or crashes a worker) once; the server
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graft.errors import GraftConfigError, RequestError
-from graft.serving.engine.grammar_check import (FIELD, REGEX_FIELD, GrammarLimitError,
-                                                SchemaLimits, regex_text, schema_text)
+from graft.serving.engine.grammar_check import (CFG_FIELD, FIELD, REGEX_FIELD,
+                                                GrammarLimitError, SchemaLimits, regex_text,
+                                                schema_text)
 
 log = logging.getLogger("graft.serving")
 
@@ -133,6 +134,12 @@ class GrammarCompiler:
         text = regex_text(pattern, self.limits.schema, field)
         return self._grammar(f"regex:{field}:" + _sha(text), {"regex": text}, field)
 
+    def cfg_grammar(self, text: str, field: str = CFG_FIELD) -> str:
+        """The grammar of a context-free grammar's text: Lark (llguidance's syntax) or GBNF
+        (llama.cpp's, converted by llguidance); errors name `field`. Cached by its sha256."""
+        text = regex_text(text, self.limits.schema, field, "grammar")
+        return self._grammar(f"cfg:{field}:" + _sha(text), {"cfg": text}, field)
+
     def _grammar(self, key: str, source: str | dict, field: str) -> str:
         with self._lock:
             verdict = self._verdicts.get(key)
@@ -164,7 +171,7 @@ class GrammarCompiler:
             answer, ended = self._ask(source)
             if answer is not None or attempt == 2:
                 break
-        what = "regex" if isinstance(source, dict) else "schema"
+        what = _KINDS[next(iter(source))] if isinstance(source, dict) else "schema"
         if answer is None:
             log.warning("a %s (%d bytes) is refused: the grammar compile worker %s on it, twice",
                         what, len(json.dumps(source)), ended)
@@ -218,6 +225,9 @@ class GrammarCompiler:
             return [w.proc.pid for w in self._idle]
 
 
+_KINDS = {"regex": "regex", "cfg": "grammar"}  # a worker's source key -> what a client calls it
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -241,12 +251,12 @@ def _refusal(answer: dict, field: str, what: str) -> tuple[str, str | None]:
                 f"send a simpler {what}", "memory")
     # llguidance appends its parser state and the whole grammar to a matcher's error
     head = message.split(" <state>", 1)[0].strip()
-    if head == "NoExtensionBias" and what == "regex":  # the stop reason alone: nothing can
+    if head == "NoExtensionBias" and what != "schema":  # the stop reason alone: nothing can
         head = "no text matches it (the grammar has nothing to continue with)"  # come next
     elif head == "NoExtensionBias":
         head = ("no JSON value satisfies it (the grammar has nothing to continue with; a $ref "
                 "that leads only back to itself never ends)")
-    usable = "regex" if what == "regex" else "JSON schema"
+    usable = "JSON schema" if what == "schema" else what
     return f"{field} is not a usable {usable}: {head[:300]}", None
 
 

@@ -1,5 +1,5 @@
-"""Constrained decoding through llguidance: a JSON schema (or "any JSON object"), a regex or
-a list of choices becomes a grammar, each guided sequence owns a matcher, and each step masks
+"""Constrained decoding through llguidance: a JSON schema (or "any JSON object"), a regex, a
+list of choices or a context-free grammar (Lark or GBNF) becomes a grammar, each guided sequence owns a matcher, and each step masks
 the tokens the grammar does not allow before anything is sampled."""
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ def regex_grammar(pattern: str, field: str = "SamplingParams.guided_regex") -> s
     """The grammar of a regex the whole output matches, or GraftConfigError naming `field`
     (the SamplingParams field the pattern came from)."""
     return compiler().regex_grammar(pattern, field)
+
+
+def cfg_grammar(text: str) -> str:
+    """The grammar of SamplingParams.guided_cfg (Lark or GBNF text), or GraftConfigError naming
+    the field."""
+    return compiler().cfg_grammar(text)
 
 
 # what the regex crate (llguidance's) escapes: each choice stands for itself

@@ -42,6 +42,8 @@ class SamplingParams:
     guided_json: dict | bool | None = None
     guided_regex: str | None = None  # or: the whole output matches this regex
     guided_choice: list[str] | None = None  # or: the output is exactly one of these strings
+    # or: a context-free grammar the output follows, Lark (llguidance's) or GBNF (llama.cpp's)
+    guided_cfg: str | None = None
     # the grammar holds from the token after this one (a reasoning model's end of thinking,
     # `</think>`), free text before it; None: from the first token
     guided_after_token: int | None = None
@@ -97,10 +99,10 @@ class SamplingParams:
                                    f">= 0 with a guided_* grammar set, got {after!r}")
 
     def _check_guided(self) -> None:
-        """At most one of guided_json / guided_regex / guided_choice, compiled to guided_grammar."""
+        """At most one of the guided_* fields, compiled to guided_grammar."""
         from graft.serving.engine import guided
 
-        given = [name for name in ("guided_json", "guided_regex", "guided_choice")
+        given = [name for name in ("guided_json", "guided_regex", "guided_choice", "guided_cfg")
                  if getattr(self, name) is not None]
         if len(given) > 1:
             raise GraftConfigError(f"SamplingParams.{given[1]} cannot go with {given[0]}: "
@@ -124,6 +126,11 @@ class SamplingParams:
                                        f"of non-empty strings, got {choices!r}")
             self.guided_grammar = guided.regex_grammar(guided.choice_regex(list(choices)),
                                                        "SamplingParams.guided_choice")
+        elif self.guided_cfg is not None:
+            if not isinstance(self.guided_cfg, str) or not self.guided_cfg.strip():
+                raise GraftConfigError(f"SamplingParams.guided_cfg must be a non-empty grammar "
+                                       f"text, got {self.guided_cfg!r}")
+            self.guided_grammar = guided.cfg_grammar(self.guided_cfg)
 
     def _check_processors(self) -> None:
         bias = self.logit_bias

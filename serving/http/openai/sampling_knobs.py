@@ -1,7 +1,8 @@
 """The request fields that shape sampling beyond temperature and top_p: `logit_bias`, the
 presence / frequency / repetition penalties, `min_tokens`, `response_format` (OpenAI's names
-and ranges; repetition_penalty and min_tokens as vLLM has them) and vLLM's
-`structured_outputs` (a JSON schema, any JSON object, a regex or a list of choices), as a
+and ranges; repetition_penalty and min_tokens as vLLM has them), vLLM's `structured_outputs`
+(a JSON schema, any JSON object, a regex, a list of choices or a grammar) and llama.cpp's
+`grammar`, as a
 mixin any request model can take, and how they become SamplingParams fields."""
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ ResponseFormat = Annotated[Union[Annotated[TextFormat, Tag("TextFormat")],
 class StructuredOutputs(_Fields):
     """vLLM's `structured_outputs`, the kinds graft follows: exactly one of a JSON schema
     (`json`, an object or its JSON text), any JSON object, a regex the whole answer matches,
-    or strings the answer is one of."""
+    strings the answer is one of, or a context-free grammar (Lark or GBNF text)."""
     json_: Union[dict[str, Any], str, None] = Field(default=None, alias="json")
     json_object: bool | None = None
     regex: str | None = Field(default=None, min_length=1)
     choice: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+    grammar: str | None = Field(default=None, min_length=1)
 
     @field_validator("json_")
     @classmethod
@@ -81,16 +83,18 @@ class StructuredOutputs(_Fields):
     @model_validator(mode="after")
     def _one_kind(self):
         given = [name for name, value in (("json", self.json_), ("json_object", self.json_object),
-                                          ("regex", self.regex), ("choice", self.choice))
+                                          ("regex", self.regex), ("choice", self.choice),
+                                          ("grammar", self.grammar))
                  if value is not None]
         if len(given) != 1:
-            raise ValueError("set exactly one of json, json_object, regex and choice, got "
-                             f"{', '.join(given) or 'none'}")
+            raise ValueError("set exactly one of json, json_object, regex, choice and grammar, "
+                             f"got {', '.join(given) or 'none'}")
         return self
 
     def sampling_kwargs(self) -> dict[str, Any]:
         return {"guided_json": True if self.json_object else self.json_,
-                "guided_regex": self.regex, "guided_choice": self.choice}
+                "guided_regex": self.regex, "guided_choice": self.choice,
+                "guided_cfg": self.grammar}
 
 
 class SamplingKnobs(_Fields):
@@ -102,6 +106,7 @@ class SamplingKnobs(_Fields):
     min_tokens: int | None = Field(default=None, ge=0)  # vLLM-style extension
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's; not with response_format
+    grammar: str | None = Field(default=None, min_length=1)  # llama.cpp's: GBNF (or Lark) text
 
     @field_validator("response_format", mode="before")
     @classmethod
@@ -128,13 +133,17 @@ class SamplingKnobs(_Fields):
                 raise ValueError(f"bias for token {key} must be in [-100, 100], got {bias!r}")
         return value
 
-    @field_validator("structured_outputs")
+    @field_validator("structured_outputs", "grammar")
     @classmethod
     def _one_grammar(cls, value: Any, info) -> Any:
         fmt = info.data.get("response_format")
-        if value is not None and fmt is not None and not isinstance(fmt, TextFormat):
-            raise ValueError("a request follows one grammar: send response_format or "
-                             "structured_outputs, not both")
+        sent = [name for name, given in (
+            ("response_format", fmt is not None and not isinstance(fmt, TextFormat)),
+            ("structured_outputs", info.data.get("structured_outputs") is not None))
+            if given and name != info.field_name]
+        if value is not None and sent:
+            raise ValueError(f"a request follows one grammar: send {sent[0]} or "
+                             f"{info.field_name}, not both")
         return value
 
     def sampling_kwargs(self) -> dict[str, Any]:
@@ -142,7 +151,8 @@ class SamplingKnobs(_Fields):
         fmt = self.response_format
         guided = (fmt.json_schema.schema_ if isinstance(fmt, JsonSchemaFormat)
                   else True if isinstance(fmt, JsonObjectFormat) else None)
-        grammar = ({"guided_json": guided} if self.structured_outputs is None
+        grammar = ({"guided_json": guided, "guided_cfg": self.grammar}
+                   if self.structured_outputs is None
                    else self.structured_outputs.sampling_kwargs())
         return dict(
             logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
@@ -156,7 +166,8 @@ class SamplingKnobs(_Fields):
         so = "structured_outputs" if self.structured_outputs is not None else None
         return {"guided_json": f"{so}.json" if so else "response_format",
                 "guided_regex": "structured_outputs.regex",
-                "guided_choice": "structured_outputs.choice"}
+                "guided_choice": "structured_outputs.choice",
+                "guided_cfg": f"{so}.grammar" if so else "grammar"}
 
 
 def request_param(message: str, fields: dict[str, str] | None = None

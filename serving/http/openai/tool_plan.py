@@ -105,14 +105,14 @@ def guide(params, req):
     schema = plan_tools(req).schema() if getattr(req, "tools", None) else None
     if schema is None:
         return params
-    if req.response_format is not None and req.response_format.type != "text":
-        raise APIError("tool_choice 'required' or a named function constrains the output to "
-                       "tool calls; it cannot also follow response_format: send one of them",
-                       param="response_format", code="invalid_value")
-    if req.structured_outputs is not None:
-        raise APIError("tool_choice 'required' or a named function constrains the output to "
-                       "tool calls; it cannot also follow structured_outputs: send one of them",
-                       param="structured_outputs", code="invalid_value")
+    fmt = req.response_format
+    for field, sent in (("response_format", fmt is not None and fmt.type != "text"),
+                        ("structured_outputs", req.structured_outputs is not None),
+                        ("grammar", req.grammar is not None)):
+        if sent:
+            raise APIError("tool_choice 'required' or a named function constrains the output "
+                           f"to tool calls; it cannot also follow {field}: send one of them",
+                           param=field, code="invalid_value")
     return _compiled(lambda: dataclasses.replace(params, guided_json=schema))
 
 

@@ -135,7 +135,43 @@ def test_regex_and_choice_outputs_match_whole(engine, seed):
     assert choice.finish_reason == "stop" and choice.text in CHOICES, choice.text
 
 
+ARITHMETIC_GBNF = r'''root ::= expr "="
+expr ::= term (("+" | "-") term)*
+term ::= [0-9]+ | "(" expr ")"'''
+ARITHMETIC_LARK = r'''start: expr "="
+expr: term (("+" | "-") term)*
+term: /[0-9]+/ | "(" expr ")"'''
+
+
+@pytest.mark.parametrize("grammar", [ARITHMETIC_GBNF, ARITHMETIC_LARK])
+@pytest.mark.parametrize("seed", [None, 4])
+def test_a_context_free_grammar_holds(engine, grammar, seed):
+    """Lark or llama.cpp's GBNF: parentheses never close more than they opened, which no
+    regex can hold (a random model may not finish within max_tokens: then the text is a
+    prefix of the language); a finite grammar ends."""
+    kw = {"temperature": 0.0} if seed is None else {"temperature": 1.0, "seed": seed}
+    prompts = make_prompts((10, 14), seed=6)
+    out, yes_no = engine.generate(prompt_token_ids=prompts, sampling_params=[
+        SamplingParams(max_tokens=60, guided_cfg=grammar, **kw),
+        SamplingParams(max_tokens=60, guided_cfg='root ::= "(" ("yes" | "no") ")"', **kw)])
+    depth = 0
+    for ch in out.text.removesuffix("=") if out.finish_reason == "stop" else out.text:
+        assert ch in "0123456789+-()", out.text
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        assert depth >= 0, out.text
+    assert out.finish_reason == "length" or (out.text.endswith("=") and depth == 0), out.text
+    assert yes_no.finish_reason == "stop" and yes_no.text in ("(yes)", "(no)"), yes_no.text
+
+
 @pytest.mark.parametrize("kw, words", [
+    ({"guided_cfg": 'start: foo'}, "guided_cfg is not a usable grammar: at 1(8): unknown name"),
+    ({"guided_cfg": 'root ::= "a" ('}, "guided_cfg is not a usable grammar: Failed to convert"),
+    ({"guided_cfg": 'x ::= "a"'}, "No 'root' rule found"),
+    ({"guided_cfg": "start: x\nx: x"}, "guided_cfg is not a usable grammar: no text matches it"),
+    ({"guided_cfg": " "}, "guided_cfg must be a non-empty grammar text"),
+    ({"guided_cfg": "start: " + " | ".join(f'"{i}"' for i in range(20000))},
+     "guided_cfg is 188894 bytes as a grammar, over the limit of 131072"),
+    ({"guided_cfg": 'start: "a"', "guided_regex": "a"}, "guided_cfg cannot go with guided_regex"),
     ({"guided_regex": "(("}, "guided_regex is not a usable regex"),
     ({"guided_regex": r"[^\s\S]"}, "guided_regex is not a usable regex: no text matches it"),
     ({"guided_regex": ""}, "guided_regex must be a non-empty string"),

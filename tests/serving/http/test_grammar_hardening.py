@@ -2,7 +2,8 @@
 a $ref chain that segfaults llguidance is a 400 (by the static bound, and by the compile worker
 when the bounds are lifted) while other requests go on; wide objects are 400s naming the limit,
 at compile time or when generation meets the row; a killed compile worker is replaced; a
-repeated schema is a cache hit; tool parameter schemas get the same checks."""
+repeated schema is a cache hit; tool parameter schemas get the same checks; a grammar (Lark or
+GBNF) that crashes llguidance is a 400 too."""
 
 import json
 import os
@@ -69,6 +70,17 @@ def test_a_schema_that_crashes_the_compiler_ends_no_other_request(plain_server, 
     assert resp.status_code == 200
     assert json.loads(resp.json()["choices"][0]["message"]["content"]) in ({"ok": True},
                                                                            {"ok": False})
+
+
+def test_a_grammar_that_crashes_the_compiler_is_a_400(plain_server):
+    """A Lark rule chain 5000 deep (it segfaults llguidance) sent as llama.cpp's `grammar`:
+    the compile worker dies on it, not the server."""
+    chain = "\n".join(["start: r0"] + [f'r{i}: r{i + 1} | "x"' for i in range(5000)]
+                      + ['r5000: "y"'])
+    restarts = grammar_worker.compiler().restarts
+    message = _refusal(_post(plain_server, grammar=chain), param="grammar")
+    assert "SIGSEGV" in message and grammar_worker.compiler().restarts == restarts + 2
+    _serves(plain_server)
 
 
 @pytest.mark.parametrize("n,words", [(500, "max_items_in_row of 2000"), (5000, "limit of 4096")])

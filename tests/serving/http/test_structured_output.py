@@ -132,6 +132,7 @@ def test_penalties_change_a_repetitive_answer(client):
 
 
 CHOICES = ["red", "green", "blue (dark)"]
+YES_NO = 'root ::= "(" answer ")"\nanswer ::= "yes" | "no"'  # GBNF, as llama.cpp takes it
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
@@ -139,6 +140,7 @@ CHOICES = ["red", "green", "blue (dark)"]
     ({"regex": "[0-9]{2}-[a-z]{3}"}, lambda text: re.fullmatch("[0-9]{2}-[a-z]{3}", text)),
     ({"choice": CHOICES}, lambda text: text in CHOICES),
     ({"json": json.dumps(ANSWER)}, lambda text: problems(json.loads(text), ANSWER) == []),
+    ({"grammar": YES_NO}, lambda text: text in ("(yes)", "(no)")),
 ])
 def test_vllm_structured_outputs_hold_whole(live_server, path, outputs, check):
     ask = {"messages": ASK} if "chat" in path else {"prompt": "Pick one:"}
@@ -171,6 +173,11 @@ def test_vllm_structured_outputs_hold_whole(live_server, path, outputs, check):
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "at least 1 item"),
     ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
      "structured_outputs", "not both"),
+    ({"structured_outputs": {"grammar": "start: foo"}}, "structured_outputs.grammar",
+     "not a usable grammar: at 1(8): unknown name"),
+    ({"grammar": 'x ::= "a"'}, "grammar", "No 'root' rule found"),
+    ({"grammar": YES_NO, "response_format": {"type": "json_object"}}, "grammar", "not both"),
+    ({"grammar": YES_NO, "structured_outputs": {"regex": "a"}}, "grammar", "not both"),
 ])
 def test_bad_settings_are_one_line_400s(live_server, body, param, words):
     resp = httpx.post(live_server.url + "/v1/chat/completions", timeout=60,
@@ -180,11 +187,24 @@ def test_bad_settings_are_one_line_400s(live_server, body, param, words):
     assert err["param"] == param and words in err["message"] and "\n" not in err["message"]
 
 
-def test_tool_choice_and_structured_outputs_are_one_grammar_too_many(plain_server):
+def test_llama_cpp_grammar_field_holds(live_server):
+    for path, ask in (("/v1/chat/completions", {"messages": ASK}), ("/v1/completions",
+                                                                    {"prompt": "Pick:"})):
+        resp = httpx.post(live_server.url + path, timeout=60, json={
+            "model": "tiny", "max_tokens": 20, "temperature": 1.0, "seed": 2, "grammar": YES_NO,
+            **ask})
+        choice = resp.json()["choices"][0]
+        text = choice["message"]["content"] if "chat" in path else choice["text"]
+        assert choice["finish_reason"] == "stop" and text in ("(yes)", "(no)"), text
+
+
+@pytest.mark.parametrize("field,value", [("structured_outputs", {"regex": "a"}),
+                                         ("grammar", YES_NO)])
+def test_tool_choice_and_structured_outputs_are_one_grammar_too_many(plain_server, field, value):
     # the 2k-context server: a tool prompt alone is longer than live_server's context
     resp = httpx.post(plain_server.url + "/v1/chat/completions", timeout=60, json={
-        "model": "plain", "messages": ASK, "max_tokens": 8, "structured_outputs": {"regex": "a"},
+        "model": "plain", "messages": ASK, "max_tokens": 8, field: value,
         "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]})
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
-    assert err["param"] == "structured_outputs" and "send one of them" in err["message"], err
+    assert err["param"] == field and "send one of them" in err["message"], err
