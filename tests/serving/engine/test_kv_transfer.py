@@ -89,6 +89,22 @@ def test_a_payload_from_another_model_is_refused_and_the_prompt_prefilled(pair, 
     assert decode.kv_exports.stats.failure_reasons["layout"] == before + 1
 
 
+def test_prompt_logprobs_prefill_here_instead_of_importing(pair, tiny_llama):
+    """Transferred KV has no logits: a request that scores its prompt computes all of it."""
+    from tests.serving.engine.test_prompt_logprobs import check
+
+    prefill, decode = pair
+    prompt = make_prompts([30], seed=9)[0]
+    payload = _prefill(prefill, "p6", prompt)
+    decode.add_request("d6", prompt_token_ids=prompt, kv_import=payload, sampling_params=
+                       dataclasses.replace(GREEDY, prompt_logprobs=2))
+    out = _run(decode)["d6"]
+    assert out.num_cached_tokens == 0 and out.num_transferred_tokens == 0
+    check(tiny_llama, prompt, out.prompt_logprobs, 2)
+    assert out.token_ids == hf_greedy(tiny_llama, prompt, GREEDY.max_tokens)
+    assert decode.block_manager.num_free_blocks == decode.block_manager.num_blocks
+
+
 def test_an_unclaimed_export_is_freed_after_its_ttl(pair):
     prefill, _ = pair
     prefill.add_request("p4", prompt_token_ids=make_prompts([50], seed=9)[0],
