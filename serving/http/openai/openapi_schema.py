@@ -15,9 +15,11 @@ from pydantic import BaseModel
 
 from graft.serving.http.openai.completions_request import CompletionRequest
 from graft.serving.http.openai.openai_chat import ChatCompletionRequest
+from graft.serving.http.openai.responses_request import ResponsesBody
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+RESPONSES_PATH = "/v1/responses"
 # every status the chat route may refuse with (all with ErrorBody): bad request, key, a
 # forbidden image source, unknown model, body timeout, size, a body that is not JSON, a Host
 # not served (request_guard.py), rate/queue limit, engine failure, connection limit or
@@ -98,6 +100,17 @@ class TextCompletion(BaseModel):
     usage: Usage
 
 
+class ResponseObject(BaseModel):
+    """A non-streaming /v1/responses answer (responses_answer.response_object)."""
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete"]
+    model: str
+    output: list[dict[str, Any]]  # reasoning, message and function_call items
+    usage: dict[str, Any] | None
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"]
@@ -152,7 +165,8 @@ def install(app: FastAPI, dependencies: list) -> None:
         error = json_of(ErrorBody, "OpenAI-style error")
         errors = {code: error for code in ERROR_STATUSES}
         for path, request, response in ((CHAT_PATH, ChatCompletionRequest, ChatCompletion),
-                                        (COMPLETIONS_PATH, CompletionRequest, TextCompletion)):
+                                        (COMPLETIONS_PATH, CompletionRequest, TextCompletion),
+                                        (RESPONSES_PATH, ResponsesBody, ResponseObject)):
             op = schema["paths"][path]["post"]
             op["requestBody"] = {"required": True, **json_of(request, "")}
             op["requestBody"].pop("description")
@@ -160,8 +174,10 @@ def install(app: FastAPI, dependencies: list) -> None:
             # the schema of one event, as SSE-aware clients and checkers read a stream
             # (schemathesis validates each event; {"type": "string"} failed every stream)
             completion["content"]["text/event-stream"] = {"schema": SSE_EVENT}
-            completion["description"] = ("the completion; with stream: true, "
-                                         "text/event-stream chunks ending in `data: [DONE]`")
+            completion["description"] = (
+                "the response; with stream: true, text/event-stream events ending in "
+                "response.completed" if path == RESPONSES_PATH else "the completion; with "
+                "stream: true, text/event-stream chunks ending in `data: [DONE]`")
             op["responses"] = {"200": completion, **errors}
         schema["paths"]["/v1/models"]["get"]["responses"] = {
             "200": json_of(ModelList, "the served models"), "401": error, "503": error}

@@ -87,13 +87,17 @@ async def answer(ctx, request: Request, job: Job, queue: asyncio.Queue, shape,
     return await complete(ctx, job, queue, request, shape)
 
 
-async def complete(ctx, job: Job, queue: asyncio.Queue, request: Request, shape) -> Response:
+async def complete(ctx, job: Job, queue: asyncio.Queue, request: Request, shape,
+                   convert=None) -> Response:
+    """The JSON answer (`convert`: what becomes of the shape's body first, if anything)."""
     watcher = watch_disconnect(request, lambda: queue.put_nowait(("gone", None)))
     try:
         body = await whole(ctx, job, queue, shape)
     finally:
         watcher.cancel()
-    return body if isinstance(body, Response) else JSONResponse(body)
+    if isinstance(body, Response):
+        return body
+    return JSONResponse(convert(body) if convert is not None else body)
 
 
 async def whole(ctx, job: Job, queue: asyncio.Queue, shape) -> dict | Response:

@@ -14,7 +14,10 @@ from graft.serving.http.openai.chat_request import read_chat_request, submit_cha
 from graft.serving.http.openai.choices import answer_all, choice_requests, submit_all
 from graft.serving.http.openai.completions_answer import CompletionAnswer
 from graft.serving.http.openai.completions_request import parse_completion_request
-from graft.serving.http.openai.openapi_schema import CHAT_PATH, COMPLETIONS_PATH
+from graft.serving.http.openai import responses_answer
+from graft.serving.http.openai.openapi_schema import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+from graft.serving.http.openai.responses_request import (in_responses_words,
+                                                          parse_responses_request)
 from graft.serving.http.openai.responses import answer
 
 router = APIRouter()
@@ -41,6 +44,20 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """The same way with a prompt instead of messages (completions_request.py)."""
     return await _serve(request, parse_completion_request, CompletionAnswer)
+
+
+@router.post(RESPONSES_PATH)
+async def responses(request: Request) -> Response:
+    """OpenAI's Responses API: the chat it means (responses_request.py), its answer as a
+    Response (responses_answer.py)."""
+    arrival = time.monotonic()
+    ctx = request.app.state.ctx
+    req, front = await read_chat_request(ctx, request, parse_responses_request)
+    try:
+        job, queue = await submit_chat(ctx, req, front, arrival)
+    except P.APIError as err:  # the prompt's and the sampling's checks, in chat's words
+        raise in_responses_words(err, req._origins) from None
+    return await responses_answer.answer(ctx, request, job, queue, ChatAnswer(ctx, job, req), req)
 
 
 async def _serve(request: Request, parse, shape) -> Response:
