@@ -14,9 +14,9 @@ import torch
 
 from graft.serving.engine.sequence import Sequence
 
-# a prefill chunk of a request that wants prompt logprobs is cut to this many tokens: its
-# logits are [chunk, vocab] fp32 (256 x 152k is 156 MB), where the other requests keep none
-CHUNK_TOKENS = 256
+# prompt tokens one step scores, over all its sequences: their logits are [rows, vocab] fp32
+# (256 x 152k is 156 MB), where the other requests keep one row each
+STEP_TOKENS = 256
 
 
 def wanted(seq: Sequence) -> bool:
@@ -30,11 +30,20 @@ def positions(seq: Sequence, start: int, end: int) -> range:
     return range(start, max(start, min(end, seq.num_prompt_tokens - 1)))
 
 
-def chunk_limit(seq: Sequence, n: int) -> int:
-    """n, cut to CHUNK_TOKENS while seq's prompt still needs logprobs."""
-    if wanted(seq) and seq.num_computed_tokens < seq.num_prompt_tokens - 1:
-        return min(n, CHUNK_TOKENS)
-    return n
+class StepRows:
+    """The scheduler's count of the prompt tokens one step scores (at most STEP_TOKENS)."""
+
+    def __init__(self):
+        self.left = STEP_TOKENS
+
+    def limit(self, seq: Sequence, n: int) -> int:
+        """n tokens of seq's next chunk, cut to what the step can still score while seq's
+        prompt needs logprobs (0: wait for the next step); those are counted as taken."""
+        if not wanted(seq) or seq.num_computed_tokens >= seq.num_prompt_tokens - 1:
+            return n
+        n = min(n, self.left)
+        self.left -= n
+        return n
 
 
 def record(rows: list[tuple[Sequence, int, torch.Tensor]]) -> None:

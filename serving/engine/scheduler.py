@@ -94,6 +94,7 @@ class Scheduler:
         decodes: list[tuple[Sequence, int]] = []
         chunks: list[tuple[Sequence, int]] = []
         scheduled: set[int] = set()
+        scoring = prompt_logprobs.StepRows()
         # decodes, then unfinished prefills; both from the running set
         for want_decode in (True, False):
             for seq in list(self.running):
@@ -106,8 +107,8 @@ class Scheduler:
                 # a decode may carry proposals to verify (spec_decode): its chunk is then
                 # 1 + len(draft) tokens, shrunk like a prefill chunk when blocks are short
                 draft = self.spec.propose(seq, budget) if want_decode and self.spec else []
-                want = min(seq.num_uncomputed + len(draft), budget)
-                n = self._grow(seq, prompt_logprobs.chunk_limit(seq, want), scheduled, finished)
+                want = scoring.limit(seq, min(seq.num_uncomputed + len(draft), budget))
+                n = self._grow(seq, want, scheduled, finished) if want else 0
                 if n:
                     seq.spec_tokens = draft[:n - seq.num_uncomputed]
                     (decodes if n == 1 else chunks).append((seq, n))
@@ -134,7 +135,9 @@ class Scheduler:
             tail = self.bm.lookup_tail(seq, hits) if lookup else None
             cached = (seq.num_computed_tokens if preloaded else
                       len(hits) * self.bm.block_size + (tail[1] if tail else 0))
-            n = prompt_logprobs.chunk_limit(seq, min(len(seq) - cached, budget))
+            n = scoring.limit(seq, min(len(seq) - cached, budget))
+            if n == 0:
+                break  # the step scores no more prompt tokens: it waits for the next
             need = (self.bm.blocks_for(cached + n) - len(seq.block_table) - len(hits)
                     - (tail is not None))
             if need > self.bm.num_free_blocks - self.bm.num_reclaimed(hits, tail):
