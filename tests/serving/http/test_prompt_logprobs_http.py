@@ -93,3 +93,21 @@ def test_bad_prompt_logprobs_are_400s_naming_the_field(plain_server, path, field
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == "prompt_logprobs" and "\n" not in error["message"]
+
+
+def test_an_image_prompt_scores_its_text_only(live_server):
+    from PIL import Image
+
+    from graft.serving.multimodal.media import to_data_url
+
+    url = to_data_url(Image.new("RGB", (32, 32), (220, 20, 20)))
+    body = {"model": "tiny", "max_tokens": 2, "temperature": 0, "prompt_logprobs": 1,
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": "What color?"}]}]}
+    reply = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    scored = reply["prompt_logprobs"]
+    assert len(scored) == reply["usage"]["prompt_tokens"]
+    # the 16 image positions are no tokens: None, as the first; every text token is scored
+    assert sum(entry is None for entry in scored) == 1 + 16
+    assert all(entry is None or len(entry) in (1, 2) for entry in scored)
