@@ -12,6 +12,7 @@ from graft.serving.http.engine_worker import EngineWorker
 from graft.serving.http.fleet.server_info import load
 from graft.serving.http.plumbing.metrics import ServerMetrics, speculation_gauges
 from graft.serving.http.plumbing.vllm_metrics import VllmMetrics
+from graft.serving.http.openai.responses_store import ResponseStore
 from graft.serving.multimodal.media import MediaConfig, is_remote
 from graft.serving.multimodal.remote_media import RemoteFetchPool
 
@@ -42,6 +43,7 @@ class ServerSettings:
     kv_transfer: object = None  # fleet.pd.KVTransferConfig: this worker's P/D role (None: none)
     advertised_address: tuple[str, int] = ("127.0.0.1", 8000)  # how other workers reach this one
     encoder_cache_peers: tuple[str, ...] = ()  # workers asked for embeddings before encoding
+    responses_store_bytes: int = 0  # /v1/responses kept for previous_response_id (0: none)
 
 
 def prompt_char_bound(tokenizer, max_model_len: int) -> int | None:
@@ -73,6 +75,7 @@ class ServerContext:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.max_prompt_chars = prompt_char_bound(self.tokenizer, self.max_model_len)
+        self.responses = ResponseStore(settings.responses_store_bytes)
         # every allowed image as base64 (4/3) plus generous room for the text
         self.max_body_bytes = (settings.limit_images_per_prompt * settings.media.max_image_bytes
                                * 4 // 3 + (8 << 20))

@@ -93,6 +93,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_FORMATS),
                    help="a reasoning model's thinking (<think> ... </think>) goes to the "
                         "message's `reasoning`, not its `content` (vLLM's flag; default: off)")
+    p.add_argument("--responses-store-mb", type=number_in(float, low=0.0), default=0.0, metavar="MB",
+                   help="keep the latest MB of /v1/responses answers (their JSON, with their "
+                        "conversations) for previous_response_id and GET /v1/responses/{id}; "
+                        "default 0: keep none, as vLLM")
     p.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_CALL_PARSERS),
                    help="how an answer's tool calls are written, under tool_choice auto: "
                         "hermes (<tool_call> blocks: Qwen2.5/3, Hermes; default) or llama3_json "
@@ -179,6 +183,7 @@ def build(args: argparse.Namespace):
         shrink_images_to_budget=args.shrink_images_to_budget,
         parse_special_tokens_in_text=args.parse_special_tokens_in_text,
         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
+        responses_store_bytes=int(args.responses_store_mb * (1 << 20)),
         api_keys=keys, allowed_hosts=allowed_host_names(args.host, keys, args.allowed_host),
         auth_health=args.auth_health, auth_metrics=args.auth_metrics,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,

@@ -111,6 +111,13 @@ class ResponseObject(BaseModel):
     usage: dict[str, Any] | None
 
 
+class DeletedResponse(BaseModel):
+    """DELETE /v1/responses/{response_id}."""
+    id: str
+    object: Literal["response.deleted"]
+    deleted: bool
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"]
@@ -179,6 +186,13 @@ def install(app: FastAPI, dependencies: list) -> None:
                 "response.completed" if path == RESPONSES_PATH else "the completion; with "
                 "stream: true, text/event-stream chunks ending in `data: [DONE]`")
             op["responses"] = {"200": completion, **errors}
+        kept = schema["paths"][RESPONSES_PATH + "/{response_id}"]
+        kept["get"]["responses"] = {"200": json_of(ResponseObject, "a kept response"),
+                                    "401": error, "404": error}
+        kept["delete"]["responses"] = {"200": json_of(DeletedResponse, "it is gone"),
+                                       "401": error, "404": error}
+        for op in kept.values():  # the ids responses_answer gives (any other is a 404)
+            op["parameters"][0]["schema"].update(pattern="^resp_[0-9a-f]{24}$")
         schema["paths"]["/v1/models"]["get"]["responses"] = {
             "200": json_of(ModelList, "the served models"), "401": error, "503": error}
         # /health and /metrics: 401 only with --auth-health / --auth-metrics

@@ -15,7 +15,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from graft.serving.http.openai import response_bodies as R
-from graft.serving.http.openai.responses import (Progress, chunks, complete, watch_disconnect)
+from graft.serving.http.openai.responses import Progress, chunks, complete, watch_disconnect
+from graft.serving.http.openai.responses_store import as_input
 
 
 def _id(prefix: str) -> str:
@@ -33,7 +34,8 @@ def response_object(req, rid: str, created: int, output: list[dict], status: str
         "error": None, "incomplete_details": incomplete, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "model": req.model, "output": output,
         "parallel_tool_calls": body.parallel_tool_calls is not False,
-        "previous_response_id": None, "reasoning": None, "store": False,
+        "previous_response_id": body.previous_response_id, "reasoning": None,
+        "store": req._store is not None,
         "temperature": body.temperature, "text": {"format": fmt},
         "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
         "top_p": body.top_p, "truncation": "disabled", "metadata": body.metadata or {},
@@ -66,8 +68,15 @@ def from_chat(req, chat: dict) -> dict[str, Any]:
     for call in message.get("tool_calls") or ():
         output.append(_call_item(call["id"], call["function"]["name"],
                                  call["function"]["arguments"]))
-    return response_object(req, _id("resp"), chat["created"], output,
-                           _status(choice["finish_reason"]), usage_of(chat["usage"]))
+    return kept(req, response_object(req, _id("resp"), chat["created"], output,
+                                     _status(choice["finish_reason"]), usage_of(chat["usage"])))
+
+
+def kept(req, response: dict) -> dict:
+    """`response`, kept for a previous_response_id that continues it when the request asks."""
+    if req._store is not None:
+        req._store.put(response, req._conversation + as_input(response["output"]))
+    return response
 
 
 def _message_item(item_id: str, text: str, logprobs: list | None = None,
@@ -137,7 +146,8 @@ class EventWriter:
             events += self._text("message", "") + self._close()
         status = _status(finish_reason)
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        return events + [self._event(kind, response=self._response(status, usage_of(chat_usage)))]
+        response = kept(self.req, self._response(status, usage_of(chat_usage)))
+        return events + [self._event(kind, response=response)]
 
     def error(self, error: dict) -> dict:
         """The stream's `error` event (a refusal or failure mid-answer)."""

@@ -2,8 +2,9 @@
 defines it and becomes the chat request it means (instructions a system message; input
 messages, past function calls and their outputs as chat messages; `text.format` the
 response_format; flat function tools the chat ones), which then runs the chat route's way.
-responses_answer.py turns the chat answer back into a Response. Nothing is stored: a
-`previous_response_id` is refused (send the whole conversation in `input`)."""
+responses_answer.py turns the chat answer back into a Response. A `previous_response_id`
+continues a Response the server kept (responses_store.py; none are kept unless it runs with
+--responses-store-mb)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Literal, Union
 from pydantic import ConfigDict, PrivateAttr
 
 from graft.serving.http.openai import openai_chat as P
+from graft.serving.http.openai.responses_store import ResponseStore
 
 
 class ResponsesBody(P._Strict):
@@ -42,6 +44,8 @@ class ResponsesChat(P.ChatCompletionRequest):
     """The chat request a Responses body means, with the body kept for the answer."""
     _body: ResponsesBody | None = PrivateAttr(default=None)
     _origins: list[str] = PrivateAttr(default_factory=list)  # where each message came from
+    _conversation: list[dict] = PrivateAttr(default_factory=list)  # the input items, whole
+    _store: ResponseStore | None = PrivateAttr(default=None)  # where the answer is kept, if so
 
 
 # OpenAI's Responses fields without a chat counterpart here (read above, or not followed)
@@ -52,13 +56,10 @@ _PASSED = ("temperature", "top_p", "tool_choice", "parallel_tool_calls", "stream
 _ORIGIN = re.compile(r"^messages\[(\d+)\]")
 
 
-def parse_responses_request(raw: bytes) -> ResponsesChat:
+def parse_responses_request(raw: bytes, store: ResponseStore | None = None) -> ResponsesChat:
     body = P.parse_chat_request(raw, ResponsesBody)  # JSON guards, fields named, nulls unset
-    if body.previous_response_id is not None:
-        raise P.APIError("this server keeps no responses (store is off); send the whole "
-                         "conversation in input", param="previous_response_id",
-                         code="previous_response_not_found")
-    messages, origins = _messages(body)
+    previous = _previous(store, body.previous_response_id)
+    messages, origins = _messages(body, previous)
     # vLLM's extensions (top_k, ignore_eos, ...) first: what is computed here wins
     chat = {k: v for k, v in (body.model_extra or {}).items() if k not in _RESPONSES_ONLY}
     chat.update(model=body.model, messages=messages)
@@ -81,27 +82,52 @@ def parse_responses_request(raw: bytes) -> ResponsesChat:
     except P.APIError as err:
         raise in_responses_words(err, origins) from None
     req._body, req._origins = body, origins
+    req._conversation = previous + _items(body.input)
+    if store is not None and store.enabled and body.store is not False:
+        req._store = store
     return req
 
 
-def _messages(body: ResponsesBody) -> tuple[list[dict], list[str]]:
-    """The chat messages of instructions + input, and where each came from (for errors)."""
+def _previous(store: ResponseStore | None, rid: str | None) -> list[dict]:
+    """The conversation of the kept Response `rid` continues (none without one)."""
+    if rid is None:
+        return []
+    if store is None or not store.enabled:
+        raise P.APIError("this server keeps no responses (start it with --responses-store-mb); "
+                         "send the whole conversation in input", param="previous_response_id",
+                         code="previous_response_not_found")
+    found = store.get(rid)
+    if found is None:
+        raise P.APIError(f"response {rid!r} is not kept here (never, or no longer: the store "
+                         "holds the latest --responses-store-mb of them)", status=404,
+                         type="not_found_error", param="previous_response_id",
+                         code="previous_response_not_found")
+    return found[1]
+
+
+def _items(given: str | list[dict]) -> list[dict]:
+    return [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
+
+
+def _messages(body: ResponsesBody, previous: list[dict]) -> tuple[list[dict], list[str]]:
+    """The chat messages of instructions + a kept conversation + input, and where each came
+    from (for errors)."""
     messages, origins = [], []
-    if body.instructions:
+    if body.instructions:  # (a kept Response's instructions are not carried over, as OpenAI)
         messages.append({"role": "system", "content": body.instructions})
         origins.append("instructions")
-    if isinstance(body.input, str):
-        return messages + [{"role": "user", "content": body.input}], origins + ["input"]
-    for i, item in enumerate(body.input):
+    new = _items(body.input)
+    wheres = (["previous_response_id"] * len(previous)
+              + (["input"] if isinstance(body.input, str) else [f"input[{i}]" for i in range(len(new))]))
+    for item, where in zip(previous + new, wheres):
         kind = item.get("type", "message")
-        where = f"input[{i}]"
         if kind == "message":
             messages.append({"role": item.get("role"),
                              "content": _content(item.get("content"), where)})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
-            if messages and messages[-1].get("tool_calls") and origins[-1].startswith("input"):
+            if messages and messages[-1].get("tool_calls"):
                 messages[-1]["tool_calls"].append(call)  # one assistant turn, several calls
                 continue
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})

@@ -1,9 +1,10 @@
-"""The OpenAI-compatible API: /v1/models, /v1/chat/completions and /v1/completions (API key
-checked by the dependency server.py attaches to this router)."""
+"""The OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/completions and
+/v1/responses (API key checked by the dependency server.py attaches to this router)."""
 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -52,12 +53,37 @@ async def responses(request: Request) -> Response:
     Response (responses_answer.py)."""
     arrival = time.monotonic()
     ctx = request.app.state.ctx
-    req, front = await read_chat_request(ctx, request, parse_responses_request)
+    req, front = await read_chat_request(ctx, request, partial(parse_responses_request,
+                                                               store=ctx.responses))
     try:
         job, queue = await submit_chat(ctx, req, front, arrival)
     except P.APIError as err:  # the prompt's and the sampling's checks, in chat's words
         raise in_responses_words(err, req._origins) from None
     return await responses_answer.answer(ctx, request, job, queue, ChatAnswer(ctx, job, req), req)
+
+
+@router.get(RESPONSES_PATH + "/{response_id}")
+async def get_response(response_id: str, request: Request):
+    """A Response the server kept (--responses-store-mb)."""
+    return _kept(request.app.state.ctx, response_id)[0]
+
+
+@router.delete(RESPONSES_PATH + "/{response_id}")
+async def delete_response(response_id: str, request: Request):
+    ctx = request.app.state.ctx
+    _kept(ctx, response_id)
+    ctx.responses.delete(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def _kept(ctx, response_id: str) -> tuple[dict, list]:
+    found = ctx.responses.get(response_id)
+    if found is None:
+        kept = "the latest --responses-store-mb of them" if ctx.responses.enabled else "none"
+        raise P.APIError(f"response {response_id!r} is not kept here (the server keeps {kept})",
+                         status=404, type="not_found_error", param="response_id",
+                         code="response_not_found")
+    return found
 
 
 async def _serve(request: Request, parse, shape) -> Response:

@@ -25,8 +25,9 @@ def client(plain_server):
 
 
 def chat(client, messages, **fields):
+    fields.setdefault("max_tokens", 10)
     return client.chat.completions.create(model="plain", messages=messages, temperature=0,
-                                          max_tokens=10, **fields)
+                                          **fields)
 
 
 def respond(client, **fields):
@@ -126,7 +127,7 @@ def test_thinking_is_a_reasoning_item(tiny_llama):
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"input": ASK, "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": ASK, "previous_response_id": "resp_1"}, "previous_response_id"),  # none kept
     ({"input": ASK, "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"type": "computer_call"}]}, "input[0]"),
     ({"input": [{"role": "user", "content": ASK}, {"role": "robot", "content": "x"}]},
@@ -152,3 +153,61 @@ def test_bad_requests_are_one_line_400s_naming_the_field(plain_server, fields, p
     assert err["param"] == param and "\n" not in err["message"], err
     for chat_word in ("messages", "response_format", "max_completion_tokens"):
         assert chat_word not in err["message"], err  # the Responses request's own words
+
+
+def test_a_kept_response_is_continued_read_and_deleted(tiny_llama_2k):
+    app = serve_app(str(tiny_llama_2k), "--served-model-name", "plain", "--num-kv-blocks", "64",
+                    "--responses-store-mb", "1")
+    with LiveServer(app) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        first = client.responses.create(model="plain", input=ASK, temperature=0,
+                                        max_output_tokens=6)
+        assert first.store is True
+        assert client.responses.retrieve(first.id).output_text == first.output_text
+        follow = client.responses.create(model="plain", input="And another?", temperature=0,
+                                         max_output_tokens=6, previous_response_id=first.id)
+        whole = chat(client, [{"role": "user", "content": ASK},
+                              {"role": "assistant", "content": first.output_text},
+                              {"role": "user", "content": "And another?"}], max_tokens=6)
+        assert follow.output_text == whole.choices[0].message.content
+        assert follow.usage.input_tokens == whole.usage.prompt_tokens
+        assert follow.previous_response_id == first.id
+        streamed = list(client.responses.create(model="plain", input="More?", stream=True,
+                                                max_output_tokens=4,
+                                                previous_response_id=follow.id))
+        assert client.responses.retrieve(streamed[-1].response.id).output_text == \
+            streamed[-1].response.output_text
+        unkept = client.responses.create(model="plain", input=ASK, store=False,
+                                         max_output_tokens=2)
+        client.responses.delete(first.id)
+        for gone in (first.id, unkept.id):
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(gone)
+        with pytest.raises(openai.NotFoundError) as err:
+            client.responses.create(model="plain", input="x", previous_response_id=first.id)
+        assert err.value.body["param"] == "previous_response_id"
+
+
+def test_without_a_store_nothing_is_kept(client):
+    reply = respond(client, input=ASK)
+    assert reply.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(reply.id)
+
+
+def test_the_store_keeps_the_latest_within_its_bytes():
+    from graft.serving.http.openai.responses_store import ResponseStore
+
+    def response(rid, text):
+        return {"id": rid, "output": [{"type": "message", "content": [{"text": text}]}]}
+
+    one = len(json.dumps(response("r0", "x" * 100))) + len(json.dumps([]))
+    store = ResponseStore(max_bytes=3 * one)
+    for i in range(3):
+        store.put(response(f"r{i}", "x" * 100), [])
+    assert store.get("r0") is not None  # now the most recent: r1 goes first
+    store.put(response("r3", "x" * 100), [])
+    assert [rid for rid in ("r0", "r1", "r2", "r3") if store.get(rid)] == ["r0", "r2", "r3"]
+    store.put(response("big", "x" * 4 * one), [])  # bigger than the whole store: not kept
+    assert store.get("big") is None and store.get("r3") is not None
+    assert store.delete("r3") and not store.delete("r3")
