@@ -1,8 +1,8 @@
 """The grammar compile worker's process (run as a script by grammar_worker.py, never imported
 by the server): reads one JSON schema (a JSON string), {"regex": pattern} or {"cfg": Lark or
-GBNF text} per line on stdin,
-compiles it with llguidance, walks its first bytes, and writes one verdict per line on stdout. A schema that crashes llguidance
-(a stack overflow on a deep $ref chain) ends this process, never the server.
+GBNF text} per line on stdin, compiles it with llguidance, walks its first bytes, and writes
+one verdict per line on stdout. A schema or grammar that crashes llguidance (a stack overflow
+on a deep $ref chain, a deep rule chain) ends this process, never the server.
 
 Imports the standard library and llguidance only: no torch, no transformers, fast to start."""
 
@@ -39,7 +39,8 @@ def _limit_memory(max_bytes: int) -> None:
 
 
 def verdict(source: str | dict, options: dict, lltok) -> dict:
-    """{"grammar": str} when the JSON schema text (or {"regex": ...}, {"cfg": ...}) compiles and its first
+    """{"grammar": str} when the JSON schema text (or {"regex": ...}, {"cfg": ...}) compiles and
+    its first
     bytes can be matched, else {"error": one line, "limit": llguidance's stop reason or None}."""
     from llguidance import LLMatcher, grammar_from
 

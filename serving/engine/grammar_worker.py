@@ -1,8 +1,8 @@
-"""Compiling untrusted JSON schemas, regexes and grammars where a crash cannot reach the engine: static
-bounds first (grammar_check.py), then a pool of compile worker processes (grammar_child.py)
-with a time and a memory limit each, restarted when one dies. Verdicts are cached by the
-sha256 of the schema or pattern, so each compiles (or crashes a worker) once; the server
-builds its matchers only from grammars a worker accepted."""
+"""Compiling untrusted JSON schemas, regexes and grammars where a crash cannot reach the
+engine: static bounds first (grammar_check.py), then a pool of compile worker processes
+(grammar_child.py) with a time and a memory limit each, restarted when one dies. Verdicts are
+cached by the sha256 of the schema, pattern or grammar, so each compiles (or crashes a worker)
+once; the server builds its matchers only from grammars a worker accepted."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Constrained decoding through llguidance: a JSON schema (or "any JSON object"), a regex, a
-list of choices or a context-free grammar (Lark or GBNF) becomes a grammar, each guided sequence owns a matcher, and each step masks
-the tokens the grammar does not allow before anything is sampled."""
+list of choices or a context-free grammar (Lark or GBNF) becomes a grammar, each guided
+sequence owns a matcher, and each step masks the tokens the grammar does not allow before
+anything is sampled."""
 
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ class Sequence:
         wanted = params.prompt_logprobs is not None
         self.prompt_logprobs: list[dict[int, float] | None] | None = (
             [None] * self.num_prompt_tokens if wanted else None)
-        self.prompt_ranks: list[int | None] | None = [None] * self.num_prompt_tokens if wanted else None
+        self.prompt_ranks: list[int | None] | None = (
+            [None] * self.num_prompt_tokens if wanted else None)
         self.generator = None  # torch.Generator when params.seed is set
         self.spec_tokens: list[int] = []  # proposals verified in this step (after the last token)
         self.spec = None  # spec_decode.controller.SpecState once the sequence has speculated

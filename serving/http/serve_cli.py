@@ -93,7 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_FORMATS),
                    help="a reasoning model's thinking (<think> ... </think>) goes to the "
                         "message's `reasoning`, not its `content` (vLLM's flag; default: off)")
-    p.add_argument("--responses-store-mb", type=number_in(float, low=0.0), default=0.0, metavar="MB",
+    p.add_argument("--responses-store-mb", type=number_in(float, low=0.0), default=0.0,
+                   metavar="MB",
                    help="keep the latest MB of /v1/responses answers (their JSON, with their "
                         "conversations) for previous_response_id and GET /v1/responses/{id}; "
                         "default 0: keep none, as vLLM")

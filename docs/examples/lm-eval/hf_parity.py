@@ -37,7 +37,8 @@ for line in open(glob.glob(f"{out_dir}/samples_graft_mc*.jsonl")[0]):
         worst = max(worst, abs(ll - float(resp[0])))
         flags += greedy != (resp[1] == "True")
         n += 1
-print(f"multiple choice: {n} loglikelihoods, max |graft - HF| = {worst:.2e}, greedy flags differing: {flags}")
+print(f"multiple choice: {n} loglikelihoods, max |graft - HF| = {worst:.2e}, "
+      f"greedy flags differing: {flags}")
 
 same, total = 0, 0
 for line in open(glob.glob(f"{out_dir}/samples_graft_gen*.jsonl")[0]):
@@ -45,7 +46,8 @@ for line in open(glob.glob(f"{out_dir}/samples_graft_gen*.jsonl")[0]):
     prompt = d["arguments"]["gen_args_0"]["arg_0"]
     ids = torch.tensor([enc(prompt)])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                             do_sample=False)
     text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     for stop in ("\n", "."):
         text = text.split(stop)[0]

@@ -165,7 +165,8 @@ class EventWriter:
                     else _message_item(_id("msg"), "", status="in_progress"))
             self.output.append(item)
             self.open = kind
-            events.append(self._event("response.output_item.added", output_index=len(self.output) - 1,
+            events.append(self._event("response.output_item.added",
+                                      output_index=len(self.output) - 1,
                                       item=json.loads(json.dumps(item))))
             events.append(self._event("response.content_part.added", **self._at(),
                                       content_index=0, part=dict(item["content"][0])))

@@ -34,7 +34,7 @@ class ResponsesBody(P._Strict):
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     stream: bool = False
-    store: bool | None = None  # accepted; nothing is kept
+    store: bool | None = None  # false: this answer is not kept (--responses-store-mb)
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
     seed: int | None = None  # vLLM's extension, as on chat
@@ -48,7 +48,8 @@ class ResponsesChat(P.ChatCompletionRequest):
     _store: ResponseStore | None = PrivateAttr(default=None)  # where the answer is kept, if so
 
 
-# OpenAI's Responses fields without a chat counterpart here (read above, or not followed)
+# Responses fields without a chat counterpart here (read above, or not followed), and chat
+# fields a Response has no place for
 _RESPONSES_ONLY = ("include", "reasoning", "user", "truncation", "background", "prompt",
                    "prompt_cache_key", "service_tier", "safety_identifier", "max_tool_calls",
                    "conversation", "n", "messages", "prompt_logprobs")
@@ -117,8 +118,8 @@ def _messages(body: ResponsesBody, previous: list[dict]) -> tuple[list[dict], li
         messages.append({"role": "system", "content": body.instructions})
         origins.append("instructions")
     new = _items(body.input)
-    wheres = (["previous_response_id"] * len(previous)
-              + (["input"] if isinstance(body.input, str) else [f"input[{i}]" for i in range(len(new))]))
+    wheres = ["previous_response_id"] * len(previous) + (
+        ["input"] if isinstance(body.input, str) else [f"input[{i}]" for i in range(len(new))])
     for item, where in zip(previous + new, wheres):
         kind = item.get("type", "message")
         if kind == "message":

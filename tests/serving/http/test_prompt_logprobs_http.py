@@ -28,7 +28,8 @@ def create(client, **fields):
     return client.completions.create(model="plain", temperature=0, extra_body=extra, **fields)
 
 
-def test_echo_with_logprobs_scores_the_prompt_as_hf(client, plain_server, prompt_ids, tiny_llama_2k):
+def test_echo_with_logprobs_scores_the_prompt_as_hf(client, plain_server, prompt_ids,
+                                                     tiny_llama_2k):
     decode = plain_server.app.state.ctx.tokenizer.decode
     ref = hf_prompt_logprobs(tiny_llama_2k, prompt_ids)
     plain = create(client, logprobs=2).choices[0]
