@@ -1,8 +1,9 @@
 """vLLM's tokenizer endpoints, as routers call them: POST /tokenize and /detokenize, and
-POST /v1/chat/completions/render and /v1/completions/render (the prompt ids a request would
-run with, in vLLM's GenerateRequest shape). Chats go through the same validation and template
-as /v1/chat/completions, images included, so the ids are the ones the engine prefills; an
-image's placeholder run is reported as `placeholder_id` (see `wire_ids`)."""
+POST /v1/chat/completions/render, /v1/completions/render and /v1/responses/render (the prompt
+ids a request would run with, in vLLM's GenerateRequest shape). Chats go through the same
+validation and template as /v1/chat/completions, images included, so the ids are the ones the
+engine prefills; an image's placeholder run is reported as `placeholder_id` (see
+`wire_ids`)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,21 @@ async def render_completion(ctx, raw: bytes) -> list[dict[str, Any]]:
     req.model = name
     return [_generate_request(ctx, name, await _engine_request(ctx, part, None), req.priority)
             for part in req.prompt_requests()]
+
+
+async def render_responses(ctx, raw: bytes) -> dict[str, Any]:
+    """vLLM's /v1/responses/render: the GenerateRequest of the chat a Responses request means
+    (a kept conversation included, as /v1/responses would run it)."""
+    from graft.serving.http.openai.responses_request import (in_responses_words,
+                                                              parse_responses_request)
+
+    req = parse_responses_request(raw, ctx.responses)
+    name, front = _served(ctx, req.model)
+    try:
+        er = await _engine_request(ctx, req, front)
+    except P.APIError as err:
+        raise in_responses_words(err, req._origins) from None
+    return _generate_request(ctx, name, er, req.priority)
 
 
 async def tokenize(ctx, raw: bytes) -> dict[str, Any]:

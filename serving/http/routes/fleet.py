@@ -43,6 +43,11 @@ async def render_completion(request: Request):
     return await tokenize.render_completion(request.app.state.ctx, await _body(request))
 
 
+@router.post("/v1/responses/render")
+async def render_responses(request: Request):
+    return await tokenize.render_responses(request.app.state.ctx, await _body(request))
+
+
 @router.get("/get_model_info")
 @router.get("/model_info")
 async def model_info(request: Request):

@@ -125,6 +125,21 @@ def test_tokenize_and_render_give_the_ids_a_chat_prefills(plain_server):
     assert _chat(plain_server, "plain", msgs)["usage"]["prompt_tokens"] == len(expected)
 
 
+def test_a_responses_render_gives_the_ids_of_the_chat_it_means(plain_server):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    chat = _post(plain_server, "/v1/chat/completions/render", {"model": "plain",
+                                                              "messages": msgs}).json()
+    rendered = GenerateRequest.model_validate(_post(plain_server, "/v1/responses/render", {
+        "model": "plain", "instructions": "Be brief.", "input": "Hi there",
+        "max_output_tokens": 5}).json())
+    assert rendered.token_ids == chat["token_ids"] and rendered.sampling_params["max_tokens"] == 5
+    answer = httpx.post(plain_server.url + "/v1/responses", timeout=60, json={
+        "model": "plain", "instructions": "Be brief.", "input": "Hi there", "max_output_tokens": 1})
+    assert answer.json()["usage"]["input_tokens"] == len(rendered.token_ids)
+    _error(_post(plain_server, "/v1/responses/render", {"model": "plain", "input": [
+        {"role": "user", "content": [{"type": "input_file"}]}]}), 400, "input[0].content[0].type")
+
+
 def test_tokenize_prompt_and_detokenize_round_trip(plain_server):
     tok = plain_server.app.state.ctx.tokenizer
     text = "The quick brown fox"

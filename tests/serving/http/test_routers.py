@@ -95,6 +95,26 @@ def test_vllm_router_cache_aware_keeps_each_prefix_on_one_worker(workers, tmp_pa
         assert hits == sum(u["prompt_tokens_details"]["cached_tokens"] for u in served[w.url])
 
 
+def test_vllm_router_cache_aware_routes_responses_on_their_render(workers, tmp_path):
+    """/v1/responses behind cache_aware: the router renders each request on the workers
+    (/v1/responses/render) and keeps a shared prefix on one worker, as for chats."""
+    log = tmp_path / "vllm-router.log"
+    argv = [vllm_router(), "--worker-urls", *[w.url for w in workers], "--policy",
+            "cache_aware", "--log-level", "debug"]
+    with _router(argv, log) as url:
+        for i in range(2):
+            for system in SYSTEMS.values():
+                resp = httpx.post(url + "/v1/responses", timeout=60, json={
+                    "model": "plain", "instructions": system, "input": f"question {i}",
+                    "max_output_tokens": 1, "temperature": 0})
+                assert resp.status_code == 200 and resp.json()["object"] == "response", resp.text
+                assert (resp.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0) == (i > 0)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
+    assert "render_unavailable" not in text and "Prefix input preparation unavailable" not in text
+    rates = re.findall(r'Cache prefix decision.*?match_rate=([0-9.]+)', text)[-4:]
+    assert [float(r) > 0.9 for r in rates] == [False, False, True, True], rates
+
+
 @pytest.mark.skipif(not SGLANG_ROUTER.exists(), reason=f"sglang-router 0.3.2 not installed at "
                     f"{SGLANG_ROUTER} (make router-venvs)")
 def test_sglang_router_registers_the_served_model_and_reads_load(workers, tmp_path):
