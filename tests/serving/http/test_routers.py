@@ -103,12 +103,15 @@ def test_vllm_router_cache_aware_routes_responses_on_their_render(workers, tmp_p
             "cache_aware", "--log-level", "debug"]
     with _router(argv, log) as url:
         for i in range(2):
-            for system in SYSTEMS.values():
+            for system in SYSTEMS.values():  # (prefixes of their own: the workers are shared)
                 resp = httpx.post(url + "/v1/responses", timeout=60, json={
-                    "model": "plain", "instructions": system, "input": f"question {i}",
-                    "max_output_tokens": 1, "temperature": 0})
+                    "model": "plain", "instructions": "Responses. " + system,
+                    "input": f"question {i}", "max_output_tokens": 1, "temperature": 0})
                 assert resp.status_code == 200 and resp.json()["object"] == "response", resp.text
-                assert (resp.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0) == (i > 0)
+                usage = resp.json()["usage"]
+                if i:  # a repeat went where its instructions' KV is
+                    assert usage["input_tokens_details"]["cached_tokens"] > \
+                        0.8 * usage["input_tokens"], usage
         text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
     assert "render_unavailable" not in text and "Prefix input preparation unavailable" not in text
     rates = re.findall(r'Cache prefix decision.*?match_rate=([0-9.]+)', text)[-4:]
