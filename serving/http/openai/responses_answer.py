@@ -6,7 +6,7 @@ stream's chunk bodies) as OpenAI's Response object, or as the Responses stream's
 
 from __future__ import annotations
 
-import json
+import copy
 import time
 import uuid
 from typing import Any
@@ -97,11 +97,8 @@ def _call_item(call_id: str, name: str, arguments: str, status: str = "completed
 
 
 def _logprobs(chat_logprobs: dict | None) -> list:
-    """Chat's logprobs content as output_text's logprobs (the same per-token entries)."""
-    if not chat_logprobs:
-        return []
-    return [{"token": e["token"], "logprob": e["logprob"], "bytes": e["bytes"],
-             "top_logprobs": e["top_logprobs"]} for e in chat_logprobs["content"]]
+    """Chat's logprobs as output_text's: the same per-token entries."""
+    return chat_logprobs["content"] if chat_logprobs else []
 
 
 class EventWriter:
@@ -116,7 +113,8 @@ class EventWriter:
         self.open: str | None = None  # "reasoning" | "message" | "call": the item being written
 
     def _event(self, kind: str, **fields) -> dict:
-        event = {"type": kind, "sequence_number": self.seq, **fields}
+        # a snapshot: the items in it go on growing after the event is made
+        event = copy.deepcopy({"type": kind, "sequence_number": self.seq, **fields})
         self.seq += 1
         return event
 
@@ -167,9 +165,9 @@ class EventWriter:
             self.open = kind
             events.append(self._event("response.output_item.added",
                                       output_index=len(self.output) - 1,
-                                      item=json.loads(json.dumps(item))))
+                                      item=item))
             events.append(self._event("response.content_part.added", **self._at(),
-                                      content_index=0, part=dict(item["content"][0])))
+                                      content_index=0, part=item["content"][0]))
         part = self.output[-1]["content"][0]
         part["text"] += text
         if kind == "message":
@@ -187,7 +185,7 @@ class EventWriter:
             self.output.append(item)
             self.open = "call"
             events.append(self._event("response.output_item.added",
-                                      output_index=len(self.output) - 1, item=dict(item)))
+                                      output_index=len(self.output) - 1, item=item))
         arguments = part["function"].get("arguments") or ""
         if arguments:
             self.output[-1]["arguments"] += arguments
@@ -213,11 +211,11 @@ class EventWriter:
                                       **({"logprobs": part["logprobs"]} if kind == "message"
                                          else {})))
             events.append(self._event("response.content_part.done", **at, content_index=0,
-                                      part=dict(part)))
+                                      part=part))
         if "status" in item:
             item["status"] = "completed"
         events.append(self._event("response.output_item.done", output_index=at["output_index"],
-                                  item=json.loads(json.dumps(item))))
+                                  item=item))
         return events
 
 

@@ -61,6 +61,8 @@ def test_the_stream_builds_the_same_response(client):
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
                           "response.output_item.done", "response.incomplete"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
+    added = events[3].part  # each event as it was when sent, not as the item grew after
+    assert added.text == "" and not added.logprobs and not events[2].item.content[0].text
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text and events[-1].response.output_text == text
     streamed = [lp.token for e in events if e.type == "response.output_text.delta"
