@@ -224,7 +224,11 @@ int graft_quant_int_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64
     if (G) group_sums(x, ldx, M, K, group, gs);
     const int64_t pairs = NB / 2, full = M / ROWS * ROWS;
     const int64_t pair_bytes = kind == KIND_INT8 ? KP * 32 : K * 16;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
+    /* guided: big runs of pairs first (each thread streams its weights in order), then
+     * smaller ones, so a thread slowed on a shared VM takes fewer of the last pairs: batch-1
+     * int4 at the 1.5B shape ran 30.8 tok/s median against static's 27.7 (8 alternating
+     * pairs; docs/benchmarks.md); dynamic chunks broke the streams (0.6-0.9x) */
+#pragma omp parallel for num_threads(nthreads) schedule(guided) if (pairs > 1 && nthreads > 1)
     for (int64_t p = 0; p < pairs; ++p) {
         if (p * 32 >= N) continue;
         const uint8_t *wp = (const uint8_t *)w + p * pair_bytes;
