@@ -40,8 +40,8 @@ def _limit_memory(max_bytes: int) -> None:
 
 def verdict(source: str | dict, options: dict, lltok) -> dict:
     """{"grammar": str} when the JSON schema text (or {"regex": ...}, {"cfg": ...}) compiles and
-    its first
-    bytes can be matched, else {"error": one line, "limit": llguidance's stop reason or None}."""
+    its first bytes can be matched, else {"error": one line, "limit": llguidance's stop reason
+    or None}."""
     from llguidance import LLMatcher, grammar_from
 
     try:

@@ -97,13 +97,19 @@ def _previous(store: ResponseStore | None, rid: str | None) -> list[dict]:
         raise P.APIError("this server keeps no responses (start it with --responses-store-mb); "
                          "send the whole conversation in input", param="previous_response_id",
                          code="previous_response_not_found")
+    return kept_response(store, rid, "previous_response_id", "previous_response_not_found")[1]
+
+
+def kept_response(store: ResponseStore, rid: str, param: str,
+                  code: str = "response_not_found") -> tuple[dict, list[dict]]:
+    """(the Response `rid`, its conversation) as `store` keeps it, or a 404 naming `param`."""
     found = store.get(rid)
     if found is None:
-        raise P.APIError(f"response {rid!r} is not kept here (never, or no longer: the store "
-                         "holds the latest --responses-store-mb of them)", status=404,
-                         type="not_found_error", param="previous_response_id",
-                         code="previous_response_not_found")
-    return found[1]
+        held = "the latest --responses-store-mb of them" if store.enabled else "none"
+        raise P.APIError(f"response {rid!r} is not kept here (never, or no longer: the server "
+                         f"keeps {held})", status=404, type="not_found_error", param=param,
+                         code=code)
+    return found
 
 
 def _items(given: str | list[dict]) -> list[dict]:

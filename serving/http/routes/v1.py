@@ -17,7 +17,7 @@ from graft.serving.http.openai.completions_answer import CompletionAnswer
 from graft.serving.http.openai.completions_request import parse_completion_request
 from graft.serving.http.openai import responses_answer
 from graft.serving.http.openai.openapi_schema import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
-from graft.serving.http.openai.responses_request import (in_responses_words,
+from graft.serving.http.openai.responses_request import (in_responses_words, kept_response,
                                                           parse_responses_request)
 from graft.serving.http.openai.responses import answer
 
@@ -65,25 +65,15 @@ async def responses(request: Request) -> Response:
 @router.get(RESPONSES_PATH + "/{response_id}")
 async def get_response(response_id: str, request: Request):
     """A Response the server kept (--responses-store-mb)."""
-    return _kept(request.app.state.ctx, response_id)[0]
+    return kept_response(request.app.state.ctx.responses, response_id, "response_id")[0]
 
 
 @router.delete(RESPONSES_PATH + "/{response_id}")
 async def delete_response(response_id: str, request: Request):
-    ctx = request.app.state.ctx
-    _kept(ctx, response_id)
-    ctx.responses.delete(response_id)
+    store = request.app.state.ctx.responses
+    kept_response(store, response_id, "response_id")
+    store.delete(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
-
-
-def _kept(ctx, response_id: str) -> tuple[dict, list]:
-    found = ctx.responses.get(response_id)
-    if found is None:
-        kept = "the latest --responses-store-mb of them" if ctx.responses.enabled else "none"
-        raise P.APIError(f"response {response_id!r} is not kept here (the server keeps {kept})",
-                         status=404, type="not_found_error", param="response_id",
-                         code="response_not_found")
-    return found
 
 
 async def _serve(request: Request, parse, shape) -> Response:
