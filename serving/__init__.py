@@ -1,6 +1,7 @@
 """The serving engine: paged KV cache, scheduler, model runner, OpenAI-compatible server.
 
-`from graft.serving import Engine, EngineConfig, SamplingParams` is the public entry point.
+`from graft.serving import Engine, EngineConfig, SamplingParams` (and PoolingParams for
+embeddings) is the public entry point.
 Each name loads on first use (module __getattr__): a command's --help that only needs
 EngineConfig's fields (graft.serving.engine.engine_args) does not pay for torch, and
 `graft serve` checks its port and flags before torch is imported.
@@ -17,6 +18,7 @@ _LAZY = {
     "EngineStats": "graft.serving.engine.engine",
     "ImageRange": "graft.serving.engine.mm_inputs",
     "MultiModalInputs": "graft.serving.engine.mm_inputs",
+    "PoolingParams": "graft.serving.engine.pooling",
     "RequestOutput": "graft.serving.engine.outputs",
     "SamplingParams": "graft.serving.engine.sampling_params",
 }

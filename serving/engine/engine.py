@@ -1,5 +1,5 @@
-"""The engine: requests in, tokens out. Offline `generate` and the incremental
-add_request / step / abort interface the server streams from.
+"""The engine: requests in, tokens (or embeddings) out. The incremental add_request / step /
+abort interface the server streams from; offline `generate` and `embed` (offline.py) run on it.
 """
 
 from __future__ import annotations
@@ -10,15 +10,17 @@ import os
 import time
 from pathlib import Path
 
-from graft.serving.engine import prompt_logprobs
+from graft.serving.engine import pooling, prompt_logprobs
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.grammar_check import GrammarLimitError
 from graft.serving.engine.guided import GrammarTokenizer, advance
 from graft.serving.engine.kv_transfer import KVExports, KVPayload, import_into
 from graft.serving.engine.mm_inputs import MultiModalInputs
+from graft.serving.engine.offline import OfflineRuns
 from graft.serving.engine.outputs import Detokenizer, RequestOutput, find_stop_string, make_output
 from graft.serving.engine.sampler import restore_rng_states, seeded_rng_states
+from graft.serving.engine.pooling import PoolingParams
 from graft.serving.engine.sampling_params import SamplingParams
 from graft.serving.engine.scheduler import Scheduler
 from graft.serving.engine.sequence import Sequence, prompt_problem
@@ -33,7 +35,7 @@ from graft.serving.multimodal.grafts import GraftSet, load_grafts
 log = logging.getLogger("graft.serving")
 
 
-class Engine:
+class Engine(OfflineRuns):
     """One LLM and the grafts it serves (`grafts`, fixed at construction; a bare LLM serves
     none). Build it with `from_pretrained` / `from_grafts`, which go through the one loader."""
 
@@ -68,7 +70,6 @@ class Engine:
         self.seqs: dict[str, Sequence] = {}  # unfinished requests by id
         self._pending: list[RequestOutput] = []  # finished at admission (bad input)
         self._order = itertools.count()
-        self._gen_ids = itertools.count()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None,
@@ -105,13 +106,14 @@ class Engine:
 
     # --- requests -------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | None = None,
-                    sampling_params: SamplingParams | None = None, *,
+                    sampling_params: SamplingParams | PoolingParams | None = None, *,
                     prompt_token_ids: list[int] | None = None,
                     mm_inputs: MultiModalInputs | None = None, deadline: float | None = None,
                     priority: int | None = None, graft: str | None = None,
                     kv_export: bool = False, kv_import: KVPayload | None = None) -> None:
         """Queue a request. Bad sampling settings raise; a prompt the model cannot take
         finishes this request alone with finish_reason "error" (reported by the next step).
+        With PoolingParams the request is an embedding (pooling.py): nothing is sampled.
 
         Prefill/decode split: `kv_export` holds the prompt's KV once the request finishes,
         for `kv_exports.take`; `kv_import` (a KVPayload another engine exported) gives the
@@ -123,9 +125,12 @@ class Engine:
             prompt, prompt_token_ids = None, list(prompt)
         if (prompt is None) == (prompt_token_ids is None):
             raise ValueError("add_request needs exactly one of prompt (str) or prompt_token_ids")
-        params = sampling_params or SamplingParams()
+        params, pool = sampling_params or SamplingParams(), None
+        if isinstance(params, PoolingParams):
+            params, pool = SamplingParams(speculative="off"), params
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            raise ValueError("sampling_params must be a SamplingParams or PoolingParams, got "
+                             f"{type(params).__name__}")
         params.check_vocab(self.runner.vocab_size)
         if prompt is not None:
             if self.tokenizer is None:
@@ -135,6 +140,7 @@ class Engine:
             raise ValueError(f"request {request_id!r}: prompt_token_ids must be a list of ints")
         seq = Sequence(request_id, prompt_token_ids, params, next(self._order), mm_inputs,
                        deadline, priority, graft)
+        seq.pooling = pool
         problem = prompt_problem(seq, self.max_model_len, self.runner.vocab_size)
         if problem is not None:
             seq.finish_reason, seq.error = "error", problem
@@ -148,7 +154,7 @@ class Engine:
             else:
                 seq.waiting_matcher = matcher
         seq.kv_export = kv_export
-        if kv_import is not None and not prompt_logprobs.wanted(seq):  # (those score every token)
+        if kv_import is not None and not pooling.whole_prompt(seq):
             seq.num_transferred_tokens = import_into(self.runner, self.block_manager, seq,
                                                      kv_import, self.kv_exports.stats)
         self.seqs[request_id] = seq
@@ -180,9 +186,10 @@ class Engine:
             return outputs
         rngs = seeded_rng_states(batch.seqs)
         try:
-            logits, sampling, scored = self.runner.execute(batch)
+            logits, sampling, scored, pooled = self.runner.execute(batch)
             tokens, logprobs = self._sample(logits, sampling)
             prompt_logprobs.record(scored)
+            pooling.record(pooled)
             self._record_timing(batch, time.perf_counter() - t0)
         except Exception:  # noqa: BLE001 - the batch failed; find whose request did it
             restore_rng_states(rngs)  # seeded rows redraw what the failed batch drew
@@ -194,6 +201,11 @@ class Engine:
                 continue
             seq.num_computed_tokens += n - len(seq.spec_tokens)  # proposals: once accepted
             self.block_manager.commit(seq)
+            if pooling.done(seq):  # an embedding's prompt is computed: it is finished
+                seq.embedding = pooling.embed(seq)
+                self.scheduler.finish(seq, "stop")
+                self.seqs.pop(seq.request_id, None)
+                outputs.append(make_output(seq, final=True))
         now = time.monotonic()
         decoding = batch.num_decodes + sum(1 for s in batch.seqs if s.spec_tokens)
         proposals = sum(len(s.spec_tokens) for s in batch.seqs)
@@ -217,9 +229,10 @@ class Engine:
         sampling, tokens, logprobs = [], [], []
         for seq, n in zip(batch.seqs, batch.num_tokens):
             try:
-                logits, sampled, scored = self.runner.execute(
+                logits, sampled, scored, pooled = self.runner.execute(
                     ScheduledBatch([seq], [n], int(n == 1)))
                 prompt_logprobs.record(scored)
+                pooling.record(pooled)
                 if sampled:
                     got, lps = self._sample(logits, sampled)
                     sampling += sampled
@@ -336,63 +349,3 @@ class Engine:
 
     def stats(self) -> EngineStats:
         return EngineStats.of(self)
-
-    # --- offline --------------------------------------------------------------------
-    def generate(self, prompts: list[str] | str | None = None,
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 prompt_token_ids: list[list[int]] | None = None,
-                 mm_inputs: list[MultiModalInputs | None] | None = None,
-                 request_ids: list[str] | None = None,
-                 grafts: list[str | None] | None = None) -> list[RequestOutput]:
-        """Run prompts (strings or token id lists, with their images' `mm_inputs` where they
-        have any) to completion in one continuous batch; outputs in input order. The one
-        offline loop: generate_chats, the eval engine backend and graft chat run on it.
-        request_ids name the requests (default `generate-N`); grafts, the graft each asked
-        for (per-graft state such as the suffix-decoding table)."""
-        if (prompts is None) == (prompt_token_ids is None):
-            raise ValueError("generate needs exactly one of prompts or prompt_token_ids")
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        items = list(prompts if prompts is not None else prompt_token_ids)
-        if isinstance(sampling_params, (list, tuple)):
-            if len(sampling_params) != len(items):
-                raise ValueError(f"sampling_params has {len(sampling_params)} entries for "
-                                 f"{len(items)} prompts; pass one, or one per prompt")
-            params = list(sampling_params)
-        else:
-            params = [sampling_params or SamplingParams()] * len(items)
-        if mm_inputs is not None and len(mm_inputs) != len(items):
-            raise ValueError(f"mm_inputs has {len(mm_inputs)} entries for {len(items)} prompts")
-        mms = list(mm_inputs) if mm_inputs is not None else [None] * len(items)
-        if grafts is not None and len(grafts) != len(items):
-            raise ValueError(f"grafts has {len(grafts)} entries for {len(items)} prompts")
-        names = list(grafts) if grafts is not None else [None] * len(items)
-        if request_ids is not None and len(request_ids) != len(items):
-            raise ValueError(f"request_ids has {len(request_ids)} entries for {len(items)} prompts")
-        ids = (list(request_ids) if request_ids is not None
-               else [f"generate-{next(self._gen_ids)}" for _ in items])
-        try:
-            for rid, item, p, mm, graft in zip(ids, items, params, mms, names):
-                if prompts is not None:
-                    self.add_request(rid, item, p, mm_inputs=mm, graft=graft)
-                else:
-                    self.add_request(rid, prompt_token_ids=list(item), sampling_params=p,
-                                     mm_inputs=mm, graft=graft)
-        except Exception:  # leave nothing of this call queued
-            for rid in ids:
-                self.abort(rid)
-            self._pending = [o for o in self._pending if o.request_id not in ids]
-            raise
-        final: dict[str, RequestOutput] = {}
-        wanted = set(ids)
-        while wanted - final.keys():
-            for out in self.step():
-                if out.finished and out.request_id in wanted:
-                    final[out.request_id] = out
-        return [_whole(final[rid]) for rid in ids]
-
-
-def _whole(out: RequestOutput) -> RequestOutput:
-    """An offline result reports everything as new."""
-    out.new_token_ids, out.new_text = list(out.token_ids), out.text
-    return out

@@ -17,7 +17,7 @@ from graft.errors import GraftConfigError
 from graft.kernels import cpu_linear, cpu_ops, cpu_quant, huge_pages, rope_cos_sin
 from graft.kernels.dispatch import kernels_mode
 from graft.kernels.linear_dispatch import resolve_mode
-from graft.serving.engine import prompt_logprobs
+from graft.serving.engine import pooling, prompt_logprobs
 from graft.serving.engine.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
@@ -180,11 +180,12 @@ class ModelRunner:
 
     # --- one forward ----------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence], list]:
+    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence], list, list]:
         """Run batch; return logits fp32 and the B sequences they belong to: one row per
-        sequence, or 1 + len(seq.spec_tokens) rows for a sequence verifying proposals; and
-        the prompt-logprob rows, (seq, first position, logits [n, vocab]) per sequence that
-        wants them (prompt_logprobs.py)."""
+        sequence, or 1 + len(seq.spec_tokens) rows for a sequence verifying proposals; the
+        prompt-logprob rows, (seq, first position, logits [n, vocab]) per sequence that
+        wants them (prompt_logprobs.py); and the pooled rows, (seq, first position, hidden
+        [n, d]) per pooling sequence whose chunk holds any (pooling.py)."""
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -196,6 +197,7 @@ class ModelRunner:
         cu = [0]
         mm_rows = []
         prompt_rows: list[tuple[Sequence, int, list[int]]] = []  # (seq, first position, flat rows)
+        pooled_rows: list[tuple[Sequence, int, list[int]]] = []  # the same, hidden states
         for seq, n in zip(batch.seqs, batch.num_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             table = seq.block_table
@@ -207,13 +209,14 @@ class ModelRunner:
             tables.append(table)
             ctx_lens.append(end)
             cu.append(cu[-1] + n)
-            if end == len(seq) + len(draft):
+            if end == len(seq) + len(draft) and seq.pooling is None:
                 logits_idx.extend(range(len(ids) - 1 - len(draft), len(ids)))
                 sampling.append(seq)
-            scored = prompt_logprobs.positions(seq, start, end)
-            if scored:
-                first_row = len(ids) - len(draft) - n
-                prompt_rows.append((seq, scored.start, [first_row + p - start for p in scored]))
+            first_row = len(ids) - len(draft) - n
+            for wanted, kept in ((prompt_logprobs.positions(seq, start, end), prompt_rows),
+                                 (pooling.positions(seq, start, end), pooled_rows)):
+                if wanted:
+                    kept.append((seq, wanted.start, [first_row + p - start for p in wanted]))
             if seq.mm_inputs is not None:
                 rows = seq.mm_inputs.rows_for(start, end)
                 if rows is not None:
@@ -221,15 +224,15 @@ class ModelRunner:
         nd = batch.num_decodes
         graphs = self.decode_graphs
         if (graphs is not None and nd == len(tables) and not mm_rows and not prompt_rows
-                and graphs.fits(nd)):
-            return graphs.run(ids, positions, slots, tables, ctx_lens), sampling, []
+                and not pooled_rows and graphs.fits(nd)):
+            return graphs.run(ids, positions, slots, tables, ctx_lens), sampling, [], []
         fused = getattr(self.model, "fused_decode", None)
         if (fused is not None and not mm_rows and len(sampling) == len(tables)
                 and fused.step_applies(nd, len(tables)) and self.cos_table.is_contiguous()):
             # the CPU fast path: the whole step, ids to logits, in one C call (every row
             # decodes one token and is sampled)
             return fused.step(ids, positions, slots, tables, ctx_lens, self.cos_table,
-                              self.sin_table), sampling, []
+                              self.sin_table), sampling, [], []
         dev = self.device
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
@@ -253,13 +256,26 @@ class ModelRunner:
         n_sampled = len(logits_idx)
         for _, _, rows in prompt_rows:  # after the sampled rows: those stay rows 0..B-1
             logits_idx.extend(rows)
-        logits = self.model(input_ids, cos, sin, meta,
-                            torch.tensor(logits_idx, dtype=torch.int64, device=dev), override)
-        scored, at = [], n_sampled
-        for seq, first, rows in prompt_rows:
-            scored.append((seq, first, logits[at:at + len(rows)]))
-            at += len(rows)
-        return logits[:n_sampled], sampling, scored
+        logits_at = torch.tensor(logits_idx, dtype=torch.int64, device=dev)
+        hidden = None
+        if pooled_rows:
+            hidden_at = torch.tensor([r for _, _, rows in pooled_rows for r in rows],
+                                     dtype=torch.int64, device=dev)
+            logits, hidden = self.model(input_ids, cos, sin, meta, logits_at, override, hidden_at)
+        else:
+            logits = self.model(input_ids, cos, sin, meta, logits_at, override)
+        scored = _split(prompt_rows, logits, n_sampled)
+        return logits[:n_sampled], sampling, scored, _split(pooled_rows, hidden, 0)
+
+
+def _split(wanted: list[tuple[Sequence, int, list[int]]], values, at: int) -> list:
+    """(seq, first position, its rows of values) of each (seq, first position, flat rows),
+    their rows in order from row `at` of values."""
+    out = []
+    for seq, first, rows in wanted:
+        out.append((seq, first, values[at:at + len(rows)]))
+        at += len(rows)
+    return out
 
 
 def _pad_tables(tables: list[list[int]], device) -> torch.Tensor:

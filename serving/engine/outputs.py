@@ -24,6 +24,7 @@ class RequestOutput:
     # per prompt token (the first None), once the prompt is computed; SamplingParams.prompt_logprobs
     prompt_logprobs: list[dict[int, float] | None] | None = None
     prompt_ranks: list[int | None] | None = None  # ... and each prompt token's rank (1: likeliest)
+    embedding: list[float] | None = None  # a pooling request's (pooling.py), when finished
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (or transferred)
     num_transferred_tokens: int = 0  # ... of them, those whose KV came from another engine
     spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed for this request ...
@@ -92,6 +93,7 @@ def make_output(seq: Sequence, final: bool) -> RequestOutput:
         logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         prompt_logprobs=seq.prompt_logprobs if seq.num_output_tokens else None,
         prompt_ranks=seq.prompt_ranks if seq.num_output_tokens else None,
+        embedding=seq.embedding,
         num_cached_tokens=seq.num_cached_tokens,
         num_transferred_tokens=seq.num_transferred_tokens,
         spec_proposed_tokens=seq.spec.proposed if seq.spec else 0,

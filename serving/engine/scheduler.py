@@ -13,7 +13,7 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
-from graft.serving.engine import prompt_logprobs
+from graft.serving.engine import pooling, prompt_logprobs
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.sequence import Sequence, SequenceStatus
@@ -128,9 +128,9 @@ class Scheduler:
                 finished.append(seq)
                 continue
             # a sequence whose KV came from another engine arrives with its blocks; one that
-            # wants prompt logprobs computes every prompt position (no cache hits)
+            # wants prompt logprobs (or mean or cls pooling) computes every prompt position
             preloaded = bool(seq.block_table)
-            lookup = not preloaded and not prompt_logprobs.wanted(seq)
+            lookup = not preloaded and not pooling.whole_prompt(seq)
             hits = self.bm.lookup(seq) if lookup else []
             tail = self.bm.lookup_tail(seq, hits) if lookup else None
             cached = (seq.num_computed_tokens if preloaded else

@@ -55,6 +55,9 @@ class Sequence:
             [None] * self.num_prompt_tokens if wanted else None)
         self.prompt_ranks: list[int | None] | None = (
             [None] * self.num_prompt_tokens if wanted else None)
+        self.pooling = None  # pooling.PoolingParams: an embedding request, nothing sampled
+        self.pool_parts: dict = {}  # its pooled rows' sums by chunk (pooling.record)
+        self.embedding: list[float] | None = None  # ... and the vector, once its prompt is done
         self.generator = None  # torch.Generator when params.seed is set
         self.spec_tokens: list[int] = []  # proposals verified in this step (after the last token)
         self.spec = None  # spec_decode.controller.SpecState once the sequence has speculated

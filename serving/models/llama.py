@@ -169,8 +169,10 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata, logits_indices: torch.Tensor,
-                embeds_override: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """input_ids [T] -> logits [len(logits_indices), vocab] in fp32."""
+                embeds_override: tuple[torch.Tensor, torch.Tensor] | None = None,
+                hidden_indices: torch.Tensor | None = None):
+        """input_ids [T] -> logits [len(logits_indices), vocab] in fp32; with hidden_indices,
+        (logits, the final norm's output at those rows in fp32: what embeddings pool)."""
         h = embed_tokens(self.embed_tokens, input_ids, embeds_override)  # [T, d_model]
         fused = self.fused_decode
         if fused is not None and embeds_override is None and fused.applies(meta, h):
@@ -179,8 +181,16 @@ class CausalLM(nn.Module):
             residual = None
             for layer in self.layers:
                 h, residual = layer(h, residual, cos, sin, meta)
-        # the final norm is per token: only the positions that need logits
-        h, _ = self.norm(h[logits_indices], residual[logits_indices])
+        # the final norm is per token: only the positions that need logits (or are pooled)
+        rows = logits_indices if hidden_indices is None else torch.cat([logits_indices,
+                                                                         hidden_indices])
+        h, _ = self.norm(h[rows], residual[rows])
+        if hidden_indices is None:
+            return self._logits(h)
+        n = logits_indices.shape[0]
+        return self._logits(h[:n]), h[n:].float()
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
             return self.lm_head(h).float()  # [B, vocab]
         if self.head_quantized is not None:
