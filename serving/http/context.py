@@ -43,6 +43,7 @@ class ServerSettings:
     kv_transfer: object = None  # fleet.pd.KVTransferConfig: this worker's P/D role (None: none)
     advertised_address: tuple[str, int] = ("127.0.0.1", 8000)  # how other workers reach this one
     encoder_cache_peers: tuple[str, ...] = ()  # workers asked for embeddings before encoding
+    pooling: str = "last"  # how /v1/embeddings pools (engine/pooling.py): last, mean or cls
     responses_store_bytes: int = 0  # /v1/responses kept for previous_response_id (0: none)
 
 
@@ -141,15 +142,20 @@ class ServerContext:
         return self.remote_media_pool if any(map(is_remote, urls)) else self.media_pool
 
     def prepare(self, req, front):
-        """The EngineRequest of a parsed chat (chat_request.to_engine_request) or text
-        completion (completions_request.to_completion_request), in a worker thread: the one
+        """The EngineRequest of a parsed chat (chat_request.to_engine_request), text
+        completion (completions_request.to_completion_request) or embedding input
+        (embeddings_request.to_embedding_request), in a worker thread: the one
         seam per app on the request path, where tests inject failures."""
         from graft.serving.http.openai.chat_request import to_engine_request
         from graft.serving.http.openai.completions_request import (CompletionRequest,
                                                              to_completion_request)
+        from graft.serving.http.openai.embeddings_request import (EmbeddingRequest,
+                                                                  to_embedding_request)
 
         if isinstance(req, CompletionRequest):
             return to_completion_request(self, req)
+        if isinstance(req, EmbeddingRequest):
+            return to_embedding_request(self, req, front)
         return to_engine_request(self, req, front)
 
     def prompt_logprobs(self, out) -> list | None:

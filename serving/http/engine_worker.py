@@ -309,7 +309,7 @@ class EngineWorker:
         if job is None:
             return
         now = time.monotonic()
-        if job.first_token_at is None and out.token_ids:
+        if job.first_token_at is None and (out.token_ids or out.embedding is not None):
             job.first_token_at = now
             # The budget is for the first token; once met, decoding runs to its own end.
             self.engine.clear_deadline(job.request_id)

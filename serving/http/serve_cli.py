@@ -90,6 +90,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parse-special-tokens-in-text", action="store_true",
                    help="special-token text typed in messages (e.g. <|im_start|>) becomes "
                         "control tokens; default: plain text (trusted clients only)")
+    p.add_argument("--pooling", default="last", choices=("last", "mean", "cls"),
+                   help="how /v1/embeddings pools the prompt's final hidden states: last (the "
+                        "last token: causal LLMs' choice and vLLM's default; default), mean, or "
+                        "cls (the first token); llama.cpp's flag")
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_FORMATS),
                    help="a reasoning model's thinking (<think> ... </think>) goes to the "
                         "message's `reasoning`, not its `content` (vLLM's flag; default: off)")
@@ -184,7 +188,7 @@ def build(args: argparse.Namespace):
         shrink_images_to_budget=args.shrink_images_to_budget,
         parse_special_tokens_in_text=args.parse_special_tokens_in_text,
         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
-        responses_store_bytes=int(args.responses_store_mb * (1 << 20)),
+        pooling=args.pooling, responses_store_bytes=int(args.responses_store_mb * (1 << 20)),
         api_keys=keys, allowed_hosts=allowed_host_names(args.host, keys, args.allowed_host),
         auth_health=args.auth_health, auth_metrics=args.auth_metrics,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,

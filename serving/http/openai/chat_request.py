@@ -100,8 +100,8 @@ def prepare_pool(ctx, req: P.ChatCompletionRequest):
 
 
 def _image_urls(req: P.ChatCompletionRequest) -> list[str]:
-    # a /v1/completions request has no messages (text only)
-    return [part.image_url.url for msg in getattr(req, "messages", ())
+    # a /v1/completions request has no messages (text only), nor has an embedding of `input`
+    return [part.image_url.url for msg in getattr(req, "messages", None) or ()
             if isinstance(msg.content, list) for part in msg.content
             if getattr(part, "type", None) == "image_url"]
 

@@ -64,26 +64,36 @@ async def answer_all(ctx, request: Request, req, subs: list, shapes: list) -> Re
         watcher = watch_disconnect(request, lambda: _abort(ctx, subs))
         return StreamingResponse(_stream(ctx, subs, shapes, counted, req.stream_options, watcher),
                                  media_type="text/event-stream")
+    bodies = await gather(ctx, request, subs, shapes)
+    if isinstance(bodies, Response):
+        return bodies
+    joined = bodies[0]
+    joined["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
+    joined["usage"] = total_usage([b["usage"] for b in bodies], counted)
+    return JSONResponse(joined)
+
+
+async def gather(ctx, request: Request, subs: list, shapes: list) -> list[dict] | Response:
+    """The JSON body of every (job, queue) of subs as its shape writes it, in order; or the
+    Response of the first that ends in an error (or 499: the client went away), the others
+    aborted."""
     queues = [queue for _, queue in subs]
     watcher = watch_disconnect(request, lambda: [q.put_nowait(("gone", None)) for q in queues])
     tasks = [asyncio.ensure_future(whole(ctx, job, queue, shape))
              for (job, queue), shape in zip(subs, shapes)]
     try:
         bodies = []
-        for task in tasks:  # in order; the first that ends in an error or 499 answers
+        for task in tasks:
             body = await task
             if isinstance(body, Response):
                 _abort(ctx, subs)
                 return body
             bodies.append(body)
+        return bodies
     finally:
         watcher.cancel()
         for task in tasks:
             task.cancel()
-    joined = bodies[0]
-    joined["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
-    joined["usage"] = total_usage([b["usage"] for b in bodies], counted)
-    return JSONResponse(joined)
 
 
 def total_usage(usages: list[dict], counted: list[bool]) -> dict:

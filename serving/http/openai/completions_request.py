@@ -18,6 +18,32 @@ Int = P.Int
 Prompt = Union[str, list[Int], list[str], list[list[Int]]]
 
 
+def no_empty_prompt(value: Any, name: str) -> Any:
+    """`value` (a Prompt) if none of its prompts is empty, else ValueError naming it."""
+    several = isinstance(value, list) and value and isinstance(value[0], (str, list))
+    for i, item in enumerate(value if several else [value]):
+        if not item:
+            where = f"{name}[{i}] is empty" if several else f"the {name} is empty"
+            raise ValueError(f"{where}; send text or at least one token id")
+    return value
+
+
+def one_per_prompt(req, field: str) -> list:
+    """req once per prompt of its list `field` (itself when it holds one prompt), each
+    copy's `_param` naming where its prompt was."""
+    value = getattr(req, field)
+    if not (isinstance(value, list) and isinstance(value[0], (str, list))):
+        return [req]
+    if len(value) == 1:
+        return [req.model_copy(update={field: value[0]})]
+    parts = []
+    for i, item in enumerate(value):
+        part = req.model_copy(update={field: item})
+        part._param = f"{field}[{i}]"
+        parts.append(part)
+    return parts
+
+
 class CompletionRequest(P.SamplingFields):
     # a string or token ids, or a list of those: one choice per prompt (and per n)
     prompt: Prompt
@@ -30,25 +56,11 @@ class CompletionRequest(P.SamplingFields):
     @field_validator("prompt")
     @classmethod
     def _no_empty_prompt(cls, value: Any) -> Any:
-        several = isinstance(value, list) and value and isinstance(value[0], (str, list))
-        for i, item in enumerate(value if several else [value]):
-            if not item:
-                where = f"prompt[{i}] is empty" if several else "the prompt is empty"
-                raise ValueError(f"{where}; send text or at least one token id")
-        return value
+        return no_empty_prompt(value, "prompt")
 
     def prompt_requests(self) -> list[CompletionRequest]:
         """One request per prompt of a list (itself when it holds one prompt)."""
-        if not (isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list))):
-            return [self]
-        if len(self.prompt) == 1:
-            return [self.model_copy(update={"prompt": self.prompt[0]})]
-        parts = []
-        for i, item in enumerate(self.prompt):
-            part = self.model_copy(update={"prompt": item})
-            part._param = f"prompt[{i}]"
-            parts.append(part)
-        return parts
+        return one_per_prompt(self, "prompt")
 
     @field_validator("suffix")
     @classmethod
@@ -73,23 +85,24 @@ class CompletionRequest(P.SamplingFields):
 parse_completion_request = partial(P.parse_chat_request, model=CompletionRequest)
 
 
-def prompt_ids(ctx, req: CompletionRequest) -> list[int]:
-    """The prompt's token ids. Text is tokenized as the model's tokenizer does by default
-    (special-token text included: the client writes the whole prompt, template and all)."""
-    where = req._param
-    if isinstance(req.prompt, str):
-        check_text_length(ctx, len(req.prompt), where)  # megabytes refused untokenized
-        return ctx.tokenizer(req.prompt, add_special_tokens=True)["input_ids"]
+def prompt_ids(ctx, prompt: str | list[int], where: str, add_special_tokens: bool = True
+               ) -> list[int]:
+    """The token ids of one prompt (text or ids) found at `where` in the request. Text is
+    tokenized as the model's tokenizer does by default (special-token text included: the
+    client writes the whole prompt, template and all); ids must be the model's."""
+    if isinstance(prompt, str):
+        check_text_length(ctx, len(prompt), where)  # megabytes refused untokenized
+        return ctx.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
     vocab = ctx.engine.runner.vocab_size
-    for i, tid in enumerate(req.prompt):
+    for i, tid in enumerate(prompt):
         if not 0 <= tid < vocab:
             raise P.APIError(f"{where}[{i}] = {tid} is not a token id of this model (0 to "
                              f"{vocab - 1})", param=f"{where}[{i}]", code="invalid_value")
-    return list(req.prompt)
+    return list(prompt)
 
 
 def to_completion_request(ctx, req: CompletionRequest) -> EngineRequest:
     """The EngineRequest of a text completion of one prompt (ServerContext.prepare calls it)."""
-    ids = prompt_ids(ctx, req)
+    ids = prompt_ids(ctx, req.prompt, req._param)
     check_room(ctx, len(ids), req.output_limit(), req._param)
     return EngineRequest(ids, None, [], sampling_params_for(ctx, req, len(ids)))

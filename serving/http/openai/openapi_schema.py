@@ -14,12 +14,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from graft.serving.http.openai.completions_request import CompletionRequest
+from graft.serving.http.openai.embeddings_request import EmbeddingRequest
 from graft.serving.http.openai.openai_chat import ChatCompletionRequest
 from graft.serving.http.openai.responses_request import ResponsesBody
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 RESPONSES_PATH = "/v1/responses"
+EMBEDDINGS_PATH = "/v1/embeddings"
 # every status the chat route may refuse with (all with ErrorBody): bad request, key, a
 # forbidden image source, unknown model, body timeout, size, a body that is not JSON, a Host
 # not served (request_guard.py), rate/queue limit, engine failure, connection limit or
@@ -111,6 +113,28 @@ class ResponseObject(BaseModel):
     usage: dict[str, Any] | None
 
 
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # str: encoding_format base64 (little-endian float32)
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    """A /v1/embeddings answer (embeddings_answer.answer)."""
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[Embedding]
+    usage: EmbeddingUsage
+
+
 class DeletedResponse(BaseModel):
     """DELETE /v1/responses/{response_id}."""
     id: str
@@ -186,6 +210,11 @@ def install(app: FastAPI, dependencies: list) -> None:
                 "response.completed" if path == RESPONSES_PATH else "the completion; with "
                 "stream: true, text/event-stream chunks ending in `data: [DONE]`")
             op["responses"] = {"200": completion, **errors}
+        op = schema["paths"][EMBEDDINGS_PATH]["post"]
+        op["requestBody"] = {"required": True, "content": json_of(
+            EmbeddingRequest, "")["content"]}
+        op["responses"] = {"200": json_of(EmbeddingList, "the embeddings, in input order"),
+                           **errors}
         kept = schema["paths"][RESPONSES_PATH + "/{response_id}"]
         kept["get"]["responses"] = {"200": json_of(ResponseObject, "a kept response"),
                                     "401": error, "404": error}

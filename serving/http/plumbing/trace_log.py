@@ -35,7 +35,12 @@ class TraceWriter:
 
     def record(self, job, out, status: str, now: float) -> None:
         """Called by the engine thread when a job ends (out: its final RequestOutput, or None
-        when it ended before the engine, e.g. its deadline passed in the queue)."""
+        when it ended before the engine, e.g. its deadline passed in the queue). Embeddings
+        are left out: graft tune replays a trace as chats."""
+        from graft.serving.engine.pooling import PoolingParams
+
+        if isinstance(job.sampling_params, PoolingParams):
+            return
         self._queue.put((job, out, status, now, time.time() - time.monotonic()))
 
     def close(self) -> None:

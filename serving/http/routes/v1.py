@@ -1,5 +1,6 @@
-"""The OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/completions and
-/v1/responses (API key checked by the dependency server.py attaches to this router)."""
+"""The OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/completions,
+/v1/responses and /v1/embeddings (API key checked by the dependency server.py attaches to this
+router)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from graft.serving.http.openai.chat_request import read_chat_request, submit_cha
 from graft.serving.http.openai.choices import answer_all, choice_requests, submit_all
 from graft.serving.http.openai.completions_answer import CompletionAnswer
 from graft.serving.http.openai.completions_request import parse_completion_request
+from graft.serving.http.openai import embeddings_answer
+from graft.serving.http.openai.embeddings_request import EmbeddingRequest
 from graft.serving.http.openai import responses_answer
-from graft.serving.http.openai.openapi_schema import CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+from graft.serving.http.openai.openapi_schema import (CHAT_PATH, COMPLETIONS_PATH,
+                                                      EMBEDDINGS_PATH, RESPONSES_PATH)
 from graft.serving.http.openai.responses_request import (in_responses_words, kept_response,
                                                           parse_responses_request)
 from graft.serving.http.openai.responses import answer
@@ -60,6 +64,17 @@ async def responses(request: Request) -> Response:
     except P.APIError as err:  # the prompt's and the sampling's checks, in chat's words
         raise in_responses_words(err, req._origins) from None
     return await responses_answer.answer(ctx, request, job, queue, ChatAnswer(ctx, job, req), req)
+
+
+@router.post(EMBEDDINGS_PATH)
+async def embeddings(request: Request) -> Response:
+    """One pooling request per input (embeddings_request.py), joined in one list
+    (embeddings_answer.py)."""
+    arrival = time.monotonic()
+    ctx = request.app.state.ctx
+    req, front = await read_chat_request(ctx, request, partial(P.parse_chat_request,
+                                                               model=EmbeddingRequest))
+    return await embeddings_answer.answer(ctx, request, req, front, arrival)
 
 
 @router.get(RESPONSES_PATH + "/{response_id}")
