@@ -394,9 +394,10 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
     if (!integer && level >= 2) {
         const int64_t pairs = NB / 2, block = kind == KIND_F32 ? K * 64 : (K + 1) / 2 * 64; /* bytes */
         /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */
+#pragma omp parallel num_threads(nthreads) if (pairs > 1 && nthreads > 1)
         for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
             const int64_t mend = mc + M_CHUNK < M ? mc + M_CHUNK : M;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (pairs > 1 && nthreads > 1)
+#pragma omp for schedule(static) nowait
             for (int64_t p = 0; p < pairs; ++p)
                 tile_rows(kind == KIND_BF16 ? BF_TILES : F32_TILES, x, ldx, mc, mend, K,
                           (const uint8_t *)w + 2 * p * block, bias, p * 32, y, ldy, N);
