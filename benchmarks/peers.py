@@ -40,7 +40,7 @@ def add_arguments(p) -> None:
                    help="graft's scheme beside q4_0/q4_1: exact = int4-g32 (fp32 activations), "
                         "a8 = int4-g32-a8 (activations rounded to int8 per 32, as llama.cpp's Q4)")
     p.add_argument("--runs", type=_count, default=3)
-    p.add_argument("--threads", type=_count, default=_cpus(),
+    p.add_argument("--threads", type=_count, default=usable_cpus(),
                    help="threads of every tool (default: %(default)s, the CPUs this process may use)")
     p.add_argument("--llama-cpp", type=Path, default=None, metavar="DIR",
                    help="a built llama.cpp tree (bin/ or build/bin/ with llama-bench, "
@@ -67,7 +67,7 @@ def add_arguments(p) -> None:
     peers_report.add_output_arguments(p, "peers.json", "bandwidths, the table")
 
 
-def _cpus() -> int:
+def usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, Union
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.openai.chat_request import EngineRequest, to_engine_request
@@ -27,10 +27,10 @@ class EmbeddingRequest(P._Strict):
     encoding_format: Literal["float", "base64"] = "float"  # base64: little-endian float32
     dimensions: Int | None = Field(default=None, ge=1)
     user: str | None = None
-    # vLLM's: keep the prompt's last k tokens (-1: the context's length); truncation_side
-    # "right" keeps the first k instead
+    # vLLM's: keep k of the prompt's tokens (-1: the context's length), the first k
+    # (truncation_side "right") or the last k ("left"); unset: the tokenizer's side, as vLLM
     truncate_prompt_tokens: Int | None = Field(default=None, ge=-1)
-    truncation_side: Literal["left", "right"] = "left"
+    truncation_side: Literal["left", "right"] | None = None
     add_special_tokens: bool = True  # for `input` text (BOS and the like)
     use_activation: bool | None = None  # vLLM's: normalize (None: the server's default, yes)
     normalize: bool | None = None  # vLLM's older name for the same
@@ -91,10 +91,14 @@ def to_embedding_request(ctx, req: EmbeddingRequest, front) -> EngineRequest:
                          "dimensions out", param="dimensions", code="invalid_value")
     pool = PoolingParams(ctx.settings.pooling, req.normalized())
     if req.messages is not None:
-        chat = P.ChatCompletionRequest(
-            model=req.model, messages=req.messages, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            chat_template_kwargs=req.chat_template_kwargs)
+        try:  # (the chat's own checks: template variables, continue_final_message)
+            chat = P.ChatCompletionRequest(
+                model=req.model, messages=req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.chat_template_kwargs)
+        except ValidationError as err:
+            raise P.refusal_of(err) from None
         er = to_engine_request(ctx, chat, front)
         er.params = pool
         return er
@@ -102,7 +106,8 @@ def to_embedding_request(ctx, req: EmbeddingRequest, front) -> EngineRequest:
     k = req.truncate_prompt_tokens
     if k is not None:
         k = ctx.max_model_len if k == -1 else k
-        ids = ids[max(len(ids) - k, 0):] if req.truncation_side == "left" else ids[:k]
+        side = req.truncation_side or getattr(ctx.tokenizer, "truncation_side", "right")
+        ids = ids[max(len(ids) - k, 0):] if side == "left" else ids[:k]
     if not ids:
         raise P.APIError(f"{req._param} has no tokens left (truncate_prompt_tokens=0, or text "
                          "with no tokens); send some text", param=req._param, code="invalid_value")

@@ -325,11 +325,16 @@ def parse_chat_request(raw: bytes, model: type[BaseModel] = ChatCompletionReques
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        first = _deepest(err.errors())
-        param = _loc_to_param(tuple(first.get("loc", ())))
-        msg = first.get("msg", "invalid value")
-        raise APIError(f"invalid value for '{param}': {msg}", param=param or None,
-                       code="invalid_value") from None
+        raise refusal_of(err) from None
+
+
+def refusal_of(err: ValidationError) -> APIError:
+    """The 400 of a body that does not validate, naming its deepest bad field."""
+    first = _deepest(err.errors())
+    param = _loc_to_param(tuple(first.get("loc", ())))
+    msg = first.get("msg", "invalid value")
+    return APIError(f"invalid value for '{param}': {msg}", param=param or None,
+                    code="invalid_value")
 
 
 IMAGE_MARKER = "<image>"  # graft.template's marker; kept literal so this module stays light

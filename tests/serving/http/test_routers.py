@@ -118,6 +118,28 @@ def test_vllm_router_cache_aware_routes_responses_on_their_render(workers, tmp_p
     assert [float(r) > 0.9 for r in rates] == [False, False, True, True], rates
 
 
+def test_vllm_router_passes_embeddings_through(workers, tmp_path):
+    """/v1/embeddings behind vllm-router: answered by a worker as it answers alone. (The
+    router renders chats, completions and Responses only; embeddings it routes by load, its
+    log says `unsupported_route`, never a worker's missing render.)"""
+    log = tmp_path / "vllm-router.log"
+    argv = [vllm_router(), "--worker-urls", *[w.url for w in workers], "--policy",
+            "cache_aware", "--log-level", "debug"]
+    body = {"model": "plain", "input": ["a red car", "a blue boat"], "encoding_format": "float"}
+    with _router(argv, log) as url:
+        routed = [httpx.post(url + "/v1/embeddings", json=body, timeout=60) for _ in range(4)]
+        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
+    direct = httpx.post(workers[0].url + "/v1/embeddings", json=body, timeout=60).json()
+    for resp in routed:
+        assert resp.status_code == 200, resp.text
+        got = resp.json()
+        assert got["usage"] == direct["usage"]
+        for a, b in zip(got["data"], direct["data"]):
+            assert a["index"] == b["index"]
+            assert max(abs(x - y) for x, y in zip(a["embedding"], b["embedding"])) < 1e-6
+    assert "render_unavailable" not in text
+
+
 @pytest.mark.skipif(not SGLANG_ROUTER.exists(), reason=f"sglang-router 0.3.2 not installed at "
                     f"{SGLANG_ROUTER} (make router-venvs)")
 def test_sglang_router_registers_the_served_model_and_reads_load(workers, tmp_path):
