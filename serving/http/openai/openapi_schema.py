@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from graft.serving.http.openai.completions_request import CompletionRequest
 from graft.serving.http.openai.embeddings_request import EmbeddingRequest
+from graft.serving.http.openai.scores import RerankRequest, ScoreRequest
 from graft.serving.http.openai.openai_chat import ChatCompletionRequest
 from graft.serving.http.openai.responses_request import ResponsesBody
 
@@ -22,6 +23,8 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 RESPONSES_PATH = "/v1/responses"
 EMBEDDINGS_PATH = "/v1/embeddings"
+RERANK_PATH = "/v1/rerank"
+SCORE_PATH = "/v1/score"
 # every status the chat route may refuse with (all with ErrorBody): bad request, key, a
 # forbidden image source, unknown model, body timeout, size, a body that is not JSON, a Host
 # not served (request_guard.py), rate/queue limit, engine failure, connection limit or
@@ -135,6 +138,45 @@ class EmbeddingList(BaseModel):
     usage: EmbeddingUsage
 
 
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None  # None: return_documents false
+
+
+class RerankUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankList(BaseModel):
+    """A /v1/rerank answer (scores.rerank): the documents, the most similar first."""
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
+class Score(BaseModel):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class ScoreList(BaseModel):
+    """A /v1/score answer (scores.score)."""
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[Score]
+    usage: EmbeddingUsage
+
+
 class DeletedResponse(BaseModel):
     """DELETE /v1/responses/{response_id}."""
     id: str
@@ -210,11 +252,13 @@ def install(app: FastAPI, dependencies: list) -> None:
                 "response.completed" if path == RESPONSES_PATH else "the completion; with "
                 "stream: true, text/event-stream chunks ending in `data: [DONE]`")
             op["responses"] = {"200": completion, **errors}
-        op = schema["paths"][EMBEDDINGS_PATH]["post"]
-        op["requestBody"] = {"required": True, "content": json_of(
-            EmbeddingRequest, "")["content"]}
-        op["responses"] = {"200": json_of(EmbeddingList, "the embeddings, in input order"),
-                           **errors}
+        for path, request, response, what in (
+                (EMBEDDINGS_PATH, EmbeddingRequest, EmbeddingList, "the embeddings, in order"),
+                (RERANK_PATH, RerankRequest, RerankList, "the documents, most similar first"),
+                (SCORE_PATH, ScoreRequest, ScoreList, "the pairs' scores, in order")):
+            op = schema["paths"][path]["post"]
+            op["requestBody"] = {"required": True, "content": json_of(request, "")["content"]}
+            op["responses"] = {"200": json_of(response, what), **errors}
         kept = schema["paths"][RESPONSES_PATH + "/{response_id}"]
         kept["get"]["responses"] = {"200": json_of(ResponseObject, "a kept response"),
                                     "401": error, "404": error}

@@ -1,6 +1,6 @@
 """The OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/completions,
-/v1/responses and /v1/embeddings (API key checked by the dependency server.py attaches to this
-router)."""
+/v1/responses, /v1/embeddings, and vLLM's /v1/rerank and /v1/score (API key checked by the
+dependency server.py attaches to this router)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from graft.serving.http.openai.completions_request import parse_completion_reque
 from graft.serving.http.openai import embeddings_answer
 from graft.serving.http.openai.embeddings_request import EmbeddingRequest
 from graft.serving.http.openai import responses_answer
+from graft.serving.http.openai import scores
 from graft.serving.http.openai.openapi_schema import (CHAT_PATH, COMPLETIONS_PATH,
-                                                      EMBEDDINGS_PATH, RESPONSES_PATH)
+                                                      EMBEDDINGS_PATH, RERANK_PATH,
+                                                      RESPONSES_PATH, SCORE_PATH)
 from graft.serving.http.openai.responses_request import (in_responses_words, kept_response,
                                                           parse_responses_request)
 from graft.serving.http.openai.responses import answer
@@ -70,11 +72,32 @@ async def responses(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     """One pooling request per input (embeddings_request.py), joined in one list
     (embeddings_answer.py)."""
+    return await _pooled(request, partial(P.parse_chat_request, model=EmbeddingRequest),
+                         embeddings_answer.answer)
+
+
+@router.post(RERANK_PATH)
+@router.post("/rerank", include_in_schema=False)
+@router.post("/v2/rerank", include_in_schema=False)
+async def rerank(request: Request) -> Response:
+    """Documents by their embeddings' cosine with the query's (scores.py)."""
+    served = list(request.app.state.ctx.models)
+    return await _pooled(request, partial(scores.parse_rerank, served=served), scores.rerank)
+
+
+@router.post(SCORE_PATH)
+@router.post("/score", include_in_schema=False)
+async def score(request: Request) -> Response:
+    """Text pairs scored by their embeddings' cosine (scores.py)."""
+    return await _pooled(request, partial(P.parse_chat_request, model=scores.ScoreRequest),
+                         scores.score)
+
+
+async def _pooled(request: Request, parse, answer) -> Response:
     arrival = time.monotonic()
     ctx = request.app.state.ctx
-    req, front = await read_chat_request(ctx, request, partial(P.parse_chat_request,
-                                                               model=EmbeddingRequest))
-    return await embeddings_answer.answer(ctx, request, req, front, arrival)
+    req, front = await read_chat_request(ctx, request, parse)
+    return await answer(ctx, request, req, front, arrival)
 
 
 @router.get(RESPONSES_PATH + "/{response_id}")

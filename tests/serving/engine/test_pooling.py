@@ -42,6 +42,20 @@ def check(model_dir, prompt, out, kind="last", normalize=True):
         (got - want).abs().max()
 
 
+def run_beside(engine, texts, max_tokens, embeds, kind) -> dict:
+    """Greedy generations g0, g1, ... of texts queued first, then embeddings e0, e1, ... of
+    embeds; every final output by request id once all are done."""
+    for i, prompt in enumerate(texts):
+        engine.add_request(f"g{i}", prompt_token_ids=prompt, sampling_params=SamplingParams(
+            temperature=0.0, max_tokens=max_tokens))
+    for i, prompt in enumerate(embeds):
+        engine.add_request(f"e{i}", prompt_token_ids=prompt, sampling_params=PoolingParams(kind))
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    return finals
+
+
 @pytest.mark.parametrize("kind", ["last", "mean", "cls"])
 def test_embeddings_equal_hf(tiny_llm_any, kind):
     engine = Engine.from_pretrained(tiny_llm_any, EngineConfig(num_kv_blocks=64))
@@ -71,14 +85,7 @@ def test_chunked_and_beside_generation(tiny_llama, kind):
     execute = engine.runner.execute
     engine.runner.execute = lambda batch: steps.append(
         {s.request_id for s in batch.seqs}) or execute(batch)
-    for i, prompt in enumerate(texts):
-        engine.add_request(f"g{i}", prompt_token_ids=prompt,
-                           sampling_params=SamplingParams(temperature=0.0, max_tokens=6))
-    for i, prompt in enumerate(embeds):
-        engine.add_request(f"e{i}", prompt_token_ids=prompt, sampling_params=PoolingParams(kind))
-    finals = {}
-    while engine.has_unfinished_requests():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    finals = run_beside(engine, texts, 6, embeds, kind)
     assert any("e0" in s and any(r.startswith("g") for r in s) for s in steps)
     for i, prompt in enumerate(embeds):
         check(tiny_llama, prompt, finals[f"e{i}"], kind)
@@ -107,14 +114,7 @@ def test_preempted_embeddings_pool_once(tiny_llama, kind):
     engine = Engine.from_pretrained(tiny_llama, cfg)
     texts = make_prompts((20, 22), seed=26)
     embeds = make_prompts((30, 26), seed=27)
-    for i, prompt in enumerate(texts):  # these grow and preempt the prefills behind them
-        engine.add_request(f"g{i}", prompt_token_ids=prompt,
-                           sampling_params=SamplingParams(temperature=0.0, max_tokens=20))
-    for i, prompt in enumerate(embeds):
-        engine.add_request(f"e{i}", prompt_token_ids=prompt, sampling_params=PoolingParams(kind))
-    finals = {}
-    while engine.has_unfinished_requests():
-        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    finals = run_beside(engine, texts, 20, embeds, kind)  # (generations preempt embeddings)
     assert engine.scheduler.num_preemptions > 0
     for i, prompt in enumerate(embeds):
         check(tiny_llama, prompt, finals[f"e{i}"], kind)

@@ -38,6 +38,16 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
+def settled(server, timeout=10.0):
+    """Wait until the server's engine worker holds no request; its KV blocks in use then."""
+    ctx = server.app.state.ctx
+    end = time.monotonic() + timeout
+    while (ctx.worker.active or ctx.worker.pending) and time.monotonic() < end:
+        time.sleep(0.01)
+    assert not ctx.worker.active and not ctx.worker.pending
+    return ctx.engine.kv_usage()[0]
+
+
 def serve_app(*argv: str):
     """The app `graft serve ARGV` serves, built as the CLI builds it (not started)."""
     import argparse

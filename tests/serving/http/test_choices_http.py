@@ -3,11 +3,12 @@ prompts and `n` > 1 on chat and completions, whole and streamed, each choice equ
 request asked alone; a refused prompt or a client that goes away leaves nothing behind."""
 
 import json
-import time
 
 import httpx
 import openai
 import pytest
+
+from tests.serving.http.conftest import settled
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "1, 2, 3,"]
 
@@ -20,16 +21,6 @@ def client(plain_server):
 def complete(client, **fields):
     fields.setdefault("max_tokens", 8)
     return client.completions.create(model="plain", extra_body={"ignore_eos": True}, **fields)
-
-
-def settled(server, timeout=10.0):
-    """Wait until the engine holds no request; its KV blocks in use then."""
-    ctx = server.app.state.ctx
-    end = time.monotonic() + timeout
-    while (ctx.worker.active or ctx.worker.pending) and time.monotonic() < end:
-        time.sleep(0.01)
-    assert not ctx.worker.active and not ctx.worker.pending
-    return ctx.engine.kv_usage()[0]
 
 
 def test_a_list_of_prompts_answers_each_in_order(client, plain_server):

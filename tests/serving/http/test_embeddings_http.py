@@ -4,7 +4,6 @@ alike, text and token ids alike; vLLM's chat form (images through a graft), trun
 pooling flags; one-line 400s naming the field, and nothing left behind by a refusal or a
 client that goes away."""
 
-import time
 
 import httpx
 import numpy as np
@@ -14,7 +13,7 @@ import torch
 from PIL import Image
 
 from graft.serving.multimodal.media import to_data_url
-from tests.serving.http.conftest import LiveServer, serve_app
+from tests.serving.http.conftest import LiveServer, serve_app, settled
 
 TEXTS = ["The quick brown fox", "Once upon a time", "1"]
 _HF = {}
@@ -43,16 +42,6 @@ def ids_of(server, text):
 def post(server, body, timeout=60):
     return httpx.post(server.url + "/v1/embeddings", json={"model": "plain", **body},
                       timeout=timeout)
-
-
-def settled(server, timeout=10.0):
-    """Wait until the engine holds no request; its KV blocks in use then."""
-    ctx = server.app.state.ctx
-    end = time.monotonic() + timeout
-    while (ctx.worker.active or ctx.worker.pending) and time.monotonic() < end:
-        time.sleep(0.01)
-    assert not ctx.worker.active and not ctx.worker.pending
-    return ctx.engine.kv_usage()[0]
 
 
 def test_embeddings_equal_hf(client, plain_server, tiny_llama_2k):
@@ -108,7 +97,8 @@ def test_a_chat_is_embedded_as_its_template_writes_it(plain_server, tiny_llama_2
     ({"input": ""}, "input"), ({"input": []}, "input"), ({"input": ["a", ""]}, "input"),
     ({"input": [[1, 2], [1, 10 ** 6]]}, "input[1][1]"), ({"input": [5, -1]}, "input[1]"),
     ({"input": "word " * 3000}, "input"), ({"input": ["a", "word " * 3000]}, "input[1]"),
-    ({"input": "a", "dimensions": 7}, "dimensions"), ({"input": "a", "dimensions": 0}, "dimensions"),
+    ({"input": "a", "dimensions": 7}, "dimensions"),
+    ({"input": "a", "dimensions": 0}, "dimensions"),
     ({"input": "a", "encoding_format": "bytes"}, "encoding_format"),
     ({"input": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"input": "a", "truncate_prompt_tokens": 0}, "input"),

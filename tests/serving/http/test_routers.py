@@ -118,18 +118,30 @@ def test_vllm_router_cache_aware_routes_responses_on_their_render(workers, tmp_p
     assert [float(r) > 0.9 for r in rates] == [False, False, True, True], rates
 
 
-def test_vllm_router_passes_embeddings_through(workers, tmp_path):
-    """/v1/embeddings behind vllm-router: answered by a worker as it answers alone. (The
-    router renders chats, completions and Responses only; embeddings it routes by load, its
-    log says `unsupported_route`, never a worker's missing render.)"""
+def test_vllm_router_passes_embeddings_and_rerank_through(workers, tmp_path):
+    """/v1/embeddings and /v1/rerank behind vllm-router: answered by a worker as it answers
+    alone. (The router renders chats, completions and Responses only; these it routes by
+    load, its log says `unsupported_route`, never a worker's missing render.) The router
+    speaks SGLang's rerank protocol to the worker (`rid`, the model renamed "default", a list
+    back); the client gets the same order, scores and token counts."""
     log = tmp_path / "vllm-router.log"
     argv = [vllm_router(), "--worker-urls", *[w.url for w in workers], "--policy",
             "cache_aware", "--log-level", "debug"]
     body = {"model": "plain", "input": ["a red car", "a blue boat"], "encoding_format": "float"}
+    ranking = {"model": "plain", "query": "a red car", "documents": ["a blue boat", "a red car"]}
     with _router(argv, log) as url:
         routed = [httpx.post(url + "/v1/embeddings", json=body, timeout=60) for _ in range(4)]
+        ranked = httpx.post(url + "/v1/rerank", json=ranking, timeout=60)
         text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
     direct = httpx.post(workers[0].url + "/v1/embeddings", json=body, timeout=60).json()
+    alone = httpx.post(workers[0].url + "/v1/rerank", json=ranking, timeout=60).json()
+    assert ranked.status_code == 200, ranked.text
+    results = ranked.json()["results"]
+    assert [r["index"] for r in results] == [r["index"] for r in alone["results"]]
+    for got, want in zip(results, alone["results"]):
+        assert abs(got["score"] - want["relevance_score"]) < 1e-6
+        assert got["document"] == want["document"]["text"]
+    assert sum(r["meta_info"]["prompt_tokens"] for r in results) > alone["usage"]["prompt_tokens"]
     for resp in routed:
         assert resp.status_code == 200, resp.text
         got = resp.json()
@@ -155,6 +167,14 @@ def test_sglang_router_registers_the_served_model_and_reads_load(workers, tmp_pa
         loads = httpx.get(url + "/get_loads", timeout=30).json()["workers"]
         assert sorted(x["worker"] for x in loads) == sorted(w.url for w in workers)
         assert all(x["load"] >= 0 for x in loads), loads  # -1: /get_load unreadable
+        # rerank in SGLang's protocol (its model "unknown" is the one model served)
+        ranking = {"model": "plain", "query": "a red car", "documents": ["a boat", "a red car"]}
+        ranked = httpx.post(url + "/v1/rerank", json=ranking, timeout=60)
+        assert ranked.status_code == 200, ranked.text
+    alone = httpx.post(workers[0].url + "/v1/rerank", json=ranking, timeout=60).json()
+    scores = {r["index"]: r["score"] for r in ranked.json()["results"]}
+    assert scores == pytest.approx({r["index"]: r["relevance_score"] for r in alone["results"]},
+                                   abs=1e-6)
 
 
 def test_http2_preface_is_refused_and_the_worker_keeps_serving(workers):
