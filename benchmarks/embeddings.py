@@ -121,6 +121,10 @@ def distance(a: list, b: list) -> dict:
 
 
 def run(args) -> int:
+    if not (Path(args.model_dir) / "config.json").is_file():
+        from graft.errors import GraftConfigError
+
+        raise GraftConfigError(f"model_dir {args.model_dir}: no config.json (pass an HF LLM dir)")
     config = json.loads((Path(args.model_dir) / "config.json").read_text())
     max_len = min(config.get("max_position_embeddings") or 2048, 2048)
     skipped, vllm = {}, None

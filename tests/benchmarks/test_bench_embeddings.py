@@ -60,3 +60,11 @@ def test_the_servers_vectors_agree_with_vllm(tmp_path_factory, tmp_path):
     assert set(result["ratio_graft_over_vllm"]) == set(METRICS)
     (parity,) = result["vectors_graft_vs_vllm"]
     assert parity["max_abs_diff"] < 1e-4 and parity["min_cosine"] > 0.99999
+
+
+def test_a_dir_without_a_model_is_a_one_line_error(tmp_path, capsys):
+    rc = main(["bench", "embeddings", str(tmp_path), "--no-vllm", "--out", str(tmp_path / "o.json")])
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert f"model_dir {tmp_path}: no config.json" in err and "Traceback" not in err
+    assert not (tmp_path / "o.json").exists()
