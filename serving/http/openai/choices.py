@@ -33,7 +33,11 @@ def choice_requests(req) -> list:
                          "per request", param="n" if req.n > 1 else "prompt")
     if req.n == 1:
         return prompts
-    return [p.model_copy(update={"n": 1, "seed": _seed(req.seed, j)})
+    # a chat answers one prompt_logprobs (the first sample's): the others do not score the
+    # prompt again, so they may take prefix-cache hits (completions carry it in every choice)
+    once = isinstance(req, P.ChatCompletionRequest)
+    return [p.model_copy(update={"n": 1, "seed": _seed(req.seed, j),
+                                 **({"prompt_logprobs": None} if once and j else {})})
             for p in prompts for j in range(req.n)]
 
 

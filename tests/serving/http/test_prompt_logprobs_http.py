@@ -83,6 +83,24 @@ def test_vllm_prompt_logprobs_on_chat(plain_server):
                for entry in scored[1:])
 
 
+def test_a_chat_of_n_samples_scores_its_prompt_once(plain_server, monkeypatch):
+    """n = 3 with prompt_logprobs: the first sample scores the prompt, the others do not (the
+    answer has one prompt_logprobs); completions keep it in every choice."""
+    worker, asked = plain_server.app.state.ctx.worker, []
+    submit = worker.submit
+    monkeypatch.setattr(worker, "submit", lambda job, *a: asked.append(
+        job.sampling_params.prompt_logprobs) or submit(job, *a))
+    body = {"model": "plain", "max_tokens": 2, "temperature": 0, "prompt_logprobs": 1, "n": 3,
+            "messages": [{"role": "user", "content": "Name a color."}]}
+    reply = httpx.post(plain_server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert asked == [1, None, None] and len(reply["choices"]) == 3
+    assert len(reply["prompt_logprobs"]) == reply["usage"]["prompt_tokens"]
+    asked.clear()
+    reply = httpx.post(plain_server.url + "/v1/completions", timeout=60, json={
+        "model": "plain", "max_tokens": 2, "prompt": PROMPT, "prompt_logprobs": 1, "n": 2}).json()
+    assert asked == [1, 1] and all(c["prompt_logprobs"] for c in reply["choices"])
+
+
 @pytest.mark.parametrize("path,fields", [
     ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
