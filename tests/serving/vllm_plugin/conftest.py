@@ -75,6 +75,14 @@ def vllm_export(tmp_path_factory, vllm_llm_dir, request):
     return make
 
 
+def serve_command(vllm_python: str, export, port: int, *extra: str) -> list[str]:
+    """`vllm serve` of an export as these tests run it (fp32, eager, 512 tokens, 2 images)."""
+    return [vllm_python, "-m", "graft.serving.vllm_plugin.cli", "serve", str(export),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "graft",
+            "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
+            "--limit-mm-per-prompt", '{"image": 2}', *extra]
+
+
 def image(seed: int, size: tuple[int, int]):
     from PIL import Image
 

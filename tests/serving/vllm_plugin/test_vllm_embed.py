@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from graft.serving.multimodal.media import to_data_url
-from tests.serving.vllm_plugin.conftest import image, vllm_env
+from tests.serving.vllm_plugin.conftest import image, serve_command, vllm_env
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,7 @@ def servers(vllm_python, vllm_export, tmp_path_factory):
     run, export = vllm_export("llama", "siglip")
     port = free_port()
     log = tmp_path_factory.mktemp("vllm_embed") / "serve.log"
-    cmd = [vllm_python, "-m", "graft.serving.vllm_plugin.cli", "serve", str(export),
-           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "graft",
-           "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
-           "--limit-mm-per-prompt", '{"image": 2}', "--runner", "pooling", "--convert", "embed"]
+    cmd = serve_command(vllm_python, export, port, "--runner", "pooling", "--convert", "embed")
     graft = LiveServer(build_app(Engine.from_pretrained(run, EngineConfig(max_model_len=512)),
                                  ServerSettings(model_name="graft")))
     with started(cmd, vllm_env(), port, log, "vllm serve") as url, graft:

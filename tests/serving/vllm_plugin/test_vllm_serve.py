@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from tests.serving.vllm_plugin.conftest import graft_engine, image, vllm_env
+from tests.serving.vllm_plugin.conftest import graft_engine, image, serve_command, vllm_env
 
 MAX_TOKENS = 8
 
@@ -27,10 +27,7 @@ def server(vllm_python, vllm_export, tmp_path_factory):
     run, export = vllm_export("llama", "siglip")
     port = free_port()
     log = tmp_path_factory.mktemp("vllm_serve") / "serve.log"
-    cmd = [vllm_python, "-m", "graft.serving.vllm_plugin.cli", "serve", str(export),
-           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "graft",
-           "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
-           "--limit-mm-per-prompt", '{"image": 2}', "--seed", "0"]
+    cmd = serve_command(vllm_python, export, port, "--seed", "0")
     # a server that exits or never answers /health fails the module's tests with its log's path
     with started(cmd, vllm_env(), port, log, "vllm serve") as url:
         yield f"{url}/v1", run
