@@ -8,10 +8,12 @@ and stops it. Without a built vLLM venv graft is measured alone, and the JSON sa
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import random
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -44,8 +46,18 @@ def add_arguments(p) -> None:
     p.add_argument("--vllm-venv", type=Path, default=None,
                    help="vLLM's venv (default: $GRAFT_VLLM_VENV, else the checkout's .venv-vllm)")
     p.add_argument("--no-vllm", action="store_true", help="measure graft alone")
+    p.add_argument("--graft-serve-args", type=_serve_args, default=None, metavar="ARGS",
+                   help="more graft serve flags, one string (e.g. \"--max-prefill-tokens 2048\")")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("embeddings.json"), help="write the JSON here")
+
+
+def _serve_args(text: str) -> str:
+    try:
+        shlex.split(text)
+    except ValueError as err:  # an unclosed quote
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shell-quoted list of flags: {err}")
+    return text
 
 
 def texts(seed: int, n: int, words: int) -> list[str]:
@@ -58,7 +70,7 @@ def servers(args, max_len: int, vllm) -> list[tuple]:
     fmt = FORMAT[args.dtype]
     graft = lambda port: [*peers_serve.graft_serve_command(  # noqa: E731
         args.model_dir, {"f32": "fp32", "bf16": "bf16"}[fmt], port, max_len, args.dtype),
-        "--pooling", args.pooling]
+        "--pooling", args.pooling, *shlex.split(args.graft_serve_args or "")]
     found = [("graft", graft, dict(os.environ, OMP_NUM_THREADS=str(args.threads)))]
     if vllm is not None:
         pooler = json.dumps({"pooling_type": VLLM_POOLING[args.pooling]})
@@ -181,7 +193,8 @@ def _result(args, values: dict, parity: list, skipped: dict, runs: int) -> dict:
             "summary": {k: spread(v) for k, v in values.items()},
             "ratio_graft_over_vllm": ratio, "vectors_graft_vs_vllm": parity,
             **provenance(args, "embeddings", ("inputs", "words", "batch", "concurrency", "runs",
-                                              "threads", "dtype", "pooling", "seed"))}
+                                              "threads", "dtype", "pooling", "seed",
+                                              "graft_serve_args"))}
 
 
 def _print(result: dict) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from graft.benchmarks import peers_vllm
+from graft.benchmarks import peers_serve, peers_vllm
 from graft.cli import main
 
 TINY = ["--runs", "2", "--threads", "1", "--inputs", "12", "--words", "6", "--batch", "4",
@@ -18,12 +18,16 @@ TINY = ["--runs", "2", "--threads", "1", "--inputs", "12", "--words", "6", "--ba
 METRICS = ("inputs_per_s", "prompt_tokens_per_s", "latency_p50_ms", "latency_p99_ms")
 
 
-def test_graft_alone_when_vllm_is_missing(tiny_llama, tmp_path, capsys):
+def test_graft_alone_when_vllm_is_missing(tiny_llama, tmp_path, capsys, monkeypatch):
+    commands, server = [], peers_serve.server
+    monkeypatch.setattr(peers_serve, "server",
+                        lambda cmd, *a: commands.append(cmd) or server(cmd, *a))
     empty = tmp_path / "empty"
     empty.mkdir()
     out = tmp_path / "emb.json"
     rc = main(["bench", "embeddings", str(tiny_llama), "--vllm-venv", str(empty),
-               "--pooling", "mean", "--out", str(out), *TINY])
+               "--pooling", "mean", "--graft-serve-args", "--max-prefill-tokens 64",
+               "--out", str(out), *TINY])
     assert rc == 0
     result = json.loads(out.read_text())
     assert "is not a built vLLM venv" in result["skipped"]["vllm"]
@@ -35,6 +39,9 @@ def test_graft_alone_when_vllm_is_missing(tiny_llama, tmp_path, capsys):
     assert result["ratio_graft_over_vllm"] == {} and result["vectors_graft_vs_vllm"] == []
     assert result["command"].startswith(f"graft bench embeddings {tiny_llama} --inputs 12 ")
     assert "--pooling mean" in result["command"] and result["date"].endswith("UTC")
+    assert "--graft-serve-args '--max-prefill-tokens 64'" in result["command"]
+    assert len(commands) == 2 and all(c[-4:] == ["--pooling", "mean", "--max-prefill-tokens", "64"]
+                                      for c in commands)
     printed = capsys.readouterr().out
     assert "graft inputs_per_s" in printed and f"skipped vllm: {empty}" in printed
     logs = sorted(p.name for p in (tmp_path / "emb-logs").iterdir())
@@ -63,7 +70,8 @@ def test_the_servers_vectors_agree_with_vllm(tmp_path_factory, tmp_path):
 
 
 def test_a_dir_without_a_model_is_a_one_line_error(tmp_path, capsys):
-    rc = main(["bench", "embeddings", str(tmp_path), "--no-vllm", "--out", str(tmp_path / "o.json")])
+    rc = main(["bench", "embeddings", str(tmp_path), "--no-vllm",
+               "--out", str(tmp_path / "o.json")])
     assert rc != 0
     err = capsys.readouterr().err
     assert f"model_dir {tmp_path}: no config.json" in err and "Traceback" not in err
