@@ -151,28 +151,19 @@ def run(args) -> int:
     logs = args.out.parent / f"{args.out.stem}-logs"
     logs.mkdir(exist_ok=True)
     values: dict[str, list[float]] = {}
-    vectors: dict[str, list] = {}
     parity: list[dict] = []
     result = {}
     for i in range(args.runs):
-        found = servers(args, max_len, vllm)
-        for name, command, env in found[i % len(found):] + found[:i % len(found)]:
-            print(f"run {i + 1}/{args.runs}: {name}", flush=True)
-            port = peers_serve.free_port()
-            try:
-                with peers_serve.server(command(port), env, port, logs / f"{name}-{i}.log",
-                                        name) as url:
-                    row, vectors[name] = measure(url, args, inputs)
-            except PeerUnavailable as err:
-                if name == "graft":
-                    raise RuntimeError(f"graft serve failed: {err}") from None
-                skipped["vllm"], vllm = str(err), None
-                print(f"skipping vllm: {err}", flush=True)
-                continue
+        rows, failed = peers_serve.measure_each(servers(args, max_len, vllm), i, args.runs, logs,
+                                                "", lambda url: measure(url, args, inputs))
+        if "vllm" in failed:
+            skipped["vllm"], vllm = str(failed["vllm"]), None
+            print(f"skipping vllm: {failed['vllm']}", flush=True)
+        for name, (row, _) in rows.items():
             for metric, value in row.items():
                 values.setdefault(f"{name} {metric}", []).append(value)
-        if len(vectors) == 2:
-            parity.append(distance(vectors["graft"], vectors["vllm"]))
+        if len(rows) == 2:  # this run's vectors of both servers
+            parity.append(distance(rows["graft"][1], rows["vllm"][1]))
         result = _result(args, values, parity, skipped, i + 1)
         atomic_write_json(args.out, result)
     _print(result)

@@ -223,7 +223,7 @@ def _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped, matc
     for i in range(args.runs):
         bandwidth.append(read_bandwidth(args.bandwidth_mb << 20))
         tools = ["graft", *peers]
-        for tool in tools[i % len(tools):] + tools[:i % len(tools)]:
+        for tool in peers_serve.in_turn(tools, i):
             print(f"run {i + 1}/{args.runs}: {tool}", flush=True)
             _measure(tool, peers, args, formats, schemes, size, values, skipped)
         if args.serve_requests:
@@ -273,19 +273,12 @@ def _serve_row(i, peers, args, fmt, scheme, size, values, skipped, logs) -> None
     if "llama.cpp" in peers:
         skipped.setdefault("llama.cpp serve", "llama-server is not built (the build makes "
                                                "llama-bench, llama-batched-bench, llama-quantize)")
-    for name, command, env in servers[i % len(servers):] + servers[:i % len(servers)]:
-        print(f"run {i + 1}/{args.runs}: {name} serve", flush=True)
-        port = peers_serve.free_port()
-        try:
-            with peers_serve.server(command(port), env, port, logs / f"{name}-serve-{i}.log",
-                                    name) as url:
-                row = peers_serve.load(url, args.serve_requests, args.serve_concurrency,
-                                       size["decode_tokens"], args.seed)
-        except PeerUnavailable as err:
-            if name == "graft":
-                raise RuntimeError(f"graft serve failed: {err}") from None
-            _skip(skipped, f"{name} serve", err)
-            continue
+    rows, failed = peers_serve.measure_each(
+        servers, i, args.runs, logs, "serve", lambda url: peers_serve.load(
+            url, args.serve_requests, args.serve_concurrency, size["decode_tokens"], args.seed))
+    for name, err in failed.items():
+        _skip(skipped, f"{name} serve", err)
+    for name, row in rows.items():
         _add(values, name, scheme if name == "graft" else fmt, row)
 
 

@@ -48,6 +48,34 @@ def serve_servers(model_dir: Path, fmt: str, max_len: int, threads: int,
     return servers
 
 
+def in_turn(items: list, i: int) -> list:
+    """items from run i's place on: the order rotates run by run, so no tool always goes
+    first on a drifting machine."""
+    k = i % len(items)
+    return items[k:] + items[:k]
+
+
+def measure_each(servers: list[tuple], i: int, runs: int, logs: Path, tag: str,
+                 measure) -> tuple[dict, dict]:
+    """Run i of a bench over servers ((name, port -> command line, environment)): each
+    started in turn, `measure(url)` while it serves, then stopped (its log: logs/NAME-TAG-i.log).
+    Returns ({name: what measure returned}, {name: why a peer did not start}); graft not
+    starting is a RuntimeError."""
+    rows, failed = {}, {}
+    for name, command, env in in_turn(servers, i):
+        print(f"run {i + 1}/{runs}: {' '.join(filter(None, (name, tag)))}", flush=True)
+        port = free_port()
+        log = logs / f"{'-'.join(filter(None, (name, tag)))}-{i}.log"
+        try:
+            with server(command(port), env, port, log, name) as url:
+                rows[name] = measure(url)
+        except PeerUnavailable as err:
+            if name == "graft":
+                raise RuntimeError(f"graft serve failed: {err}") from None
+            failed[name] = err
+    return rows, failed
+
+
 @contextlib.contextmanager
 def server(cmd: list[str], env: dict, port: int, log: Path, name: str):
     """The server's base URL once /health answers 200; the process is stopped on exit."""
