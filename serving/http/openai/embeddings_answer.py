@@ -48,16 +48,27 @@ def encode(vector: list[float], encoding_format: str) -> list[float] | str:
     return vector
 
 
-async def answer(ctx, request: Request, req, front, arrival: float) -> Response:
-    """Submit every input of req (an EmbeddingRequest) and answer once all are embedded."""
-    parts = req.input_requests()
+async def embed_all(ctx, request: Request, parts: list, front, arrival: float,
+                    encoding_format: str = "float") -> tuple[list[dict], list[int]] | Response:
+    """Submit each one-input EmbeddingRequest of parts: (their `embedding` objects in order,
+    each one's prompt tokens) once all are embedded, or the Response that ends the answer."""
     subs = await submit_all(ctx, parts, front, arrival)
-    shapes = [EmbeddingShape(i, req.encoding_format, part._param if part.input is not None
+    shapes = [EmbeddingShape(i, encoding_format, part._param if part.input is not None
                              else "messages") for i, part in enumerate(parts)]
     data = await gather(ctx, request, subs, shapes)
     if isinstance(data, Response):
         return data
-    prompt = sum(len(job.prompt_token_ids) for job, _ in subs)
+    return data, [len(job.prompt_token_ids) for job, _ in subs]
+
+
+async def answer(ctx, request: Request, req, front, arrival: float) -> Response:
+    """Submit every input of req (an EmbeddingRequest) and answer once all are embedded."""
+    found = await embed_all(ctx, request, req.input_requests(), front, arrival,
+                            req.encoding_format)
+    if isinstance(found, Response):
+        return found
+    data, tokens = found
+    prompt = sum(tokens)
     return JSONResponse({
         "id": f"embd-{secrets.token_hex(12)}", "object": "list", "created": int(time.time()),
         "model": req.model, "data": data,

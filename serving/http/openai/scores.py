@@ -17,8 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field, PrivateAttr, model_validator
 
 from graft.serving.http.openai import openai_chat as P
-from graft.serving.http.openai.choices import gather, submit_all
-from graft.serving.http.openai.embeddings_answer import EmbeddingShape
+from graft.serving.http.openai.embeddings_answer import embed_all
 from graft.serving.http.openai.embeddings_request import MAX_INPUTS, EmbeddingRequest
 
 Int = P.Int
@@ -115,14 +114,13 @@ async def _vectors(ctx, request: Request, req, front, arrival: float):
                                 ttft_budget_ms=req.ttft_budget_ms)
         part._param = param
         parts.append(part)
-    subs = await submit_all(ctx, parts, front, arrival)
-    bodies = await gather(ctx, request, subs, [EmbeddingShape(i, "float", p._param)
-                                               for i, p in enumerate(parts)])
-    if isinstance(bodies, Response):
-        return bodies
+    found = await embed_all(ctx, request, parts, front, arrival)
+    if isinstance(found, Response):
+        return found
+    bodies, tokens = found
     vectors = np.array([b["embedding"] for b in bodies], dtype=np.float64)
     vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return vectors, [len(job.prompt_token_ids) for job, _ in subs]
+    return vectors, tokens
 
 
 async def rerank(ctx, request: Request, req: RerankRequest, front, arrival: float) -> Response:
