@@ -87,6 +87,22 @@ def check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_
                                num_seqs=cu_seqlens_q.shape[0] - 1, op=op)
 
 
+def check_prefill_chunks(cu_seqlens_q, context_lens, num_rows: int) -> None:
+    """Each sequence's query rows lie inside q's num_rows and number at most its context
+    (reads the values: a device sync on a GPU, so the CPU paths call it)."""
+    op = "paged_attention_prefill"
+    starts, lens = cu_seqlens_q.tolist(), context_lens.tolist()
+    for i, n in enumerate(lens):
+        lo, hi = starts[i], starts[i + 1]
+        if lo < 0 or hi < lo or hi > num_rows:
+            raise ValueError(f"{op}: cu_seqlens_q must be non-decreasing offsets into q's "
+                             f"{num_rows} rows, got {lo}, {hi} at sequence {i}")
+        if hi - lo > n:
+            raise ValueError(f"{op}: sequence {i} has {hi - lo} queries but context_lens[{i}]={n}; "
+                             f"context_lens must count the tokens in the cache after this chunk "
+                             f"was stored (>= the chunk length)")
+
+
 def check_rotary_args(x, cos, sin) -> int:
     """Validate apply_rotary's inputs and return the rotary dim R."""
     if x.dim() != 3:

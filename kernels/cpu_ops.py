@@ -24,11 +24,12 @@ from pathlib import Path
 import torch
 
 from graft.kernels.c_signatures import SIGNATURES, bind, check_signatures
-from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, check_rotary_args,
-                                  check_store_kv_args, slot_out_of_range)
+from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, check_prefill_args,
+                                  check_prefill_chunks, check_rotary_args, check_store_kv_args,
+                                  slot_out_of_range)
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
-                for name in ("paged_decode_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
+                for name in ("paged_decode_cpu.c", "paged_prefill_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
                              "quant_vnni_cpu.c", "quant_amx_cpu.c", "quant_bf16dot_cpu.c",
                              "quant_avx2_cpu.c",
                              "quant_avx2_int_cpu.c", "quant_a8_cpu.c",
@@ -151,6 +152,40 @@ def supports_decode(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and _cache_ok(q, k_cache) and k_cache.is_contiguous() and available())
 
 
+def supports_prefill(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether paged_attention_prefill below can take these tensors: as decode, with a head
+    size that is a multiple of 4 up to 1024, in a GCC build (else use the reference)."""
+    return (supports_decode(q, k_cache) and q.shape[-1] % 4 == 0 and q.shape[-1] <= 1024
+            and bool(_lib().graft_paged_prefill_built()))
+
+
+def _paged_operands(op: str, q, k_cache, v_cache, block_tables, k_scale, v_scale):
+    """The checked, contiguous operands of a C paged attention call:
+    (lib, q, tables, k_scale, v_scale, cache code)."""
+    check_kv_scales(op, k_cache, k_scale, v_scale)
+    lib = _lib()
+    if not (q.dtype in _DTYPES and k_cache.dtype == v_cache.dtype and _cache_ok(q, k_cache)):
+        raise ValueError(f"{op} (C): q must be float32/bfloat16/float16 and the "
+                         f"caches q's dtype (or bf16/int8 under fp32 q), got {q.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"{op} (C): k_cache and v_cache must be contiguous")
+    if k_scale is not None:
+        k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()
+    return (lib, q.contiguous(), block_tables.to(torch.int32).contiguous(), k_scale, v_scale,
+            _CACHE_DTYPES.get(k_cache.dtype, _DTYPES.get(k_cache.dtype)))
+
+
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else t.data_ptr()
+
+
+def _bad_table(bad: int, num_blocks: int, lens: torch.Tensor) -> ValueError:
+    return ValueError(f"paged attention: block_tables row {bad - 1} holds block ids outside "
+                      f"[0, {num_blocks}) (or too few columns) within context_lens[{bad - 1}]="
+                      f"{int(lens[bad - 1])}; fix the block table")
+
+
 def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            scale: float, k_scale: torch.Tensor | None = None,
@@ -158,18 +193,8 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """Same contract as graft.kernels.reference.paged_attention_decode (CPU, contiguous caches
     of q's dtype, or bf16 / int8 + scales under fp32 q)."""
     check_paged_attention_args(q, k_cache, v_cache, block_tables, context_lens, "context_lens")
-    check_kv_scales("paged_attention_decode", k_cache, k_scale, v_scale)
-    lib = _lib()
-    if not (q.dtype in _DTYPES and k_cache.dtype == v_cache.dtype and _cache_ok(q, k_cache)):
-        raise ValueError(f"paged_attention_decode (C): q must be float32/bfloat16/float16 and the "
-                         f"caches q's dtype (or bf16/int8 under fp32 q), got {q.dtype}, "
-                         f"{k_cache.dtype}, {v_cache.dtype}")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("paged_attention_decode (C): k_cache and v_cache must be contiguous")
-    if k_scale is not None:
-        k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()
-    q = q.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
+    lib, q, tables, k_scale, v_scale, cache_code = _paged_operands(
+        "paged_attention_decode", q, k_cache, v_cache, block_tables, k_scale, v_scale)
     lens = context_lens.to(torch.int32).contiguous()
     out = torch.empty_like(q)
     num_seqs, num_q_heads, head_dim = q.shape
@@ -179,17 +204,49 @@ def paged_attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     bad = lib.graft_paged_decode(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
         out.data_ptr(), num_seqs, num_q_heads, num_kv_heads, head_dim, block_size,
-        tables.shape[1], num_blocks, float(scale),
-        None if k_scale is None else k_scale.data_ptr(),
-        None if v_scale is None else v_scale.data_ptr(), _DTYPES[q.dtype],
-        _CACHE_DTYPES.get(k_cache.dtype, _DTYPES.get(k_cache.dtype)), torch.get_num_threads())
+        tables.shape[1], num_blocks, float(scale), _ptr(k_scale), _ptr(v_scale), _DTYPES[q.dtype],
+        cache_code, torch.get_num_threads())
     if bad < 0:
         raise MemoryError(f"paged_attention_decode (C): no memory for the scratch buffers "
                           f"({num_q_heads} heads x {int(lens.max())} tokens per thread)")
     if bad:
-        raise ValueError(f"paged attention: block_tables row {bad - 1} holds block ids outside "
-                         f"[0, {num_blocks}) (or too few columns) within context_lens[{bad - 1}]="
-                         f"{int(lens[bad - 1])}; fix the block table")
+        raise _bad_table(bad, num_blocks, lens)
+    return out
+
+
+def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                            context_lens: torch.Tensor, scale: float,
+                            k_scale: torch.Tensor | None = None,
+                            v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as graft.kernels.reference.paged_attention_prefill (CPU, the caches
+    paged_attention_decode takes, head_dim a multiple of 4 up to 1024)."""
+    check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
+    lib, q, tables, k_scale, v_scale, cache_code = _paged_operands(
+        "paged_attention_prefill", q, k_cache, v_cache, block_tables, k_scale, v_scale)
+    cu = cu_seqlens_q.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    check_prefill_chunks(cu, lens, q.shape[0])
+    out = torch.empty_like(q)
+    lo, hi = int(cu[0]), int(cu[-1])
+    out[:lo].zero_()  # rows of no sequence are zeros, as in the reference; the kernel writes the rest
+    out[hi:].zero_()
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs, (_, num_q_heads, head_dim) = lens.shape[0], q.shape
+    if hi == lo:
+        return out
+    bad = lib.graft_paged_prefill(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), cu.data_ptr(),
+        lens.data_ptr(), out.data_ptr(), num_seqs, num_q_heads, num_kv_heads, head_dim,
+        block_size, tables.shape[1], num_blocks, float(scale), _ptr(k_scale), _ptr(v_scale),
+        _DTYPES[q.dtype], cache_code, torch.get_num_threads())
+    if bad == -2:
+        raise RuntimeError("paged_attention_prefill (C): this build of the CPU kernels has no "
+                           "prefill kernel (built by a compiler other than GCC)")
+    if bad < 0:
+        raise MemoryError("paged_attention_prefill (C): no memory for the scratch buffers")
+    if bad:
+        raise _bad_table(bad, num_blocks, lens)
     return out
 
 

@@ -1,5 +1,5 @@
 """Pick the implementation of each op: Triton on CUDA tensors; on CPU the C kernels of
-graft.kernels.cpu_ops where one exists (paged decode attention; fp32/bf16 RMSNorm, rotary,
+graft.kernels.cpu_ops where one exists (paged decode and prefill attention; fp32/bf16 RMSNorm, rotary,
 KV store, silu * up) and the PyTorch reference for the rest; the reference wherever autograd needs a
 backward.
 
@@ -71,9 +71,14 @@ def _decode_implementation(q: torch.Tensor, k_cache: torch.Tensor) -> ModuleType
                                    f"tensors of one float dtype, got q {q.dtype} on {q.device}, "
                                    f"cache {k_cache.dtype} on {k_cache.device}")
         return cpu_ops
-    impl = implementation(q)
-    if (mode == "auto" and impl is reference and not (q.requires_grad and torch.is_grad_enabled())
-            and cpu_ops.supports_decode(q, k_cache)):
+    return _c_where_it_applies(implementation(q), q, cpu_ops.supports_decode(q, k_cache))
+
+
+def _c_where_it_applies(impl: ModuleType, q: torch.Tensor, supported: bool) -> ModuleType:
+    """cpu_ops in place of the reference where the C kernel takes these tensors and no
+    backward is needed (auto and cpu modes)."""
+    if (kernels_mode() in ("auto", "cpu") and impl is reference and supported
+            and not (q.requires_grad and torch.is_grad_enabled())):
         return cpu_ops
     return impl
 
@@ -127,7 +132,10 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
 
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                             k_scale=None, v_scale=None):
-    impl = _cache_implementation(implementation(q), q, k_cache)
+    if kernels_mode() == "cpu" and not cpu_ops.available():
+        raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")
+    impl = _c_where_it_applies(implementation(q), q, cpu_ops.supports_prefill(q, k_cache))
+    impl = _cache_implementation(impl, q, k_cache)
     return impl.paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q,
                                         context_lens, scale, **_scales(k_scale, v_scale))
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from graft.kernels.checks import (check_kv_scales, check_moe_gemm_args, check_paged_attention_args,
-                                  check_prefill_args, check_rope_args, check_rotary_args,
-                                  check_store_kv_args, slot_out_of_range)
+                                  check_prefill_args, check_prefill_chunks, check_rope_args,
+                                  check_rotary_args, check_store_kv_args, slot_out_of_range)
 
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,6 +138,7 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     (of q's dtype, bf16, or int8 with k_scale/v_scale)."""
     check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens)
     check_kv_scales("paged_attention_prefill", k_cache, k_scale, v_scale)
+    check_prefill_chunks(cu_seqlens_q, context_lens, q.shape[0])
     out = torch.zeros_like(q)  # [total_q, Hq, D]
     starts = cu_seqlens_q.tolist()
     # sequences of the same chunk and context length go through one SDPA call: a step that
@@ -148,10 +149,6 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         lo, hi = starts[i], starts[i + 1]
         if hi == lo:
             continue
-        if hi - lo > n:
-            raise ValueError(f"paged_attention_prefill: sequence {i} has {hi - lo} queries but "
-                             f"context_lens[{i}]={n}; context_lens must count the tokens in the cache "
-                             f"after this chunk was stored (>= the chunk length)")
         groups.setdefault((hi - lo, n), []).append(i)
     for (m, n), seqs in groups.items():
         table = block_tables[seqs]

@@ -1,8 +1,8 @@
 """The C kernels built as for a CPU without AVX-512 (GRAFT_CPU_MARCH=x86-64-v3), on a machine
-that has it. Their AVX2-only code (the attention's 8-lane fast path in paged_decode_fast.h,
-the 16-lane compares and stores of vec16.h, argmax's 8-lane passes) is compiled only in such
-a build, so the attention (fp32, bf16 and int8 caches), row-op, argmax and int4-a8 tests run
-again against one, in a fresh process. On an AVX2 machine the tests run it natively."""
+that has it. Their AVX2-only code (the attention's 8-lane fast paths in paged_decode_fast.h
+and paged_prefill_cpu.c, the 16-lane compares and stores of vec16.h, argmax's 8-lane passes)
+is compiled only in such a build, so the attention (fp32, bf16 and int8 caches), row-op,
+argmax and int4-a8 tests run again against one, in a fresh process. On an AVX2 machine the tests run it natively."""
 
 import os
 import subprocess
@@ -22,7 +22,7 @@ _FLAGS = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo")
 def test_the_avx2_build_passes_the_attention_row_op_and_argmax_tests():
     root = Path(__file__).resolve().parents[2]
     tests = [str(root / "tests" / "kernels" / name)
-             for name in ("test_cpu_ops.py", "test_cpu_row_ops.py", "test_argmax.py", "test_quant_a8.py")]
+             for name in ("test_cpu_ops.py", "test_cpu_prefill.py", "test_cpu_row_ops.py", "test_argmax.py", "test_quant_a8.py")]
     tests.append(str(root / "tests" / "serving" / "engine" / "test_kv_cache_dtype.py")
                  + "::test_c_decode_reads_bf16_and_int8_caches_like_the_reference")
     env = dict(os.environ, GRAFT_CPU_MARCH="x86-64-v3")
