@@ -133,11 +133,16 @@ static inline const float *cache_row(const void *cache, const float *scales, int
     return buf;
 }
 
-/* st[j][c..c+nr) = sum_d k[j][d] q[d][c..c+nr) for keys j0 .. j0 + KB (vectors of rows; ld:
- * the row stride of q and st). nr (<= NR) is a constant at each call. */
-static inline __attribute__((always_inline)) void score_block(const float *const *k, int64_t d,
-                                                            const float *q, float *st,
-                                                            int64_t ld, int64_t c, const int nr) {
+static inline vf max_v(vf a, vf b) { return (vf)(((vi)a & (a > b)) | ((vi)b & ~(a > b))); }
+
+/* st[j][c..c+nr) = sum_d k[j][d] q[d][c..c+nr) for keys j = 0 .. KB of the block, the first
+ * being key k (vectors of rows; ld: the row stride of q and st). With `mask`, a key after a
+ * row's position (posv) scores -inf; mx takes each vector's largest score over the block's
+ * first `keys` (the others are padding, or keys no row of the chunk sees). nr (<= NR) is a
+ * constant at each call. */
+static inline __attribute__((always_inline)) void score_block(
+        const float *const *krows, int64_t d, const float *q, float *st, int64_t ld, int64_t c,
+        int64_t k, int64_t keys, const vi *posv, int mask, vf *mx, const int nr) {
     vf acc[KB][NR];
     for (int j = 0; j < KB; ++j)
         for (int v = 0; v < nr; ++v) acc[j][v] = (vf){0};
@@ -145,22 +150,32 @@ static inline __attribute__((always_inline)) void score_block(const float *const
         vf qv[NR];
         for (int v = 0; v < nr; ++v) qv[v] = loadv(q + i * ld + c + v * LANES);
         for (int j = 0; j < KB; ++j) {
-            const float kj = k[j][i];
+            const float kj = krows[j][i];
             for (int v = 0; v < nr; ++v) acc[j][v] += kj * qv[v];
         }
     }
+    const vf minus_inf = (vf){0} - INFINITY;
     for (int j = 0; j < KB; ++j)
-        for (int v = 0; v < nr; ++v) storev(st + j * ld + c + v * LANES, acc[j][v]);
+        for (int v = 0; v < nr; ++v) {
+            vf sv = acc[j][v];
+            if (mask) {
+                const vi hide = (vi){0} + (int32_t)(k + j) > posv[v];
+                sv = (vf)(((vi)sv & ~hide) | ((vi)minus_inf & hide));
+            }
+            if (j < keys) mx[v] = max_v(sv, mx[v]);
+            storev(st + j * ld + c + v * LANES, sv);
+        }
 }
 
-/* o[i0..i0+DB)[c..c+nr) += sum_{j < nk} v[j][i] p[j][c..c+nr) */
+/* o[i0..i0+DB)[c..c+nr) = alpha * o + sum_{j < nk} v[j][i] p[j][c..c+nr) */
 static inline __attribute__((always_inline)) void value_block(const float *const *vrows,
                                                             int64_t nk, int64_t i0,
                                                             const float *p, float *o,
-                                                            int64_t ld, int64_t c, const int nr) {
+                                                            int64_t ld, int64_t c,
+                                                            const vf *alpha, const int nr) {
     vf acc[DB][NR];
     for (int i = 0; i < DB; ++i)
-        for (int v = 0; v < nr; ++v) acc[i][v] = loadv(o + (i0 + i) * ld + c + v * LANES);
+        for (int v = 0; v < nr; ++v) acc[i][v] = loadv(o + (i0 + i) * ld + c + v * LANES) * alpha[v];
     for (int64_t j = 0; j < nk; ++j) {
         vf pv[NR];
         for (int v = 0; v < nr; ++v) pv[v] = loadv(p + j * ld + c + v * LANES);
@@ -179,36 +194,29 @@ static inline __attribute__((always_inline)) void chunk_pass(
         int64_t d, const float *q, float *st, float *o, float *m, float *l, const int32_t *pos,
         int64_t last, int64_t ld, int64_t c, const int nr) {
     const int64_t seen = k0 + nk - 1 <= last ? nk : last - k0 + 1; /* keys any row may see */
-    const int64_t blocks = (seen + KB - 1) / KB;
-    for (int64_t b = 0; b < blocks; ++b) score_block(krows + b * KB, d, q, st + b * KB * ld, ld, c, nr);
+    vi posv[NR];
+    vf mx[NR], alpha[NR];
+    for (int v = 0; v < nr; ++v) {
+        memcpy(&posv[v], pos + c + v * LANES, sizeof posv[v]);
+        mx[v] = loadv(m + c + v * LANES);
+    }
+    for (int64_t j = 0; j < seen; j += KB) /* a block's keys past a row's position are masked */
+        score_block(krows + j, d, q, st + j * ld, ld, c, k0 + j, seen - j, posv,
+                    k0 + j + KB - 1 > pos[c], mx, nr);
     for (int v = 0; v < nr; ++v) {
         const int64_t cv = c + v * LANES;
-        vi pv;
-        memcpy(&pv, pos + cv, sizeof pv);
-        vf mx = loadv(m + cv);
-        const vf m_old = mx, minus_inf = (vf){0} - INFINITY;
-        if (k0 + seen - 1 > pos[cv]) /* a row of this vector cannot see every key: mask */
-            for (int64_t j = 0; j < seen; ++j) {
-                float *s = st + j * ld + cv;
-                const vi hide = (vi){0} + (int32_t)(k0 + j) > pv;
-                storev(s, (vf)(((vi)loadv(s) & ~hide) | ((vi)minus_inf & hide)));
-            }
-        for (int64_t j = 0; j < seen; ++j) {
-            const vf s = loadv(st + j * ld + cv);
-            mx = (vf)(((vi)s & (s > mx)) | ((vi)mx & ~(s > mx)));
-        }
-        const vf alpha = EXP_NEG(m_old - mx); /* m_old = -inf on the first pass: 0 */
+        const vf m_old = loadv(m + cv);
+        alpha[v] = EXP_NEG(m_old - mx[v]); /* m_old = -inf on the first pass: 0 */
         vf sum = (vf){0};
         for (int64_t j = 0; j < seen; ++j) {
-            const vf e = EXP_NEG(loadv(st + j * ld + cv) - mx);
+            const vf e = EXP_NEG(loadv(st + j * ld + cv) - mx[v]);
             storev(st + j * ld + cv, e);
             sum += e;
         }
-        storev(m + cv, mx);
-        storev(l + cv, loadv(l + cv) * alpha + sum);
-        for (int64_t i = 0; i < d; ++i) storev(o + i * ld + cv, loadv(o + i * ld + cv) * alpha);
+        storev(m + cv, mx[v]);
+        storev(l + cv, loadv(l + cv) * alpha[v] + sum);
     }
-    for (int64_t i0 = 0; i0 < d; i0 += DB) value_block(vrows, seen, i0, st, o, ld, c, nr);
+    for (int64_t i0 = 0; i0 < d; i0 += DB) value_block(vrows, seen, i0, st, o, ld, c, alpha, nr);
 }
 
 typedef struct {

@@ -147,3 +147,17 @@ def test_dispatch_runs_the_c_prefill_where_it_applies(monkeypatch):
                                     odd.cu_seqlens_q, odd.context_lens, odd.scale)
     assert not calls
     torch.testing.assert_close(out.double(), dense_attention(odd), atol=1e-5, rtol=1e-5)
+
+
+@needs_c
+def test_scores_far_below_zero_keep_their_softmax():
+    """Every score near -2000: the softmax must shift by the largest real score (a padded key
+    of a score block, or a shift by 0, would leave every exponential at zero and the output
+    NaN)."""
+    case = make_case([130, 67, 70], [130, 67, 3], 16, 2, 3, 64, seed=11)
+    case.k_cache = case.k_cache.abs() + 1.0
+    case.keys = [k.abs() + 1.0 for k in case.keys]
+    case.q = -(case.q.abs() + 1.0) * 8.0
+    out = _prefill(cpu_ops, case)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), dense_attention(case), atol=1e-4, rtol=1e-4)
