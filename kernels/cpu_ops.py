@@ -36,8 +36,8 @@ SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                              "decode_step_cpu.c", "moe_cpu.c", "argmax_cpu.c"))
 HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
                 for name in ("fast_exp.h", "bf16.h", "vec16.h", "quant_epilogue.h",
-                             "quant_group_sums.h", "decode_types.h", "paged_decode_fast.h",
-                             "vnni_dot.h", "avx2_store.h"))
+                             "quant_group_sums.h", "decode_types.h", "paged_common.h",
+                             "paged_decode_fast.h", "vnni_dot.h", "avx2_store.h"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU).
 # GRAFT_CPU_MARCH=x86-64-v3 (say) builds what a CPU without AVX-512 would, to test it here.
 CFLAGS = ("-O3", f"-march={os.environ.get('GRAFT_CPU_MARCH', '').strip() or 'native'}", "-fopenmp",

@@ -24,21 +24,7 @@
 
 #include "bf16.h"
 #include "fast_exp.h"
-
-enum { F32 = 0, BF16 = 1, F16 = 2, I8 = 3 };
-
-static inline float f16_to_float(uint16_t x) {
-    _Float16 h;
-    memcpy(&h, &x, 2);
-    return (float)h;
-}
-
-static inline uint16_t float_to_f16(float f) {
-    _Float16 h = (_Float16)f;
-    uint16_t x;
-    memcpy(&x, &h, 2);
-    return x;
-}
+#include "paged_common.h"
 
 /* Row `row` (of length d) of a tensor of `dtype` as fp32: a pointer into the tensor for fp32,
  * else converted into buf. */
@@ -102,16 +88,6 @@ static inline __attribute__((always_inline)) float exp_shifted(float *sc, int64_
         total += sc[i];
     }
     return total;
-}
-
-/* Cache slot of token t; block sizes are powers of two in practice, so the division is a
- * shift (the general case still works). */
-static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_size) {
-    if ((block_size & (block_size - 1)) == 0) {
-        const int shift = __builtin_ctzll((unsigned long long)block_size);
-        return ((int64_t)table[t >> shift] << shift) + (t & (block_size - 1));
-    }
-    return (int64_t)table[t / block_size] * block_size + t % block_size;
 }
 
 #include "paged_decode_fast.h" /* the fast path: GRAFT_FAST_F32 where GCC builds it */

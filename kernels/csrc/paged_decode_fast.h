@@ -1,6 +1,7 @@
 /* The split-KV fast path of paged_decode_cpu.c (included there, once): an fp32 query with
  * head_dim 64 or 128 over fp32, bf16 or int8 caches, on GCC vector extensions. It uses that
- * file's dtype enum, slot_of and scalar exp, so it is not a header for other files. */
+ * file's includes (paged_common.h's dtype enum and slot_of, the scalar exp), so it is not a
+ * header for other files. */
 #ifndef GRAFT_PAGED_DECODE_FAST_H
 #define GRAFT_PAGED_DECODE_FAST_H
 #if defined(__GNUC__) && !defined(__clang__)

@@ -30,8 +30,7 @@
 
 #include "bf16.h"
 #include "fast_exp.h"
-
-enum { F32 = 0, BF16 = 1, F16 = 2, I8 = 3 };
+#include "paged_common.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #define PREFILL_BUILT 1
@@ -65,19 +64,6 @@ static inline vf loadv(const float *p) {
 
 static inline void storev(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
-static inline float f16_to_float(uint16_t x) {
-    _Float16 h;
-    memcpy(&h, &x, 2);
-    return (float)h;
-}
-
-static inline uint16_t float_to_f16(float f) {
-    _Float16 h = (_Float16)f;
-    uint16_t x;
-    memcpy(&x, &h, 2);
-    return x;
-}
-
 /* d values at element `at` of an fp32, bf16 or fp16 tensor into (or from) fp32 `row`: one
  * loop per dtype, so each vectorizes */
 static inline void load_row(const void *base, int64_t at, int64_t d, int dtype, float *row) {
@@ -102,15 +88,6 @@ static inline void store_row(void *base, int64_t at, int64_t d, int dtype, const
         for (int64_t e = 0; e < d; ++e) dst[e] = float_to_bf16(row[e]);
     else
         for (int64_t e = 0; e < d; ++e) dst[e] = float_to_f16(row[e]);
-}
-
-/* Cache slot of token t (block sizes are powers of two in practice: a shift). */
-static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_size) {
-    if ((block_size & (block_size - 1)) == 0) {
-        const int shift = __builtin_ctzll((unsigned long long)block_size);
-        return ((int64_t)table[t >> shift] << shift) + (t & (block_size - 1));
-    }
-    return (int64_t)table[t / block_size] * block_size + t % block_size;
 }
 
 /* Row (slot, head) of a cache as fp32: a pointer into an fp32 cache, else converted into buf. */

@@ -67,3 +67,13 @@ def dense_attention(case: PagedCase) -> torch.Tensor:
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=case.scale)
         out[lo:hi] = o.transpose(0, 1)
     return out
+
+
+def bad_block_tables(case: PagedCase):
+    """Copies of the case's block tables whose row 1 points outside the cache within its
+    context (its third block: an id past the last block, then -1); the case needs 2 sequences,
+    the second over more than 2 blocks."""
+    for bad in (case.k_cache.shape[0], -1):
+        tables = case.block_tables.clone()
+        tables[1, 2] = bad
+        yield tables

@@ -7,7 +7,7 @@ import graft.kernels as K
 from graft.errors import GraftConfigError
 from graft.kernels import cpu_ops
 from graft.kernels import reference as ref
-from tests.kernels.paged_case import dense_attention, make_case
+from tests.kernels.paged_case import bad_block_tables, dense_attention, make_case
 
 needs_c = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
 
@@ -77,12 +77,10 @@ def test_decode_half_precision(dtype, tol):
 @needs_c
 def test_bad_block_table_names_the_row():
     case = make_case([20, 40], [1, 1], 16, 2, 2, 64)
-    case.block_tables[1, 2] = case.k_cache.shape[0]  # third block of row 1 is used (40 tokens)
-    with pytest.raises(ValueError, match="block_tables row 1"):
-        _decode(cpu_ops, case)
-    case.block_tables[1, 2] = -1
-    with pytest.raises(ValueError, match="block_tables row 1"):
-        _decode(cpu_ops, case)
+    for tables in bad_block_tables(case):
+        with pytest.raises(ValueError, match="block_tables row 1"):
+            cpu_ops.paged_attention_decode(case.q, case.k_cache, case.v_cache, tables,
+                                           case.context_lens, case.scale)
     with pytest.raises(ValueError, match="head_dim"):
         cpu_ops.paged_attention_decode(case.q[..., :32], case.k_cache, case.v_cache,
                                        case.block_tables, case.context_lens, case.scale)

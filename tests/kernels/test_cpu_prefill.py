@@ -8,7 +8,7 @@ import torch
 import graft.kernels as K
 from graft.kernels import cpu_ops
 from graft.kernels import reference as ref
-from tests.kernels.paged_case import dense_attention, make_case
+from tests.kernels.paged_case import bad_block_tables, dense_attention, make_case
 
 needs_c = pytest.mark.skipif(not (cpu_ops.available() and cpu_ops.supports_prefill(
     torch.zeros(1, 1, 64), torch.zeros(1, 1, 1, 64))), reason="no C prefill kernel in this build")
@@ -104,13 +104,10 @@ def test_prefill_reads_bf16_and_int8_caches_under_fp32_queries_like_the_referenc
 @needs_c
 def test_bad_prefill_input_is_a_clear_error():
     case = make_case([20, 40], [20, 8], 16, 2, 2, 64)
-    case.block_tables[1, 2] = case.k_cache.shape[0]  # third block of row 1 is used (40 tokens)
-    with pytest.raises(ValueError, match="block_tables row 1"):
-        _prefill(cpu_ops, case)
-    case.block_tables[1, 2] = -1
-    with pytest.raises(ValueError, match="block_tables row 1"):
-        _prefill(cpu_ops, case)
-    case = make_case([20, 40], [20, 8], 16, 2, 2, 64)
+    for tables in bad_block_tables(case):
+        with pytest.raises(ValueError, match="block_tables row 1"):
+            cpu_ops.paged_attention_prefill(case.q, case.k_cache, case.v_cache, tables,
+                                            case.cu_seqlens_q, case.context_lens, case.scale)
     for impl in (cpu_ops, ref):
         lens = case.context_lens.clone()
         lens[1] = 7  # 8 queries over 7 cached tokens
