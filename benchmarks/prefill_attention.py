@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=_count, default=16)
     parser.add_argument("--dtype", choices=_DTYPES, default="float32", help="queries and cache")
     parser.add_argument("--threads", type=_count, default=2, help="torch / OpenMP threads")
-    parser.add_argument("--repeats", type=_count, default=10, help="timed calls of each (fastest kept)")
+    parser.add_argument("--repeats", type=_count, default=10,
+                        help="timed calls of each (the fastest kept)")
     parser.add_argument("--out", default=None, help="write the JSON result here")
 
 
@@ -80,8 +81,8 @@ def run(args) -> int:
 
     inputs = paged_inputs(args, torch)
     if not (cpu_ops.available() and cpu_ops.supports_prefill(inputs[0], inputs[1])):
-        print("prefill-attention: graft's C prefill kernel is not available here "
-              f"({cpu_ops.unavailable_reason() or 'a build without it, or a head size it does not take'})")
+        why = cpu_ops.unavailable_reason() or "a build without it, or a head size it does not take"
+        print(f"prefill-attention: graft's C prefill kernel is not available here ({why})")
         return 1
     torch.set_num_threads(args.threads)
     hq, _ = _heads(args.heads)
@@ -106,8 +107,8 @@ def run(args) -> int:
     print(f"{args.seqs} x {m} queries after {args.cached} cached, heads {args.heads} of "
           f"{args.head_dim}, {args.dtype}, {args.threads} threads, fastest of {args.repeats}")
     print(f"  C kernel   {result['c_ms']:8.2f} ms  {result['c_gflop_s']:6.1f} GFLOP/s")
-    print(f"  reference  {result['reference_ms']:8.2f} ms  {result['reference_gflop_s']:6.1f} GFLOP/s "
-          f"(gather + torch SDPA)")
+    print(f"  reference  {result['reference_ms']:8.2f} ms  "
+          f"{result['reference_gflop_s']:6.1f} GFLOP/s (gather + torch SDPA)")
     print(f"  C / reference: {result['speedup_vs_reference']:.2f}x, max |diff| "
           f"{result['max_abs_diff_vs_reference']:.1e}")
     if args.out:

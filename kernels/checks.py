@@ -1,4 +1,5 @@
-"""Shape and dtype checks shared by the reference and Triton ops (no device syncs)."""
+"""Shape and dtype checks shared by the reference and Triton ops (no device syncs but
+check_prefill_chunks', which reads values)."""
 
 from __future__ import annotations
 

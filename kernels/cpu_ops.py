@@ -29,8 +29,8 @@ from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, c
                                   slot_out_of_range)
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
-                for name in ("paged_decode_cpu.c", "paged_prefill_cpu.c", "norm_rope_cpu.c", "quant_linear_cpu.c",
-                             "quant_vnni_cpu.c", "quant_amx_cpu.c", "quant_bf16dot_cpu.c",
+                for name in ("paged_decode_cpu.c", "paged_prefill_cpu.c", "norm_rope_cpu.c",
+                             "quant_linear_cpu.c", "quant_vnni_cpu.c", "quant_amx_cpu.c", "quant_bf16dot_cpu.c",
                              "quant_avx2_cpu.c",
                              "quant_avx2_int_cpu.c", "quant_a8_cpu.c",
                              "decode_step_cpu.c", "moe_cpu.c", "argmax_cpu.c"))
@@ -229,8 +229,8 @@ def paged_attention_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     check_prefill_chunks(cu, lens, q.shape[0])
     out = torch.empty_like(q)
     lo, hi = int(cu[0]), int(cu[-1])
-    out[:lo].zero_()  # rows of no sequence are zeros, as in the reference; the kernel writes the rest
-    out[hi:].zero_()
+    out[:lo].zero_()  # rows of no sequence are zeros (as in the reference); the kernel writes
+    out[hi:].zero_()  # every other row
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs, (_, num_q_heads, head_dim) = lens.shape[0], q.shape
     if hi == lo:

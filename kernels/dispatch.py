@@ -1,7 +1,7 @@
 """Pick the implementation of each op: Triton on CUDA tensors; on CPU the C kernels of
-graft.kernels.cpu_ops where one exists (paged decode and prefill attention; fp32/bf16 RMSNorm, rotary,
-KV store, silu * up) and the PyTorch reference for the rest; the reference wherever autograd needs a
-backward.
+graft.kernels.cpu_ops where one exists (paged decode and prefill attention; fp32/bf16 RMSNorm,
+rotary, KV store, silu * up) and the PyTorch reference for the rest; the reference wherever
+autograd needs a backward.
 
 GRAFT_KERNELS=auto (default) | reference (always the reference) | triton (always Triton,
 e.g. on CPU tensors under TRITON_INTERPRET=1) | cpu (the C kernels wherever they apply, an

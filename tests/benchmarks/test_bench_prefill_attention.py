@@ -17,7 +17,8 @@ SMALL = ["--seqs", "2", "--prompt-len", "40", "--heads", "4,2", "--head-dim", "3
 @pytest.mark.parametrize("cached", [0, 24])
 def test_times_both_paths_and_writes_json(tmp_path, capsys, cached):
     out = tmp_path / "prefill.json"
-    assert main(["bench", "prefill-attention", *SMALL, "--cached", str(cached), "--out", str(out)]) == 0
+    args = [*SMALL, "--cached", str(cached), "--out", str(out)]
+    assert main(["bench", "prefill-attention", *args]) == 0
     r = json.loads(out.read_text())
     assert r["c_ms"] > 0 and r["reference_ms"] > 0 and r["cached"] == cached
     assert r["speedup_vs_reference"] == pytest.approx(r["reference_ms"] / r["c_ms"])
@@ -42,8 +43,8 @@ def test_the_timed_inputs_are_a_real_paged_step():
     assert sorted(tables.flatten().tolist()) == list(range(k.shape[0]))
     assert lens.tolist() == [48, 48] and cu.tolist() == [0, 40, 80]
     got = cpu_ops.paged_attention_prefill(q, k, v, tables, cu, lens, scale)
-    torch.testing.assert_close(got, reference.paged_attention_prefill(q, k, v, tables, cu, lens, scale),
-                               atol=2e-6, rtol=1e-5)
+    want = reference.paged_attention_prefill(q, k, v, tables, cu, lens, scale)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
 def test_bad_heads_is_a_one_line_error(capsys):
