@@ -76,8 +76,12 @@ def _decode_implementation(q: torch.Tensor, k_cache: torch.Tensor) -> ModuleType
 
 def _c_where_it_applies(impl: ModuleType, q: torch.Tensor, supported: bool) -> ModuleType:
     """cpu_ops in place of the reference where the C kernel takes these tensors and no
-    backward is needed (auto and cpu modes)."""
-    if (kernels_mode() in ("auto", "cpu") and impl is reference and supported
+    backward is needed (auto and cpu modes; GRAFT_KERNELS=cpu without a built library is an
+    error)."""
+    mode = kernels_mode()
+    if mode == "cpu" and not cpu_ops.available():
+        raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")
+    if (mode in ("auto", "cpu") and impl is reference and supported
             and not (q.requires_grad and torch.is_grad_enabled())):
         return cpu_ops
     return impl
@@ -132,8 +136,6 @@ def paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scal
 
 def paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                             k_scale=None, v_scale=None):
-    if kernels_mode() == "cpu" and not cpu_ops.available():
-        raise GraftConfigError(f"GRAFT_KERNELS=cpu but {cpu_ops.unavailable_reason()}")
     impl = _c_where_it_applies(implementation(q), q, cpu_ops.supports_prefill(q, k_cache))
     impl = _cache_implementation(impl, q, k_cache)
     return impl.paged_attention_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q,
