@@ -34,7 +34,7 @@ SIGNATURES: dict[str, tuple[str, list[str]]] = {
     "graft_quant_bf16_dot_built": (INT, []),
     "graft_quant_bf16_io": (INT, [PTR, I64, I64, I64, PTR, PTR, PTR, I64, I64, I64, INT]),
     "graft_decode_scratch": (I64, [PTR, PTR, I64, PTR, I64]),
-    "graft_decode_layers": (I64, [PTR, PTR, I64, PTR, I64] + [PTR] * 8 + [INT]),
+    "graft_decode_layers": (I64, [PTR, PTR, I64, PTR, I64] + [PTR] * 9 + [INT]),
     "graft_moe_block_scratch": (I64, [PTR, I64, I64]),
     "graft_moe_block": (I64, [PTR, I64, I64, PTR, PTR, PTR, INT]),
     "graft_argmax_rows": (VOID, [PTR, I64, I64, I64, PTR, INT]),
@@ -69,6 +69,12 @@ class Dims(ctypes.Structure):
                [("eps", _f32), ("qk_eps", _f32), ("scale", _f32)]
 
 
+class PrefillDesc(ctypes.Structure):
+    _c_name_ = "graft_prefill_t"
+    _fields_ = [("num_decodes", _i64), ("num_seqs", _i64), ("tables", _ptr), ("max_blocks", _i64),
+                ("cu_seqlens", _ptr), ("context_lens", _ptr)]
+
+
 class StepDesc(ctypes.Structure):
     _c_name_ = "graft_step_t"
     _fields_ = [("embed", _ptr), ("vocab", _i64), ("final_norm", _ptr), ("final_eps", _f32),
@@ -84,7 +90,7 @@ class MoeDesc(ctypes.Structure):
                 ("shared_gate_up", LinearDesc), ("shared_down", LinearDesc)]
 
 
-STRUCTS = (LinearDesc, LayerDesc, Dims, StepDesc, MoeDesc)
+STRUCTS = (LinearDesc, LayerDesc, Dims, PrefillDesc, StepDesc, MoeDesc)
 
 
 class SignatureMismatch(TypeError):

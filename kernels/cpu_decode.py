@@ -1,7 +1,7 @@
-"""One C call for every decoder layer of an all-decode step, or for the whole step from token
-ids to logits (kernels/csrc/decode_step_cpu.c), and for an MoE layer's MLP (moe_cpu.c):
-filling the descriptors they read (ctypes structs declared, and checked against the C, in
-kernels/c_signatures.py) and the calls."""
+"""One C call for every decoder layer of a step (all decode, or with prompt chunks), or for
+the whole all-decode step from token ids to logits (kernels/csrc/decode_step_cpu.c), and for
+an MoE layer's MLP (moe_cpu.c): filling the descriptors they read (ctypes structs declared,
+and checked against the C, in kernels/c_signatures.py) and the calls."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from array import array
 import torch
 
 from graft.kernels import cpu_ops, cpu_quant
-from graft.kernels.c_signatures import Dims, LayerDesc, LinearDesc, MoeDesc, StepDesc  # noqa: F401
-from graft.kernels.checks import slot_out_of_range
+from graft.kernels.c_signatures import (  # noqa: F401
+    Dims, LayerDesc, LinearDesc, MoeDesc, PrefillDesc, StepDesc)
+from graft.kernels.checks import check_prefill_chunks, slot_out_of_range
 from graft.kernels.quant_formats import QuantizedWeight
 
 def _addr(t: torch.Tensor | None) -> int | None:
@@ -38,17 +39,31 @@ def step_scratch_floats(layers, moes, dims: Dims, tokens: int) -> int:
                                                         ctypes.byref(dims), tokens))
 
 
+def prefill_desc(num_decodes: int, tables: torch.Tensor, cu_seqlens: torch.Tensor,
+                 context_lens: torch.Tensor, num_rows: int) -> PrefillDesc:
+    """The C view of a step's prompt chunks (rows num_decodes.. of num_rows; int32 contiguous
+    tensors that must outlive it), their offsets and lengths checked as the per-op prefill
+    attention checks them."""
+    check_prefill_chunks(cu_seqlens, context_lens, num_rows - num_decodes)
+    return PrefillDesc(num_decodes, context_lens.shape[0], tables.data_ptr(), tables.shape[1],
+                       cu_seqlens.data_ptr(), context_lens.data_ptr())
+
+
 def decode_layers(layers, moes, dims: Dims, h: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
-                  lens: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+                  sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor | None,
+                  lens: torch.Tensor | None, scratch: torch.Tensor,
+                  prefill: PrefillDesc | None = None) -> torch.Tensor:
     """Run every layer on h [T, hidden] (fp32, contiguous; overwritten with the last MLP
     output); returns the residual stream [T, hidden]. layers: a ctypes array of LayerDesc;
-    moes: None (a dense model) or a ctypes array of MoeDesc pointers, None for a dense layer."""
+    moes: None (a dense model) or a ctypes array of MoeDesc pointers, None for a dense layer.
+    tables, lens: the decode rows' (every row when prefill is None; None when none decode);
+    prefill: the prompt chunks after them (prefill_desc)."""
     residual = torch.empty_like(h)
     bad = cpu_ops._lib().graft_decode_layers(
         layers, moes, len(layers), ctypes.byref(dims), h.shape[0], h.data_ptr(),
-        residual.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
-        lens.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+        residual.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), _addr(tables),
+        _addr(lens), None if prefill is None else ctypes.byref(prefill), scratch.data_ptr(),
+        torch.get_num_threads())
     _raise_for(bad, dims, lambda: max(slots.tolist()))
     return residual
 

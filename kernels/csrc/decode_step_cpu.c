@@ -1,11 +1,14 @@
-/* Every decoder layer of one all-decode step in one call (fp32 or bf16 activations, CPU).
+/* Every decoder layer of one step in one call (fp32 or bf16 activations, CPU): an all-decode
+ * step, or one with prompt chunks (graft_decode_layers' prefill rows).
  *
  * Why: at batch 1 a SmolLM2 step is ~12 small ops per layer (norm, linear, rotary, KV store,
  * attention, silu * up...) x 30 layers. Each op costs a few microseconds of Python, dispatch
  * and tensor allocation around a few microseconds of work, so the overhead outweighed the
- * int8/int4 linears themselves. Here the same C functions the per-op path calls
- * (norm_rope_cpu.c, paged_decode_cpu.c, quant_linear_cpu.c) run back to back on
- * preallocated scratch, in the per-op path's order: the result is bit-identical to it.
+ * int8/int4 linears themselves. A 512-token prompt paid the same ~360 calls' Python: 40-55 ms
+ * of a 690 ms fp32 step, while the second thread waited. Here the same C functions the per-op
+ * path calls (norm_rope_cpu.c, paged_decode_cpu.c, paged_prefill_cpu.c, quant_linear_cpu.c)
+ * run back to back on preallocated scratch, in the per-op path's order: the result is
+ * bit-identical to it.
  * An MoE layer's MLP is graft_moe_block (moe_cpu.c), the call its per-op path makes too.
  *
  * bf16 activations (a bf16 engine, dims.act_dtype 1): every buffer between the ops holds bf16
@@ -40,14 +43,28 @@ int64_t graft_paged_decode(const void *q, const void *k_cache, const void *v_cac
                            int64_t head_dim, int64_t block_size, int64_t max_blocks,
                            int64_t num_blocks, float scale, const float *k_scale,
                            const float *v_scale, int dtype, int cache_dtype, int num_threads);
+int64_t graft_paged_prefill(const void *q, const void *k_cache, const void *v_cache,
+                            const int32_t *block_tables, const int32_t *cu_seqlens,
+                            const int32_t *context_lens, void *out, int64_t num_seqs,
+                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                            int64_t block_size, int64_t max_blocks, int64_t num_blocks,
+                            float scale, const float *k_scale, const float *v_scale, int dtype,
+                            int cache_dtype, int num_threads);
+int graft_quant_isa(void);
+int graft_quant_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                        const float *bias, uint16_t *y, int64_t ldy, int64_t N, int64_t NB,
+                        int nthreads);
 
-enum { F32 = 0, I8 = 3 }; /* dtype codes; 1 is bf16 */
+enum { F32 = 0, I8 = 3 };         /* dtype codes; 1 is bf16 */
+enum { KIND_BF16 = 2 }; /* quant_linear_cpu.c's code */
+enum { VNNI = 3 };      /* graft_quant_isa() of avx512-vnni (AVX512-BF16 dot products, no AMX) */
 
 /* Element i of a buffer of activations `es` bytes wide (4: fp32, 2: bf16). */
 #define AT(p, i) ((void *)((char *)(p) + (size_t)(i) * es))
 
 /* n bf16 values widened into fp32 dst (exact). */
-static void widen_rows(const void *src, float *dst, int64_t n) {
+static void widen_rows(const void *src, float *dst, int64_t n, int nt) {
+#pragma omp parallel for num_threads(nt) if (n >= (1 << 16))
     for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(((const uint16_t *)src)[i]);
 }
 
@@ -59,12 +76,19 @@ static void narrow_rows(const float *src, uint16_t *dst, int64_t n, int nt) {
 
 /* y [rows, l->n] = x [rows, l->k] through the C-layout linear l, in the activations' dtype:
  * bf16 rows are widened into stage (rows * (l->k + l->n) floats) and the fp32 product is
- * rounded into y. Nonzero: no scratch memory. */
+ * rounded into y. bf16 weights on AVX512-BF16 without AMX take bf16 rows as they are, as the
+ * per-op path's quant_linear does there (graft.kernels.cpu_quant.bf16_dot): the same
+ * products without the two conversions. Nonzero: no scratch memory. */
 static int act_linear(const graft_linear_t *l, const void *x, int64_t rows, void *y, int act,
                       float *stage, int nt) {
     if (act == F32) return linear(l, x, rows, y, nt);
+    if (l->kind == KIND_BF16 && graft_quant_isa() == VNNI) {
+        const int status = graft_quant_bf16_io(x, l->k, rows, l->k, l->w, l->bias, y, l->n, l->n,
+                                               l->nb, nt);
+        if (status <= 0) return status; /* 1: a build without AVX512-BF16 */
+    }
     float *in = stage, *out = stage + rows * l->k;
-    widen_rows(x, in, rows * l->k);
+    widen_rows(x, in, rows * l->k, nt);
     if (linear(l, in, rows, out, nt)) return -1;
     narrow_rows(out, y, rows * l->n, nt);
     return 0;
@@ -83,6 +107,35 @@ static int64_t stage_floats(const graft_layer_t *layers, int64_t num_layers, con
     return tokens * most;
 }
 
+/* Paged attention of the step's rows q [T, Hq * D] into out: the decode rows through tables
+ * and lens, then the prompt chunks of pf (NULL: every row decodes), as the per-op path's
+ * paged_attention splits them. Returns 0, -1 (no scratch) or 2 (a bad block table, or a
+ * chunk longer than its context). */
+static int64_t step_attention(const graft_layer_t *L, const graft_dims_t *d, int64_t T,
+                              const void *q, const int32_t *tables, const int32_t *lens,
+                              const graft_prefill_t *pf, void *out, int nt) {
+    const int act = (int)d->act_dtype;
+    const size_t es = act == F32 ? sizeof(float) : sizeof(uint16_t);
+    const int64_t qs = d->num_heads * d->head_dim, nd = pf ? pf->num_decodes : T;
+    int64_t bad = nd ? graft_paged_decode(q, L->k_cache, L->v_cache, tables, lens, out, nd,
+                                          d->num_heads, d->num_kv_heads, d->head_dim,
+                                          d->block_size, d->max_blocks, d->num_blocks, d->scale,
+                                          L->k_scale, L->v_scale, act, (int)d->cache_dtype, nt)
+                     : 0;
+    if (!bad && pf && nd < T) {
+        const int64_t lo = nd + pf->cu_seqlens[0], hi = nd + pf->cu_seqlens[pf->num_seqs];
+        memset(AT(out, nd * qs), 0, es * (size_t)((lo - nd) * qs)); /* rows of no chunk */
+        memset(AT(out, hi * qs), 0, es * (size_t)((T - hi) * qs));
+        if (hi > lo)
+            bad = graft_paged_prefill(AT(q, nd * qs), L->k_cache, L->v_cache, pf->tables,
+                                      pf->cu_seqlens, pf->context_lens, AT(out, nd * qs),
+                                      pf->num_seqs, d->num_heads, d->num_kv_heads, d->head_dim,
+                                      d->block_size, pf->max_blocks, d->num_blocks, d->scale,
+                                      L->k_scale, L->v_scale, act, (int)d->cache_dtype, nt);
+    }
+    return bad < 0 ? -1 : bad ? 2 : 0;
+}
+
 /* One layer's attention half, in the per-op path's order: the residual add and input norm
  * of h (first: h is the embeddings, the residual starts as them), qkv, Qwen3's q/k norms,
  * rotary, the KV store, paged attention, o_proj, and the post-attention norm with its
@@ -91,8 +144,8 @@ static int64_t stage_floats(const graft_layer_t *layers, int64_t num_layers, con
 static int64_t attention_block(const graft_layer_t *L, const graft_dims_t *d, int64_t T,
                                const void *h, void *residual, int first, const void *cos_t,
                                const void *sin_t, const int64_t *slots, const int32_t *tables,
-                               const int32_t *lens, float *normed, float *work, float *stage,
-                               int nt) {
+                               const int32_t *lens, const graft_prefill_t *pf, float *normed,
+                               float *work, float *stage, int nt) {
     const int64_t H = d->hidden, D = d->head_dim, qs = d->num_heads * D, kvs = d->num_kv_heads * D;
     const int64_t nqkv = qs + 2 * kvs, num_slots = d->num_blocks * d->block_size;
     const int act = (int)d->act_dtype;
@@ -109,7 +162,8 @@ static int64_t attention_block(const graft_layer_t *L, const graft_dims_t *d, in
     if (act_linear(&L->qkv, normed, T, qkv, act, stage, nt)) return -1;
     const void *qsrc = qkv, *ksrc = AT(qkv, qs);
     int64_t qstride = nqkv, kstride = nqkv;
-    if (L->q_norm) { /* per-head RMSNorm of q and k before rotary (Qwen3) */
+    if (L->q_norm) { /* per-head RMSNorm of q and k before rotary (Qwen3): a token's heads */
+#pragma omp parallel for num_threads(nt) if (T >= 16)
         for (int64_t t = 0; t < T; ++t) {
             graft_rms_norm(AT(qkv, t * nqkv), D, 0, 0, L->q_norm, AT(qn, t * qs), 0,
                            d->num_heads, D, d->qk_eps, act, act, 1);
@@ -128,11 +182,8 @@ static int64_t attention_block(const graft_layer_t *L, const graft_dims_t *d, in
         : graft_store_kv(kr, kvs, AT(qkv, qs + kvs), nqkv, L->k_cache, L->v_cache, slots, T,
                          kvs, num_slots, act, (int)d->cache_dtype);
     if (stored) return 1;
-    const int64_t bad = graft_paged_decode(qr, L->k_cache, L->v_cache, tables, lens, attn, T,
-                                           d->num_heads, d->num_kv_heads, D, d->block_size,
-                                           d->max_blocks, d->num_blocks, d->scale, L->k_scale,
-                                           L->v_scale, act, (int)d->cache_dtype, nt);
-    if (bad) return bad < 0 ? -1 : 2;
+    const int64_t bad = step_attention(L, d, T, qr, tables, lens, pf, attn, nt);
+    if (bad) return bad;
     if (act_linear(&L->o, attn, T, o, act, stage, nt)) return -1;
     graft_rms_norm(o, H, residual, H, L->post_norm, normed, residual, T, H, d->eps, act, act, nt);
     return 0;
@@ -181,22 +232,23 @@ int64_t graft_decode_scratch(const graft_layer_t *layers, const graft_moe_t *con
  * out: the residual stream before the final norm (the model adds and norms the rows it
  * needs logits for); both, and cos/sin, of dims.act_dtype. moes: NULL (a dense model), or
  * per layer its MoE block (NULL: that layer is dense; fp32 activations only). cos/sin
- * [T, rot/2]; slots [T]; tables [T, max_blocks]; lens [T].
+ * [T, rot/2]; slots [T]; tables [nd, max_blocks] and lens [nd] of the nd decode rows: all T
+ * when prefill is NULL, else prefill->num_decodes, whose prompt chunks follow.
  * Returns 0, or 1 + layer * 2 + (0: a KV slot out of range, 1: a bad block table) on the
  * first failure, or -1 when scratch (attention, int4 group sums) could not be allocated. */
 int64_t graft_decode_layers(const graft_layer_t *layers, const graft_moe_t *const *moes,
                             int64_t num_layers, const graft_dims_t *d, int64_t T, void *h,
                             void *residual, const void *cos_t, const void *sin_t,
                             const int64_t *slots, const int32_t *tables, const int32_t *lens,
-                            float *scratch, int nt) {
+                            const graft_prefill_t *prefill, float *scratch, int nt) {
     const int act = (int)d->act_dtype;
     float *normed = scratch, *mlp = scratch + attention_scratch(d, T);
     float *stage = mlp + mlp_scratch(layers, moes, num_layers, d, T);
     for (int64_t i = 0; i < num_layers; ++i) {
         const graft_layer_t *L = &layers[i];
         const int64_t bad = attention_block(L, d, T, h, residual, i == 0, cos_t, sin_t, slots,
-                                            tables, lens, normed, normed + T * d->hidden, stage,
-                                            nt);
+                                            tables, lens, prefill, normed, normed + T * d->hidden,
+                                            stage, nt);
         if (bad) return bad < 0 ? -1 : bad + 2 * i;
         if (moes && moes[i] ? graft_moe_block(moes[i], d->hidden, T, normed, h, mlp, nt)
                             : act_gated_mlp(L, normed, T, h, act, mlp, stage, nt))
@@ -242,13 +294,13 @@ int64_t graft_decode_step(const graft_layer_t *layers, const graft_moe_t *const 
         memcpy(AT(sin_t, t * half), AT(s->sin_table, positions[t] * half), es * (size_t)half);
     }
     const int64_t bad = graft_decode_layers(layers, moes, num_layers, d, T, h, residual, cos_t,
-                                            sin_t, slots, tables, lens, scratch, nt);
+                                            sin_t, slots, tables, lens, 0, scratch, nt);
     if (bad) return bad;
     float *normed = scratch; /* the layers' scratch is free again */
     graft_rms_norm(h, H, residual, H, s->final_norm, normed, residual, T, H, s->final_eps, act,
                    act, nt);
     if (act == F32) return linear(&s->head, normed, T, logits, nt) ? -1 : 0;
-    widen_rows(normed, wide, T * H);
+    widen_rows(normed, wide, T * H, nt);
     if (linear(&s->head, wide, T, logits, nt)) return -1;
 #pragma omp parallel for num_threads(nt) if (T * s->head.n >= (1 << 16))
     for (int64_t i = 0; i < T * s->head.n; ++i) logits[i] = bf16_round(logits[i]);

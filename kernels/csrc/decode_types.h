@@ -31,6 +31,18 @@ typedef struct {
     float eps, qk_eps, scale;
 } graft_dims_t;
 
+/* The prompt chunks of a step that is not all decode (graft_decode_layers): rows
+ * [num_decodes, T) are the chunks of num_seqs sequences, each attending causally to its
+ * cached tokens and itself (paged_prefill_cpu.c); rows outside every chunk get zeros. */
+typedef struct {
+    int64_t num_decodes;         /* rows [0, num_decodes) decode one token each */
+    int64_t num_seqs;            /* sequences whose chunks follow them */
+    const int32_t *tables;       /* [num_seqs, max_blocks] */
+    int64_t max_blocks;
+    const int32_t *cu_seqlens;   /* [num_seqs + 1]: each chunk's rows, counted from num_decodes */
+    const int32_t *context_lens; /* [num_seqs]: tokens in the cache once the chunk is stored */
+} graft_prefill_t;
+
 /* What a whole decode step needs besides the layers: the embedding table, the final norm,
  * the output head (a C-layout linear) and the RoPE tables of every position (the tables and
  * norm of dims.act_dtype; the logits fp32). */

@@ -1,8 +1,9 @@
-"""The CPU decode fast path: an all-decode step of a Llama-style model (Llama, Qwen2, Qwen3,
-and the MoE families Qwen3-MoE and GLM-4.5) whose linears are all in the C layout (a
-quantized engine) runs every layer in one C call (graft.kernels.cpu_decode) instead of ~12
-Python-dispatched ops per layer. Same C functions, same order: the same numbers as the per-op
-path. Activations fp32, or bf16 (a bf16 engine: dense layers over a bf16 KV cache)."""
+"""The CPU fast path: a step of a Llama-style model (Llama, Qwen2, Qwen3, and the MoE families
+Qwen3-MoE and GLM-4.5) whose linears are all in the C layout (a quantized engine) runs every
+layer in one C call (graft.kernels.cpu_decode) instead of ~12 Python-dispatched ops per layer.
+Same C functions, same order: the same numbers as the per-op path. Activations fp32, or bf16
+(a bf16 engine: dense layers over a bf16 KV cache). All-decode steps always; steps with prompt
+chunks where the per-op path would run the C prefill attention and the C linears too."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from graft.kernels import cpu_decode, cpu_ops
 from graft.kernels.dispatch import kernels_mode
+from graft.kernels.linear_dispatch import bucket
 from graft.serving.models.layers import AttentionMetadata
 
 CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 3}  # decode_step_cpu.c codes
@@ -75,13 +77,14 @@ class FusedDecode:
             cache_dtype=CACHE_DTYPES[k_cache.dtype], act_dtype=ACT_DTYPES[self.dtype],
             eps=layers[0].input_layernorm.eps,
             qk_eps=attn0.q_norm.eps if attn0.q_norm is not None else 0.0, scale=attn0.scale)
-        descs, moes, self._keep = [], [], []
+        descs, moes, self._keep, self._linears = [], [], [], []
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
             moe = m.c_desc() if hasattr(m, "c_desc") else None
-            lin = [self._linear(x) for x in (a.qkv_proj, a.o_proj)]
-            lin += ([cpu_decode.LinearDesc(), cpu_decode.LinearDesc()] if moe is not None else
-                    [self._linear(x) for x in (m.gate_up_proj, m.down_proj)])
+            own = [a.qkv_proj, a.o_proj]
+            own += [] if moe is not None else [m.gate_up_proj, m.down_proj]
+            self._linears += own  # an MoE block's experts run in C whatever their buckets
+            lin = [self._linear(x) for x in own] + [cpu_decode.LinearDesc()] * (4 - len(own))
             descs.append(cpu_decode.LayerDesc(
                 *lin, layer.input_layernorm.weight.data_ptr(),
                 layer.post_attention_layernorm.weight.data_ptr(),
@@ -96,6 +99,9 @@ class FusedDecode:
         self.moes = (ctypes.c_void_p * len(moes))(*moes) if any(moes) else None
         self._scratch = torch.empty(0)
         self.step_desc = self._step_desc(model)
+        # prompt chunks: where the per-op path runs the C prefill attention (head size, build)
+        self.prefill_ok = cpu_ops.supports_prefill(
+            torch.empty((1, attn0.num_heads, attn0.head_dim), dtype=self.dtype), k_cache)
 
     def _linear(self, lin) -> cpu_decode.LinearDesc:
         """The C view of a linear; a bf16 bias as an fp32 copy, which the C adds before the
@@ -140,14 +146,30 @@ class FusedDecode:
                                       slots, tables, lens, self._scratch)
 
     def applies(self, meta: AttentionMetadata, h: torch.Tensor) -> bool:
-        return (meta.num_decodes == h.shape[0] > 0 and h.dtype == self.dtype
-                and kernels_mode() in ("auto", "cpu"))
+        """Whether __call__ runs this step's layers: an all-decode step, or one with prompt
+        chunks whose every linear takes the C kernel at this row count (a linear that
+        graft.kernels.linear_dispatch measured faster on torch keeps the per-op path)."""
+        rows = h.shape[0]
+        if not (rows > 0 and h.dtype == self.dtype and kernels_mode() in ("auto", "cpu")):
+            return False
+        if meta.num_decodes == rows:
+            return True
+        at = bucket(rows)
+        return self.prefill_ok and not any(at in lin.torch_buckets for lin in self._linears)
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """(last MLP output, residual), as the per-layer loop returns them."""
-        tables = meta.decode_block_tables.to(torch.int32).contiguous()
-        self.dims.max_blocks = tables.shape[1]
+        nd, rows = meta.num_decodes, h.shape[0]
+        tables = lens = prefill = None
+        if nd:
+            tables = meta.decode_block_tables.to(torch.int32).contiguous()
+            lens = meta.decode_context_lens.to(torch.int32).contiguous()
+            self.dims.max_blocks = tables.shape[1]
+        if nd < rows:  # the tensors stay referenced here until the call returns
+            chunks = [t.to(torch.int32).contiguous() for t in (
+                meta.prefill_block_tables, meta.prefill_cu_seqlens, meta.prefill_context_lens)]
+            prefill = cpu_decode.prefill_desc(nd, *chunks, rows)
         self.dims.rot = 2 * cos.shape[1]  # cos/sin [T, R/2]: the first R dims rotate
         need = cpu_decode.scratch_floats(self.layers, self.moes, self.dims, h.shape[0])
         if self._scratch.numel() < need:
@@ -155,7 +177,6 @@ class FusedDecode:
         h = h.contiguous()  # the embeddings' fresh tensor: overwritten in place
         cos, sin = cos.contiguous(), sin.contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
-        lens = meta.decode_context_lens.to(torch.int32).contiguous()
         residual = cpu_decode.decode_layers(self.layers, self.moes, self.dims, h, cos, sin, slots,
-                                            tables, lens, self._scratch)
+                                            tables, lens, self._scratch, prefill)
         return h, residual

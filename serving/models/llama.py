@@ -175,7 +175,7 @@ class CausalLM(nn.Module):
         (logits, the final norm's output at those rows in fp32: what embeddings pool)."""
         h = embed_tokens(self.embed_tokens, input_ids, embeds_override)  # [T, d_model]
         fused = self.fused_decode
-        if fused is not None and embeds_override is None and fused.applies(meta, h):
+        if fused is not None and fused.applies(meta, h):  # image rows are in h already
             h, residual = fused(h, cos, sin, meta)
         else:
             residual = None
