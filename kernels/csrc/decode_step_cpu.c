@@ -4,11 +4,11 @@
  * Why: at batch 1 a SmolLM2 step is ~12 small ops per layer (norm, linear, rotary, KV store,
  * attention, silu * up...) x 30 layers. Each op costs a few microseconds of Python, dispatch
  * and tensor allocation around a few microseconds of work, so the overhead outweighed the
- * int8/int4 linears themselves. A 512-token prompt paid the same ~360 calls' Python: 40-55 ms
- * of a 690 ms fp32 step, while the second thread waited. Here the same C functions the per-op
- * path calls (norm_rope_cpu.c, paged_decode_cpu.c, paged_prefill_cpu.c, quant_linear_cpu.c)
- * run back to back on preallocated scratch, in the per-op path's order: the result is
- * bit-identical to it.
+ * int8/int4 linears themselves. A 512-token prompt paid the same ~360 calls' Python: 29-68 ms
+ * of a 650-730 ms fp32 step (SmolLM2, 2 threads), while the second thread waited. Here the
+ * same C functions the per-op path calls (norm_rope_cpu.c, paged_decode_cpu.c,
+ * paged_prefill_cpu.c, quant_linear_cpu.c) run back to back on preallocated scratch, in the
+ * per-op path's order: the result is bit-identical to it.
  * An MoE layer's MLP is graft_moe_block (moe_cpu.c), the call its per-op path makes too.
  *
  * bf16 activations (a bf16 engine, dims.act_dtype 1): every buffer between the ops holds bf16
@@ -55,9 +55,9 @@ int graft_quant_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, co
                         const float *bias, uint16_t *y, int64_t ldy, int64_t N, int64_t NB,
                         int nthreads);
 
-enum { F32 = 0, I8 = 3 };         /* dtype codes; 1 is bf16 */
-enum { KIND_BF16 = 2 }; /* quant_linear_cpu.c's code */
-enum { VNNI = 3 };      /* graft_quant_isa() of avx512-vnni (AVX512-BF16 dot products, no AMX) */
+enum { F32 = 0, I8 = 3 }; /* dtype codes; 1 is bf16 */
+enum { KIND_BF16 = 2 };   /* quant_linear_cpu.c's code */
+enum { VNNI = 3 };        /* graft_quant_isa() of avx512-vnni (AVX512-BF16 dot products, no AMX) */
 
 /* Element i of a buffer of activations `es` bytes wide (4: fp32, 2: bf16). */
 #define AT(p, i) ((void *)((char *)(p) + (size_t)(i) * es))

@@ -32,7 +32,7 @@ def hf_greedy(model_dir, prompt, max_new_tokens, device="cpu"):
 
 
 def three_decodes(engine, params):
-    """Prompts of 5, 17 and 40 tokens run through their prefill step (op by op); returns the
+    """Prompts of 5, 17 and 40 tokens run through their prefill step; returns the
     next scheduled batch: the three sequences decoding one token each."""
     for i, p in enumerate(make_prompts((5, 17, 40), seed=7)):
         engine.add_request(str(i), prompt_token_ids=p, sampling_params=params)

@@ -274,7 +274,7 @@ def test_the_decode_step_in_one_c_call_is_the_per_op_path(tiny_moe, kv):
     model = engine.runner.model
     fused = model.fused_decode
     assert fused is not None and fused.moes is not None and fused.step_applies(3, 3)
-    batch = three_decodes(engine, GREEDY)  # their prompts ran op by op
+    batch = three_decodes(engine, GREEDY)
     calls = []
     step, block = cpu_decode.decode_step, cpu_decode.moe_block
     cpu_decode.decode_step = lambda *args: calls.append("step") or step(*args)

@@ -124,7 +124,7 @@ def test_fused_decode_step_is_the_per_op_path(tiny_llm_factory, family, kv):
     model = engine.runner.model
     assert model.fused_decode is not None
     params = SamplingParams(temperature=0.0, max_tokens=6)
-    batch = three_decodes(engine, params)  # their prompts ran op by op
+    batch = three_decodes(engine, params)
     steps = []
     whole_step = model.fused_decode.step
     model.fused_decode.step = lambda *args: steps.append(args) or whole_step(*args)
@@ -177,7 +177,8 @@ def test_fused_decode_turned_off_by_env_gives_the_same_tokens(tiny_llm_factory, 
 
 def test_whole_decode_step_only_for_sampled_one_token_rows(tiny_llm_factory):
     """A one-token chunk that is not a prompt's last token is a decode row without logits:
-    such steps take the per-op path, and the tokens are the same as with larger chunks."""
+    such steps run the layers alone (not ids to logits), and the tokens are the same as with
+    larger chunks."""
     model_dir = tiny_llm_factory("llama")
     prompt = make_prompts([6], seed=3)[0]
     want = Engine.from_pretrained(model_dir, EngineConfig(quantization="int8")).generate(
@@ -188,7 +189,7 @@ def test_whole_decode_step_only_for_sampled_one_token_rows(tiny_llm_factory):
     whole_step, rows = fused.step, []
     fused.step = lambda ids, *rest: rows.append(len(ids)) or whole_step(ids, *rest)
     assert engine.generate(prompt_token_ids=[prompt], sampling_params=GREEDY)[0].token_ids == want
-    # the prompt's last token and each fed-back token; the 5 before went op by op
+    # the prompt's last token and each fed-back token; the 5 before ran the layers alone
     assert rows == [1] * GREEDY.max_tokens
 
 
