@@ -101,7 +101,8 @@ def _runs(args, router: str, logs: Path, one_run, policy: str, replicas: int = 2
           pd: str | None = None, peers: bool = True) -> dict:
     """`args.runs` runs of one workload on a fresh fleet; each run's numbers and their
     min/median/max."""
-    from graft.serving.http.fleet.fleet_cli import Running, free_port, parse_cpus, plan
+    from graft.serving.http.fleet.fleet_cli import (Running, free_port, free_port_run,
+                                                    parse_cpus, plan)
 
     fleet_args = argparse.Namespace(
         path=args.model, replicas=replicas, pd=pd, policy=policy, host="127.0.0.1",
@@ -109,7 +110,7 @@ def _runs(args, router: str, logs: Path, one_run, policy: str, replicas: int = 2
         port=free_port(), worker_port=None, cpus=None, router=router,
         startup_timeout_s=args.startup_timeout_s,
         serve_args=["--served-model-name", "m", *args.serve_args])
-    fleet_args.worker_port = _free_port_run(replicas)
+    fleet_args.worker_port = free_port_run(replicas)
     fleet = plan(fleet_args, parse_cpus(None), router)
     for w in fleet.workers:  # one thread each, whatever the CPU split gave
         w.env["OMP_NUM_THREADS"] = "1"
@@ -269,24 +270,3 @@ def table(report: dict) -> str:
                 lines.append(f"  {workload:7s} {layout:12s} {key:22s} "
                              f"{s['min']:.3f} / {s['median']:.3f} / {s['max']:.3f}")
     return "\n".join(lines)
-
-
-def _free_port_run(n: int) -> int:
-    """The first of n consecutive free ports."""
-    import socket
-
-    from graft.serving.http.fleet.fleet_cli import free_port
-
-    for _ in range(100):
-        base = free_port()
-        try:
-            socks = [socket.socket() for _ in range(n)]
-            for k, s in enumerate(socks):
-                s.bind(("127.0.0.1", base + k))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports")

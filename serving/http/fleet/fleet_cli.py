@@ -321,6 +321,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int) -> int:
+    """The first of n consecutive free ports (a router's, then its workers': --port + 1 on),
+    where one free port's neighbours may be taken by any process's outgoing connections."""
+    for _ in range(100):
+        base = free_port()
+        socks = [socket.socket() for _ in range(n)]
+        try:
+            for k, s in enumerate(socks):
+                s.bind(("127.0.0.1", base + k))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
 def _ranges(cpus: list[int]) -> str:
     out, start = [], None
     for i, c in enumerate(cpus):

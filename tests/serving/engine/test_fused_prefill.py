@@ -10,7 +10,9 @@ from graft.kernels.linear_dispatch import bucket
 from graft.serving import Engine, EngineConfig, SamplingParams
 from tests.serving.conftest import fused_then_per_op, make_prompts, three_decodes
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="the C kernels are not built")
+pytestmark = pytest.mark.skipif(
+    not cpu_ops.available() or not cpu_ops._lib().graft_paged_prefill_built(),
+    reason="no C prefill attention in this build (the C kernels unbuilt, or not built by GCC)")
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6)
 MIXED_SCHEMES = {"default": "int4", "modules": {"layers.0.*": "int8",

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -87,9 +86,10 @@ def test_bad_layouts_are_one_line(argv, message):
 
 
 def test_a_fleet_serves_through_the_router_and_ctrl_c_stops_all(tiny_llama, tmp_path):
-    from tests.serving.http.router_proc import free_port, vllm_router
+    from graft.serving.http.fleet.fleet_cli import free_port_run
+    from tests.serving.http.router_proc import vllm_router
 
-    port = free_port()
+    port = free_port_run(3)  # the router's and, after it, the two workers'
     env = {**os.environ, "GRAFT_VLLM_ROUTER": vllm_router(), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "graft.cli", "fleet", str(tiny_llama),
                              "--replicas", "2", "--port", str(port), "--startup-timeout-s",
