@@ -14,7 +14,6 @@ import torch
 
 from graft.kernels import cpu_decode, cpu_ops
 from graft.kernels.dispatch import kernels_mode
-from graft.kernels.linear_dispatch import bucket
 from graft.serving.models.layers import AttentionMetadata
 
 CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 3}  # decode_step_cpu.c codes
@@ -154,8 +153,7 @@ class FusedDecode:
             return False
         if meta.num_decodes == rows:
             return True
-        at = bucket(rows)
-        return self.prefill_ok and not any(at in lin.torch_buckets for lin in self._linears)
+        return self.prefill_ok and not any(lin.on_torch(rows) for lin in self._linears)
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +169,7 @@ class FusedDecode:
                 meta.prefill_block_tables, meta.prefill_cu_seqlens, meta.prefill_context_lens)]
             prefill = cpu_decode.prefill_desc(nd, *chunks, rows)
         self.dims.rot = 2 * cos.shape[1]  # cos/sin [T, R/2]: the first R dims rotate
-        need = cpu_decode.scratch_floats(self.layers, self.moes, self.dims, h.shape[0])
+        need = cpu_decode.scratch_floats(self.layers, self.moes, self.dims, rows)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need)
         h = h.contiguous()  # the embeddings' fresh tensor: overwritten in place

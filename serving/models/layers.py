@@ -64,9 +64,13 @@ class Linear(nn.Linear):
     def _drop_weight(self) -> None:
         self.weight = nn.Parameter(self.weight.detach().to("meta"), requires_grad=False)
 
+    def on_torch(self, rows: int) -> bool:
+        """Whether a call of `rows` rows runs the torch path, not the C kernel (torch_buckets)."""
+        return bool(self.torch_buckets) and bucket(rows) in self.torch_buckets
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantized is not None:
-            if self.torch_buckets and bucket(x.numel() // self.in_features) in self.torch_buckets:
+            if self.on_torch(x.numel() // self.in_features):
                 return torch_linear(x, self.quantized, self.bias)
             return quant_linear(x, self.quantized, self.bias)
         if self.prepacked is not None:
