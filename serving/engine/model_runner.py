@@ -44,17 +44,19 @@ def default_quantization(config: EngineConfig, device: torch.device) -> str | No
     the oneDNN-prepacked torch linears at batch 1 and 16-32, all-decode steps run as one C
     call, and prefill rows go to torch's F.linear on the dequantized weight where
     linear_dispatch measures that faster). bf16 where
-    the bf16 dot products run and AMX does not (AVX512-BF16: AMD Zen 4, Intel Cooper Lake):
-    every linear in bf16 on them ("bf16", the weights as loaded: measured faster than torch's
-    bf16 linears at batch 1 and 32, level at prefill, the decode steps in one C call); bf16 on
-    AVX2 too, where torch has no native bf16 matmul and the C tiles widen bf16 to fp32 in
-    registers (docs/benchmarks.md, issue 49). Else (GPU, fp16, GRAFT_KERNELS=reference, other
-    CPUs, where the C path was not measured against torch's) the model's own linears."""
+    the bf16 dot products run (AVX512-BF16: AMD Zen 4, Intel Cooper Lake, and with AMX tiles
+    for calls of 8 rows or more, Intel Sapphire Rapids and later): every linear in bf16 on
+    them ("bf16", the weights as loaded: measured faster than torch's oneDNN bf16 linears at
+    batch 1 and 32 and in serving, the steps in one C call; level at prefill without AMX,
+    behind it with AMX); bf16 on AVX2 too, where torch has no native bf16 matmul and the C
+    tiles widen bf16 to fp32 in registers (docs/benchmarks.md, issue 49). Else (GPU, fp16,
+    GRAFT_KERNELS=reference, other CPUs, where the C path was not measured against torch's)
+    the model's own linears."""
     if device.type != "cpu" or kernels_mode() not in ("auto", "cpu") or not cpu_ops.available():
         return None
     if config.dtype == "float32" and cpu_quant.isa() != "portable":
         return "fp32"
-    if config.dtype == "bfloat16" and (cpu_quant.bf16_dot(all_rows=True) or cpu_quant.isa() == "avx2"):
+    if config.dtype == "bfloat16" and (cpu_quant.bf16_dot() or cpu_quant.isa() == "avx2"):
         return "bf16"
     return None
 

@@ -193,7 +193,10 @@ def test_graft_serve_profiled_under_load(small_llama, tmp_path, capsys):
     r = json.loads(out.read_text())
     g = r["servers"]["graft"]
     cats = g["categories"]
-    assert cats["linears"]["samples"] > 0 and cats["HTTP and API server"]["samples"] > 0
+    # the matmuls: per-op linears, or inside the one C call of a step (every step of this
+    # model is one call where the C kernels win at each row count, as on an AMX Xeon)
+    assert cats["linears"]["samples"] + cats["fused C decode step"]["samples"] > 0
+    assert cats["HTTP and API server"]["samples"] > 0
     # every sample py-spy counted was parsed and sorted
     assert sum(c["samples"] for c in cats.values()) == g["samples"] == g["py_spy_samples"] > 0
     assert sum(c["share"] for c in cats.values()) == pytest.approx(1.0)

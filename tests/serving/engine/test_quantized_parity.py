@@ -228,7 +228,7 @@ def test_the_cpu_fp32_default_is_the_c_linears(tiny_llm_factory):
     assert plan and {s.kind for s in plan.values()} == {"fp32"}
     assert engine.runner.model.fused_decode is not None
     bf16 = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(dtype="bfloat16"))
-    if cpu_quant.bf16_dot(all_rows=True) or cpu_quant.isa() == "avx2":  # no AMX
+    if cpu_quant.bf16_dot() or cpu_quant.isa() == "avx2":
         assert {s.kind for s in bf16.runner.quant_plan.values()} == {"bf16"}
         assert bf16.runner.model.fused_decode is not None
     else:  # elsewhere bf16 keeps the model's own linears
@@ -239,16 +239,23 @@ def test_the_cpu_fp32_default_is_the_c_linears(tiny_llm_factory):
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="the C kernels could not be built")
 def test_defaults_per_isa(tiny_llm_factory, monkeypatch):
-    """On an AVX2 CPU (no AVX-512) fp32 and bf16 engines default to the C linears in their
-    dtype; without AVX2 both stay on the model's own linears; asking for a format still gets
-    it."""
+    """On an AVX2 CPU (no AVX-512) and on AVX512-BF16 CPUs with or without AMX, fp32 and bf16
+    engines default to the C linears in their dtype; on AVX-512 without BF16 dot products a
+    bf16 engine keeps torch's linears; without AVX2 both stay on the model's own linears;
+    asking for a format still gets it."""
     from graft.kernels import cpu_quant
 
     model_dir = tiny_llm_factory("llama")
-    monkeypatch.setattr(cpu_quant, "isa", lambda: "avx2")
-    for dtype, kind in (("float32", "fp32"), ("bfloat16", "bf16")):
-        plan = Engine.from_pretrained(model_dir, EngineConfig(dtype=dtype)).runner.quant_plan
-        assert plan and {s.kind for s in plan.values()} == {kind}
+
+    def kinds(dtype):
+        return {s.kind for s in Engine.from_pretrained(model_dir, EngineConfig(dtype=dtype)).runner.quant_plan.values()}
+
+    monkeypatch.setattr(cpu_quant, "_bf16_dot_built", lambda: True)
+    for isa in ("avx2", "avx512-vnni", "avx512-amx"):
+        monkeypatch.setattr(cpu_quant, "isa", lambda isa=isa: isa)
+        assert (kinds("float32"), kinds("bfloat16")) == ({"fp32"}, {"bf16"}), isa
+    monkeypatch.setattr(cpu_quant, "isa", lambda: "avx512")
+    assert (kinds("float32"), kinds("bfloat16")) == ({"fp32"}, set())
     monkeypatch.setattr(cpu_quant, "isa", lambda: "portable")
     for dtype in ("float32", "bfloat16"):
         assert Engine.from_pretrained(model_dir, EngineConfig(dtype=dtype)).runner.quant_plan == {}
