@@ -92,7 +92,10 @@ def test_sharded_moe_finetune_trains_lora_like_one_process(sharded_spec, tiny_ll
     lora_a = load_file(str(one / "lora" / "adapter_model.safetensors"))
     lora_b = load_file(str(tmp_path / "two" / "lora" / "adapter_model.safetensors"))
     assert lora_a and all("self_attn" in k for k in lora_a)  # attention only, never the experts
-    assert _max_diff(lora_a, lora_b) <= 1e-5
+    # most entries agree to 1e-7; Adam divides each gradient by its own running size, so an
+    # entry whose gradient is near zero in both runs moves by a share of lr (1e-2) that the
+    # gradients' fp32 summation order decides (1.4e-5 seen on a Xeon's oneDNN GEMMs)
+    assert _max_diff(lora_a, lora_b) <= 1e-4
 
 
 @pytest.mark.slow
