@@ -79,13 +79,12 @@ def _bf16_dot_built() -> bool:
     return bool(cpu_ops._lib().graft_quant_bf16_dot_built())  # fixed for the loaded library
 
 
-def bf16_dot(all_rows: bool = False) -> bool:
+def bf16_dot() -> bool:
     """Whether bf16 weights under bf16-valued activations (a bf16 engine's) run on AVX512-BF16
     dot products (kernels/csrc/quant_bf16dot_cpu.c): this build has them and the ISA level
-    allows them (avx512-vnni and up). all_rows: at every row count, i.e. without AMX, whose
-    tiles take the calls of 8 rows or more."""
-    allowed = ("avx512-vnni",) if all_rows else ("avx512-vnni", "avx512-amx")
-    return isa() in allowed and _bf16_dot_built()
+    allows them (avx512-vnni and up; with AMX its tiles take the calls of 8 rows or more).
+    Then a bf16 engine's calls pass bf16 rows in and out as they are (graft_quant_bf16_io)."""
+    return isa() in ("avx512-vnni", "avx512-amx") and _bf16_dot_built()
 
 
 def isa_description() -> str:
@@ -260,7 +259,7 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
     if not supports(x, weight):
         return quant.quant_linear(x, weight, bias)
     if (x.dtype == torch.bfloat16 and weight.scheme.kind == "bf16" and not portable
-            and bf16_dot(all_rows=True)):
+            and bf16_dot()):
         return _bf16_io(x, weight, bias)
     if x.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
         # the reference's contract: fp32 products, the result in x's dtype
@@ -285,8 +284,9 @@ def quant_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | 
 
 
 def _bf16_io(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    """bf16 x through bf16 weights on the AVX512-BF16 dot products, bf16 out: the fp32 route's
-    numbers (x.float(), the C linear, .to(bfloat16)) without its two conversions."""
+    """bf16 x through bf16 weights on the AVX512-BF16 dot products (or AMX tiles), bf16 out:
+    the fp32 route's numbers (x.float(), the C linear, .to(bfloat16)) without its two
+    conversions."""
     n, k = weight.shape
     lead, x2 = _rows(x, k)
     p = pack(weight)

@@ -57,7 +57,7 @@ int graft_quant_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, co
 
 enum { F32 = 0, I8 = 3 }; /* dtype codes; 1 is bf16 */
 enum { KIND_BF16 = 2 };   /* quant_linear_cpu.c's code */
-enum { VNNI = 3 };        /* graft_quant_isa() of avx512-vnni (AVX512-BF16 dot products, no AMX) */
+enum { VNNI = 3 };        /* graft_quant_isa() from avx512-vnni up (AVX512-BF16 dot products) */
 
 /* Element i of a buffer of activations `es` bytes wide (4: fp32, 2: bf16). */
 #define AT(p, i) ((void *)((char *)(p) + (size_t)(i) * es))
@@ -76,13 +76,13 @@ static void narrow_rows(const float *src, uint16_t *dst, int64_t n, int nt) {
 
 /* y [rows, l->n] = x [rows, l->k] through the C-layout linear l, in the activations' dtype:
  * bf16 rows are widened into stage (rows * (l->k + l->n) floats) and the fp32 product is
- * rounded into y. bf16 weights on AVX512-BF16 without AMX take bf16 rows as they are, as the
- * per-op path's quant_linear does there (graft.kernels.cpu_quant.bf16_dot): the same
- * products without the two conversions. Nonzero: no scratch memory. */
+ * rounded into y. bf16 weights on AVX512-BF16 (AMX tiles included) take bf16 rows as they
+ * are, as the per-op path's quant_linear does there (graft.kernels.cpu_quant.bf16_dot): the
+ * same products without the two conversions. Nonzero: no scratch memory. */
 static int act_linear(const graft_linear_t *l, const void *x, int64_t rows, void *y, int act,
                       float *stage, int nt) {
     if (act == F32) return linear(l, x, rows, y, nt);
-    if (l->kind == KIND_BF16 && graft_quant_isa() == VNNI) {
+    if (l->kind == KIND_BF16 && graft_quant_isa() >= VNNI) {
         const int status = graft_quant_bf16_io(x, l->k, rows, l->k, l->w, l->bias, y, l->n, l->n,
                                                l->nb, nt);
         if (status <= 0) return status; /* 1: a build without AVX512-BF16 */

@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "bf16.h"
 #include "quant_epilogue.h"
 #define GRAFT_QUANT_AMX 1
 #else
@@ -170,11 +171,12 @@ static inline void combine_row(int kind, int pieces, const void *cbuf, int64_t i
 }
 
 /* a: the piece rows (`pieces` per row of x, zero rows up to a multiple of 32) in 32-row
- * blocks. */
+ * blocks. With out (bf16, `ldo` apart), y is one chunk's scratch (its rows restart at 0 each
+ * chunk) and each chunk of rows is rounded into out as torch's .to(bfloat16) rounds. */
 static void amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_t chunks,
                        const uint8_t *w, int64_t block_bytes, const int32_t *dsum, const float *rs,
                        const float *scale8, const float *bias, float *y, int64_t ldy, int64_t N,
-                       int64_t NB, int nthreads) {
+                       int64_t NB, int nthreads, uint16_t *out, int64_t ldo) {
     const int64_t pairs = NB / 2;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1 && pairs > 1)
     {
@@ -190,12 +192,17 @@ static void amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_
                         tile_pair(kind, a + (mc * pieces + r0) / 32 * chunks * 2048, wp, c0,
                                   c0 + K_CHUNKS < chunks ? c0 + K_CHUNKS : chunks, c0 == 0, cbuf + r0 * 32);
                 for (int64_t i = 0; i < rows; ++i) {
-                    __m512 out[1][2];
+                    __m512 sums[1][2];
                     const int64_t m = mc + i;
-                    combine_row(kind, pieces, cbuf, i, kind == KIND_INT8 ? dsum + m * PIECES : 0, out);
-                    finish_pair(out, 1, rs ? rs + m : 0, kind == KIND_INT8 ? scale8 : 0, bias, p * 32,
-                                y + m * ldy, ldy, N);
+                    combine_row(kind, pieces, cbuf, i, kind == KIND_INT8 ? dsum + m * PIECES : 0, sums);
+                    finish_pair(sums, 1, rs ? rs + m : 0, kind == KIND_INT8 ? scale8 : 0, bias, p * 32,
+                                y + (out ? i : m) * ldy, ldy, N);
                 }
+            }
+            if (out) {
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < rows; ++i)
+                    for (int64_t o = 0; o < N; ++o) out[(mc + i) * ldo + o] = float_to_bf16(y[i * ldy + o]);
             }
         }
         _tile_release();
@@ -322,6 +329,20 @@ static void split_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, int pi
             }
         }
 }
+
+/* bf16 rows x (K a multiple of 32) into the blocks as they are: one piece per row. 0 when a
+ * value is inf or NaN (the fp32 route's split cannot carry them and takes the FMA path, so
+ * this one leaves them to the dot products, which do as that path does), else 1. */
+static int copy_bf16_rows(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, uint8_t *out) {
+    const __m512i exp = _mm512_set1_epi16(0x7f80);
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; k += 32) {
+            const __m512i r = _mm512_loadu_si512(x + m * ldx + k);
+            if (_mm512_cmpeq_epi16_mask(_mm512_and_si512(r, exp), exp)) return 0;
+            _mm512_storeu_si512(out + graft_quant_amx_row(m, K, 32) + k / 32 * 2048, r);
+        }
+    return 1;
+}
 #endif
 
 int graft_quant_amx(void) {
@@ -340,7 +361,7 @@ void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, cons
                         int64_t ldy, int64_t N, int64_t NB, int nthreads) {
 #if GRAFT_QUANT_AMX
     amx_linear(KIND_INT8, PIECES, (const uint8_t *)dig, M, KP / 64, (const uint8_t *)w, KP * 16, dsum, rs,
-               scale8, bias, y, ldy, N, NB, nthreads);
+               scale8, bias, y, ldy, N, NB, nthreads, 0, 0);
 #else
     (void)dig; (void)KP; (void)dsum; (void)rs; (void)M; (void)w; (void)scale8; (void)bias;
     (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
@@ -380,9 +401,37 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
     graft_quant_amx_zero_rows(a, M * pieces, rows, K, 32);
     split_bf16(x, ldx, M, K, pieces, a);
     amx_linear(KIND_BF16, pieces, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, y, ldy, N,
-               NB, nthreads);
+               NB, nthreads, 0, 0);
     free(a);
     return 0;
+#else
+    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;
+    (void)NB; (void)nthreads;
+    return 1;
+#endif
+}
+
+/* bf16 x [M, ldx] in, bf16 y [M, ldy] out (a bf16 engine's calls; quant_bf16dot_cpu.c's
+ * graft_quant_bf16_io calls it where AMX runs): graft_quant_amx_bf16 on x widened, then
+ * rounded, bit for bit, without those two conversions. Returns 0; 1 when this path does not
+ * apply (as graft_quant_amx_bf16, inf or NaN included); -1 when scratch could not be had. */
+int graft_quant_amx_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                            const float *bias, uint16_t *y, int64_t ldy, int64_t N, int64_t NB,
+                            int nthreads) {
+#if GRAFT_QUANT_AMX
+    if (!graft_quant_amx_applies(M, K, 32)) return 1;
+    const int64_t rows = (M + 31) / 32 * 32, np = NB * 16, chunk = M < M_CHUNK ? M : M_CHUNK;
+    uint8_t *a = aligned_alloc(64, (size_t)(rows * K * 2));
+    float *scratch = malloc(sizeof(float) * (size_t)(chunk * np));
+    int status = !a || !scratch ? -1 : copy_bf16_rows(x, ldx, M, K, a) ? 0 : 1;
+    if (status == 0) {
+        graft_quant_amx_zero_rows(a, M, rows, K, 32);
+        amx_linear(KIND_BF16, 1, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, scratch,
+                   np, N, NB, nthreads, y, ldy);
+    }
+    free(a);
+    free(scratch);
+    return status;
 #else
     (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;
     (void)NB; (void)nthreads;

@@ -141,6 +141,12 @@ static void dot_rows(const uint32_t *words, int64_t ws, int64_t M, int64_t K, co
 }
 #endif
 
+int graft_quant_isa(void);
+int graft_quant_amx_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                            const float *bias, uint16_t *y, int64_t ldy, int64_t N, int64_t NB,
+                            int nthreads);
+enum { AMX = 4 }; /* graft_quant_isa() where AMX runs */
+
 /* 1 when this build has the VDPBF16PS path (-march names a CPU with AVX512-BF16). */
 int graft_quant_bf16_dot_built(void) { return GRAFT_BF16DOT; }
 
@@ -165,14 +171,19 @@ int graft_quant_bf16_dot(const float *x, int64_t ldx, int64_t M, int64_t K, cons
 }
 
 /* bf16 x [M, ldx] in, bf16 y [M, ldy] out (the fp32 sums plus bias, rounded), for a bf16
- * engine's calls: the same numbers as widening x, graft_quant_bf16_dot and rounding, without
- * the two conversions around the call. With K even and ldx even the rows are the words as
- * they stand. Returns 0; 1 when not built with AVX512-BF16 (the caller converts and takes the
- * fp32 route); -1 when scratch could not be allocated. */
+ * engine's calls: the same numbers as widening x, graft_quant_linear and rounding, without
+ * the two conversions around the call: where AMX runs, calls of 8 rows or more on its tiles
+ * (quant_amx_cpu.c), the rest on these dot products. With K even and ldx even the rows are
+ * the words as they stand. Returns 0; 1 when not built with AVX512-BF16 (the caller converts
+ * and takes the fp32 route); -1 when scratch could not be allocated. */
 int graft_quant_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, const void *w,
                         const float *bias, uint16_t *y, int64_t ldy, int64_t N, int64_t NB,
                         int nthreads) {
 #if GRAFT_BF16DOT
+    if (graft_quant_isa() == AMX) {
+        const int status = graft_quant_amx_bf16_io(x, ldx, M, K, w, bias, y, ldy, N, NB, nthreads);
+        if (status <= 0) return status; /* else too few rows, K not a multiple of 32, inf/NaN */
+    }
     const int64_t steps = (K + 1) / 2, direct = K % 2 == 0 && ldx % 2 == 0;
     const int64_t np = NB * 16, rows = M < M_CHUNK ? M : M_CHUNK;
     float *scratch = malloc(sizeof(float) * (size_t)(rows * np));

@@ -3,6 +3,8 @@ every activation is a bf16 value (a bf16 engine's): both factors bf16, so each p
 and the result must be the FMA path's up to the order of the fp32 sums; any other x must take
 the FMA path unchanged."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -49,9 +51,11 @@ def test_the_dot_path_runs_and_flushes_denormals():
 
 
 def test_other_activations_take_the_fma_path_unchanged():
-    qw = quantize(torch.randn(96, 128) * 0.05, QuantScheme.parse("bf16"))
-    x = torch.randn(33, 128).bfloat16().float()
-    x[20, 5] += 2.0 ** -12  # one value that is not a bf16
+    g = torch.Generator().manual_seed(0)
+    qw = quantize(torch.randn(96, 128, generator=g) * 0.05, QuantScheme.parse("bf16"))
+    x = torch.randn(33, 128, generator=g).bfloat16().float()
+    x[20, 5] = 1.0 + 2.0 ** -12  # one value that is not a bf16 (adding 2^-12 to a random one
+    # could land on a bf16: -2^-10 * 1.25 + 2^-12 is -2^-10)
     got, fma = _paths(x, qw, None, 2)
     assert torch.equal(got, fma)
     x[20, 5] = float("inf")  # inf is a bf16: the dot path carries it as the FMA path does
@@ -59,17 +63,40 @@ def test_other_activations_take_the_fma_path_unchanged():
     assert torch.equal(got.isinf(), fma.isinf()) and torch.equal(got.isnan(), fma.isnan())
 
 
+def _io_and_fp32_route(x, qw, bias, cap):
+    """(bf16 in and out, x.float() -> the C linear -> .to(bfloat16)), capped at `cap`."""
+    with cpu_quant.isa_capped(cap) if cap else contextlib.nullcontext():
+        got = cpu_quant.quant_linear(x, qw, bias)
+        want = cpu_quant.quant_linear(x.float(), qw, None if bias is None else bias.float())
+    assert got.dtype == torch.bfloat16
+    return got, want.to(torch.bfloat16)
+
+
+# the dot products alone, and this CPU's paths: on an AMX CPU its tiles take calls of 8 rows
+# or more whose K is a multiple of 32 (the 97- and 200-row calls with K 128 and 64)
+@pytest.mark.parametrize("cap", ["avx512-vnni", None])
 @pytest.mark.parametrize("k,stride", [(128, 128), (577, 577), (64, 130), (64, 67)])
 @pytest.mark.parametrize("m", [1, 7, 97, 200])
-def test_bf16_in_bf16_out_is_the_fp32_route_bit_for_bit(m, k, stride):
+def test_bf16_in_bf16_out_is_the_fp32_route_bit_for_bit(m, k, stride, cap):
     """A bf16 engine's call (bf16 rows in, bf16 out, the rows read in place where K and the
     row stride are even) gives x.float() -> the C linear -> .to(bfloat16) exactly, bias too."""
     g = torch.Generator().manual_seed(m + k)
     qw = quantize(torch.randn(72, k, generator=g) * 0.05, QuantScheme.parse("bf16"))
     x = torch.randn(m, stride, generator=g).bfloat16()[:, :k]
     bias = torch.randn(72, generator=g).bfloat16()
-    with cpu_quant.isa_capped("avx512-vnni"):  # an AMX CPU's bf16 calls take its tiles instead
-        got = cpu_quant.quant_linear(x, qw, bias)
-        want = cpu_quant.quant_linear(x.float(), qw, bias.float()).to(torch.bfloat16)
-    assert got.dtype == torch.bfloat16
+    got, want = _io_and_fp32_route(x, qw, bias, cap)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("cap", ["avx512-vnni", None])
+def test_bf16_in_bf16_out_carries_inf_as_the_fp32_route(cap):
+    """inf in a row: the fp32 route leaves AMX's tiles for the dot products (its split cannot
+    carry inf); the bf16 route must do the same."""
+    g = torch.Generator().manual_seed(1)
+    qw = quantize(torch.randn(96, 128, generator=g) * 0.05, QuantScheme.parse("bf16"))
+    x = torch.randn(33, 128, generator=g).bfloat16()
+    x[20, 5] = float("inf")
+    got, want = _io_and_fp32_route(x, qw, None, cap)
+    assert got[20].isinf().all() and torch.equal(got.isinf(), want.isinf())
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
