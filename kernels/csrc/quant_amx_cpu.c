@@ -1,6 +1,7 @@
 /* int8, int4 and bf16 weight-only linears on AMX tiles, for many rows (prefill, batched decode):
- * y[M, N] = x[M, K] @ dequant(W)^T + bias, x and y fp32, in the layouts of quant_linear_cpu.c
- * and quant_vnni_cpu.c, read as they are.
+ * y[M, N] = x[M, K] @ dequant(W)^T + bias, x and y fp32 (bf16 for a bf16 engine's bf16 calls,
+ * graft_quant_amx_bf16_io), in the layouts of quant_linear_cpu.c and quant_vnni_cpu.c, read as
+ * they are.
  *
  * Why: from ~8 rows on, the vector paths are bound by their multiply instructions, not by
  * the weight's bytes (int8 at 32 rows: 3 vpdpbusd per 4 columns, row and 16 outputs). One

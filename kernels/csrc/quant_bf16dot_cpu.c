@@ -1,4 +1,5 @@
-/* bf16 weights x bf16 activations on AVX512-BF16 (VDPBF16PS), for CPUs without AMX.
+/* bf16 weights x bf16 activations on AVX512-BF16 (VDPBF16PS): every call on CPUs without AMX,
+ * the calls of fewer than 8 rows on CPUs with it (quant_amx_cpu.c takes the rest).
  *
  * Why: a bf16 engine's activations reach the linears as fp32 copies of bf16 values. The FMA
  * path (quant_linear_cpu.c) widens every weight to fp32 and does 16 multiply-adds per

@@ -25,7 +25,7 @@ QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | 
                      "as llama.cpp's Q4: faster on AVX2, not the dequantized model's numbers), "
                      "or a quant.json per module (graft quantize); none: the torch linears; "
                      "default: fp32 on the C kernels on CPU in fp32 (AVX2 and up), bf16 on "
-                     "them in bf16 (AVX2, or AVX512-BF16 without AMX), else none")
+                     "them in bf16 (AVX2, or AVX512-BF16 with or without AMX), else none")
 
 
 def option(default, help: str, choices: tuple | None = None, **cli):
