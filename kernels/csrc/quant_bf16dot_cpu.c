@@ -28,8 +28,10 @@
 #include "quant_epilogue.h"
 
 #define MR 6       /* rows per tile: 6 rows x 2 blocks = 12 accumulators */
-#define PF 8 /* steps (128 bytes of a pair each) the weight stream is prefetched ahead: batch-1
-                    * on a 2-core Xeon read 72% of its bandwidth without, 85% with (4 to 16 alike) */
+/* Steps (128 bytes of a pair each) the weight stream is prefetched ahead: batch-1 on a 2-core
+ * Xeon read 72% of its bandwidth without, 85% with (4 to 16 alike). __builtin_prefetch, as in
+ * quant_avx2_int_cpu.c: GCC 12 dropped _mm_prefetch from such files. */
+#define PF 8
 #define M_CHUNK 96 /* rows whose words stay in L2 while every block of W passes over them */
 
 /* 1 when every x[m][k] (k < K) is a bf16 value (its low 16 bits zero), inf and NaN too. */
@@ -79,8 +81,8 @@ static void pair_rows(const void *x, int bf16_in, int64_t ldx, int64_t M, int64_
             _Pragma("GCC unroll 4") for (int s = 0; s < S; ++s) {                               \
                 const __m512bh b0 = (__m512bh)_mm512_loadu_si512(w0 + (j + s) * 64);           \
                 const __m512bh b1 = (__m512bh)_mm512_loadu_si512(w0 + (j + s) * 64 + 32);      \
-                _mm_prefetch((const char *)(w0 + (j + s + PF) * 64), _MM_HINT_T0);              \
-                _mm_prefetch((const char *)(w0 + (j + s + PF) * 64 + 32), _MM_HINT_T0);         \
+                __builtin_prefetch(w0 + (j + s + PF) * 64, 0, 3);                               \
+                __builtin_prefetch(w0 + (j + s + PF) * 64 + 32, 0, 3);                          \
                 _Pragma("GCC unroll 6") for (int m = 0; m < R; ++m) {                           \
                     const __m512bh a = (__m512bh)_mm512_set1_epi32((int)words[m * ws + j + s]); \
                     acc[s][m][0] = _mm512_dpbf16_ps(acc[s][m][0], a, b0);                       \
