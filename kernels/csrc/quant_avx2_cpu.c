@@ -33,7 +33,11 @@ enum { KIND_BF16 = 2, KIND_F32 = 3 }; /* quant_linear_cpu.c KIND_* */
 #define MR_MAX 6
 #define M_CHUNK 48     /* rows of x kept in L2 (512 KB on Zen 3) while every pair passes them */
 #define PREFETCH 2048  /* bytes ahead in the pair's stream: 16 steps */
-#define ROW_PREFETCH 4096 /* one row's single pass (8 KB measured no better) */
+/* One row's single pass: on a 2-core Xeon held to AVX2, bf16 at the 1.5B shape read 100-101%
+ * of the measured bandwidth 2 KB ahead and 71-80% 4 KB ahead (fp32 level; 2026-12-06); the
+ * AVX2 integer kernels chose 2 KB on AMD. 4 KB had been the pick on the Zen 4 proxy (8 KB no
+ * better), where 2 KB was not measured. */
+#define ROW_PREFETCH 2048
 
 /* acc[m][h] += x[m][k] * w_h for the tile's rows (xk: &x[0][k]) */
 #define FMA_COLUMN(MR, xk, ldx, w0, w1)                                                         \
