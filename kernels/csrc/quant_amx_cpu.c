@@ -20,6 +20,14 @@
  * columns or x 2 bf16 columns, a block's steps 128 bytes apart (the pair's blocks alternate).
  * Each tile computes 32 rows of that 3M-row matrix x 32 outputs (one pair of blocks), the
  * pieces are combined per row of x afterwards.
+ *
+ * What bounds it (measured on a 2-core Sapphire Rapids VM, docs/benchmarks.md): the tile
+ * product runs at 1.5 TMAC/s a core from L1, as fast with one operand streaming from L2, a
+ * third slower with both from L2, and ten times slower with the weights streaming from
+ * memory. So a pass of rows stays in L2 while every pair of a thread passes over it (an
+ * earlier layout re-read all of W every 96 rows), long rows are cut in K blocks to keep
+ * that so, each tile runs its K block whole (its accumulators stored once, not every 256
+ * columns), and the next weights are prefetched while the tiles multiply.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,9 +36,9 @@
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__) && \
     defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__linux__)
 #include <immintrin.h>
+#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include "bf16.h"
 #include "quant_epilogue.h"
 #define GRAFT_QUANT_AMX 1
 #else
@@ -39,8 +47,10 @@
 
 enum { KIND_INT8 = 0, KIND_BF16 = 2 };
 #define PIECES 3
-#define M_CHUNK 96 /* rows of x per pass over W: 288 piece rows = 9 tiles of 32 */
-#define K_CHUNKS 8 /* 64-byte chunks of a row per pass over the rows: 16 KB of a pair's W */
+#define M_CHUNK 96 /* int4: rows of x per pass over W: 288 piece rows = 9 tiles of 32 */
+#define A_BUDGET (1 << 20) /* bytes of piece rows (one K block) a pass over W keeps in L2 */
+#define W_BUDGET (512 << 10) /* bytes of W (one K block) a block of pairs keeps in L2 */
+#define PASS_ROWS 256 /* piece rows a pass takes at least: longer rows are cut in K blocks */
 #define MIN_ROWS 8  /* fewer rows: the vector paths (measured, docs/quantization.md) */
 
 /* Byte offset of piece row r in the tile blocks of rows with K columns, `chunk` columns per
@@ -130,25 +140,6 @@ static inline void tile_step(int kind, const uint8_t *a, const uint8_t *b0, cons
     }
 }
 
-/* cbuf[32][32] (piece rows x outputs) += one block of 32 piece rows x the pair at wp, over
- * 64-byte chunks c0..c1 of a row (int8: 64 columns, bf16: 32); `first`: start from 0. The
- * block is stored chunk by chunk, 32 rows x 64 bytes each (graft_quant_amx_row): a tile is
- * 1 KB in one piece, where rows K bytes apart had each tile load wait on 16 lines from L2. */
-static void tile_pair(int kind, const uint8_t *a, const uint8_t *wp, int64_t c0, int64_t c1,
-                      int first, void *cbuf) {
-    if (first) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    } else {
-        load_acc(cbuf);
-    }
-    for (int64_t c = c0; c < c1; ++c)
-        tile_step(kind, a + c * 2048, wp + c * 16 * 128, wp + c * 16 * 128 + 64, 128);
-    store_acc(cbuf);
-}
-
 /* Row i of the chunk from its piece rows in cbuf: int8 as quant_vnni_cpu.c combines its
  * accumulators (the +128 offset of the weights taken off first), bf16 as (hi + mid) + lo, or
  * hi alone where x was bf16 already (mid and lo would add zeros). */
@@ -171,43 +162,186 @@ static inline void combine_row(int kind, int pieces, const void *cbuf, int64_t i
     }
 }
 
+/* How a call is cut (bf16 and int8 alike: W's 64-byte chunks, 2 KB a pair's chunk): rows in
+ * passes over W, each pass's K in blocks of kb chunks, the pairs in blocks of pblock, so that
+ * a pass's piece rows of one K block stay in L2 while every pair passes over them, and a
+ * block of pairs' weights while the pass's rows do. */
+typedef struct {
+    int64_t rows, kb, pblock;
+} amx_plan;
+
+static amx_plan plan_call(int pieces, int64_t chunks, int64_t M) {
+    amx_plan pl;
+    const int64_t blocks = (chunks * PASS_ROWS * 64 + A_BUDGET - 1) / A_BUDGET; /* of K */
+    pl.kb = (chunks + blocks - 1) / blocks;
+    pl.rows = A_BUDGET / (pieces * pl.kb * 64) / 32 * 32;
+    if (pl.rows < 32) pl.rows = 32;
+    if (pl.rows > M) pl.rows = M;
+    pl.pblock = W_BUDGET / (pl.kb * 2048);
+    if (pl.pblock < 1) pl.pblock = 1;
+    return pl;
+}
+
+/* 16 lanes rounded to bf16 as bf16.h's float_to_bf16 rounds (nearest even in integers: NaN
+ * stays NaN, denormals kept). */
+static inline __m256i round_bf16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    return _mm512_cvtepi32_epi16(
+        _mm512_mask_mov_epi32(r, nan, _mm512_srli_epi32(_mm512_or_si512(u, _mm512_set1_epi32(0x400000)), 16)));
+}
+
+/* A row's 32 outputs from o0 plus bias (as finish_pair adds it), rounded into row (bf16). */
+static inline void finish_pair_bf16(__m512 sums[1][2], const float *bias, int64_t o0, uint16_t *row, int64_t N) {
+    __m256i h[2];
+    for (int k = 0; k < 2; ++k) {
+        const int64_t valid = N - o0 - 16 * k;
+        __m512 v = sums[0][k];
+        if (bias && valid > 0)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1),
+                                                       bias + o0 + 16 * k));
+        h[k] = round_bf16(v);
+    }
+    uint16_t *at = row + o0;
+    if (N - o0 >= 32) { /* one 64-byte store: two masked halves ran slower */
+        _mm512_storeu_si512((void *)at, _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1));
+        return;
+    }
+    for (int k = 0; k < 2; ++k) {
+        const int64_t valid = N - o0 - 16 * k;
+        if (valid > 0) _mm256_mask_storeu_epi16(at + 16 * k, valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1), h[k]);
+    }
+}
+
+/* What a call's rows need to be finished: combine_row's inputs and the output's. */
+typedef struct {
+    int kind, pieces;
+    const int32_t *dsum;
+    const float *rs, *scale8, *bias;
+    float *y;
+    uint16_t *out;
+    int64_t ldy, ldo, N;
+} amx_call;
+
+/* Rows i0..i1 of the 32 from x's row r0 whose piece rows' sums for pair p are in cbuf: to y
+ * (fp32) or out (bf16). */
+static inline void finish_rows(const amx_call *c, const float *cbuf, int64_t r0, int64_t i0, int64_t i1,
+                               int64_t p) {
+    for (int64_t i = i0; i < i1; ++i) {
+        __m512 sums[1][2];
+        const int64_t m = r0 + i;
+        combine_row(c->kind, c->pieces, cbuf, i, c->kind == KIND_INT8 ? c->dsum + m * PIECES : 0, sums);
+        if (c->out)
+            finish_pair_bf16(sums, c->bias, p * 32, c->out + m * c->ldo, c->N);
+        else
+            finish_pair(sums, 1, c->rs ? c->rs + m : 0, c->kind == KIND_INT8 ? c->scale8 : 0, c->bias, p * 32,
+                        c->y + m * c->ldy, c->ldy, c->N);
+    }
+}
+
 /* a: the piece rows (`pieces` per row of x, zero rows up to a multiple of 32) in 32-row
- * blocks. With out (bf16, `ldo` apart), y is one chunk's scratch (its rows restart at 0 each
- * chunk) and each chunk of rows is rounded into out as torch's .to(bfloat16) rounds. */
-static void amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_t chunks,
-                       const uint8_t *w, int64_t block_bytes, const int32_t *dsum, const float *rs,
-                       const float *scale8, const float *bias, float *y, int64_t ldy, int64_t N,
-                       int64_t NB, int nthreads, uint16_t *out, int64_t ldo) {
-    const int64_t pairs = NB / 2;
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && pairs > 1)
+ * blocks. y: fp32 out; or, with out, bf16 rows `ldo` apart (y unused), rounded as torch's
+ * .to(bfloat16) rounds. Returns 0; -1 when the accumulators' scratch could not be allocated
+ * (nothing written then). Each thread takes its share of the pairs; a tile (32 piece rows x
+ * a pair) runs one K block at a time; once K is whole, the tile's rows are combined and
+ * stored while the next tile multiplies (the vector units are free while the tiles work). */
+static int amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_t chunks,
+                      const uint8_t *w, int64_t block_bytes, const int32_t *dsum, const float *rs,
+                      const float *scale8, const float *bias, float *y, int64_t ldy, int64_t N,
+                      int64_t NB, int nthreads, uint16_t *out, int64_t ldo) {
+    const int64_t pairs = NB / 2, team = nthreads > 1 && pairs > 1 ? nthreads : 1;
+    const amx_plan pl = plan_call(pieces, chunks, M);
+    const amx_call call = {kind, pieces, dsum, rs, scale8, bias, y, out, ldy, ldo, N};
+    /* with K in blocks, each tile's sums wait between them: per thread, the pass's groups of
+     * 32 rows x its pairs x the group's piece blocks, 4 KB each */
+    const int64_t tiles = (pl.rows + 31) / 32 * ((pairs + team - 1) / team) * pieces;
+    float *accs = pl.kb < chunks ? aligned_alloc(64, sizeof(float) * 1024 * (size_t)(tiles * team)) : 0;
+    if (pl.kb < chunks && !accs) return -1;
+#pragma omp parallel num_threads(team)
     {
-        float cbuf[M_CHUNK * PIECES * 32] __attribute__((aligned(64)));
+        float cbuf[2][PIECES * 1024] __attribute__((aligned(64))); /* a finished tile's sums, two by turns */
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t p_begin = pairs * t / nt, p_end = pairs * (t + 1) / nt, tp = p_end - p_begin;
+        float *acc = accs ? accs + 1024 * tiles * t : 0;
+        int prev = -1; /* the buffer of the tile whose rows are finished while the next one runs */
+        int64_t prev_r0 = 0, prev_n = 0, prev_p = 0;
         configure_tiles();
-        for (int64_t mc = 0; mc < M; mc += M_CHUNK) {
-            const int64_t rows = (M - mc < M_CHUNK ? M - mc : M_CHUNK), prows = rows * pieces;
-#pragma omp for schedule(static)
-            for (int64_t p = 0; p < pairs; ++p) {
-                const uint8_t *wp = w + 2 * p * block_bytes;
-                for (int64_t c0 = 0; c0 < chunks; c0 += K_CHUNKS) /* this part of W stays in L1 */
-                    for (int64_t r0 = 0; r0 < prows; r0 += 32)
-                        tile_pair(kind, a + (mc * pieces + r0) / 32 * chunks * 2048, wp, c0,
-                                  c0 + K_CHUNKS < chunks ? c0 + K_CHUNKS : chunks, c0 == 0, cbuf + r0 * 32);
-                for (int64_t i = 0; i < rows; ++i) {
-                    __m512 sums[1][2];
-                    const int64_t m = mc + i;
-                    combine_row(kind, pieces, cbuf, i, kind == KIND_INT8 ? dsum + m * PIECES : 0, sums);
-                    finish_pair(sums, 1, rs ? rs + m : 0, kind == KIND_INT8 ? scale8 : 0, bias, p * 32,
-                                y + (out ? i : m) * ldy, ldy, N);
+        for (int64_t mc = 0; mc < M; mc += pl.rows) {
+            const int64_t rows = M - mc < pl.rows ? M - mc : pl.rows, groups = (rows + 31) / 32;
+            for (int64_t k0 = 0; k0 < chunks; k0 += pl.kb) {
+                const int64_t k1 = k0 + pl.kb < chunks ? k0 + pl.kb : chunks, kn = k1 - k0;
+                for (int64_t pb = p_begin; pb < p_end; pb += pl.pblock) {
+                    const int64_t pe = pb + pl.pblock < p_end ? pb + pl.pblock : p_end;
+                    /* the weights of the next block (pairs, K, or pass), prefetched a share a
+                     * step (in bursts they stalled), so that its first tiles do not wait on memory */
+                    int64_t np0 = pe, nk0 = k0, nk1 = k1;
+                    if (pe >= p_end) {
+                        np0 = p_begin;
+                        nk0 = k1 < chunks ? k1 : mc + pl.rows < M ? 0 : chunks;
+                        nk1 = nk0 + pl.kb < chunks ? nk0 + pl.kb : chunks;
+                    }
+                    const int64_t np = np0 + pl.pblock < p_end ? pl.pblock : p_end - np0;
+                    const int64_t per_pair = nk1 > nk0 ? (nk1 - nk0) * 32 : 0; /* lines */
+                    const int64_t steps = groups * (pe - pb) * pieces * kn;
+                    const int64_t per_step = (np * per_pair + steps - 1) / steps;
+                    int64_t lp = 0, lo = 0; /* the next line: pair np0 + lp, line lo of its part */
+                    for (int64_t g = 0; g < groups; ++g) {
+                        const int64_t r0 = mc + 32 * g, n = rows - 32 * g < 32 ? rows - 32 * g : 32;
+                        const int64_t nb = (n * pieces + 31) / 32, tile_steps = nb * kn;
+                        for (int64_t p = pb; p < pe; ++p) {
+                            const uint8_t *wp = w + 2 * p * block_bytes;
+                            float *slot = acc ? acc + ((g * tp) + (p - p_begin)) * pieces * 1024 : 0;
+                            float *cb = k1 == chunks ? cbuf[prev == 0] : slot;
+                            const int64_t share = (prev_n + tile_steps - 1) / tile_steps;
+                            int64_t done = prev < 0 ? prev_n : 0; /* the previous tile's rows finished */
+                            for (int64_t b = 0; b < nb; ++b) {
+                                const uint8_t *ab = a + (r0 * pieces / 32 + b) * chunks * 2048;
+                                if (k0 == 0) {
+                                    _tile_zero(0);
+                                    _tile_zero(1);
+                                    _tile_zero(2);
+                                    _tile_zero(3);
+                                } else {
+                                    load_acc(slot + b * 1024);
+                                }
+                                for (int64_t c = k0; c < k1; ++c) {
+                                    tile_step(kind, ab + c * 2048, wp + c * 2048, wp + c * 2048 + 64, 128);
+                                    /* the previous tile's rows, a share a step: the core
+                                     * finishes them while the tiles multiply */
+                                    if (done < prev_n) {
+                                        const int64_t to = done + share < prev_n ? done + share : prev_n;
+                                        finish_rows(&call, cbuf[prev], prev_r0, done, to, prev_p);
+                                        done = to;
+                                    }
+                                    for (int64_t e = 0; e < per_step && lp < np; ++e) {
+                                        __builtin_prefetch(w + 2 * (np0 + lp) * block_bytes + nk0 * 2048 + 64 * lo, 0, 3);
+                                        if (++lo == per_pair) lo = 0, ++lp;
+                                    }
+                                }
+                                store_acc(cb + b * 1024);
+                            }
+                            if (done < prev_n) finish_rows(&call, cbuf[prev], prev_r0, done, prev_n, prev_p);
+                            if (k1 == chunks) { /* this tile's rows are finished during the next */
+                                prev = cb == cbuf[1];
+                                prev_r0 = r0;
+                                prev_n = n;
+                                prev_p = p;
+                            } else if (prev >= 0) {
+                                prev = -1;
+                            }
+                        }
+                    }
                 }
             }
-            if (out) {
-#pragma omp for schedule(static)
-                for (int64_t i = 0; i < rows; ++i)
-                    for (int64_t o = 0; o < N; ++o) out[(mc + i) * ldo + o] = float_to_bf16(y[i * ldy + o]);
-            }
         }
+        if (prev >= 0) finish_rows(&call, cbuf[prev], prev_r0, 0, prev_n, prev_p);
         _tile_release();
     }
+    free(accs);
+    return 0;
 }
 
 /* int4: tiles as configure_tiles, but the activation slices `cols` bytes wide and the weight
@@ -356,16 +490,18 @@ int graft_quant_amx(void) {
 
 /* int8 (quant_vnni_cpu.c calls it after making the digits, when graft_quant_amx_applies):
  * dig: the 3M digit rows, then zero rows up to a multiple of 32, in the blocks of
- * graft_quant_amx_row; dsum [M][3] the digit sums (one chunk); rs [M] the rows' steps. */
-void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, const float *rs,
+ * graft_quant_amx_row; dsum [M][3] the digit sums (one chunk); rs [M] the rows' steps.
+ * Returns 0; -1 when scratch could not be allocated (y is not written then). */
+int graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, const float *rs,
                         int64_t M, const void *w, const float *scale8, const float *bias, float *y,
                         int64_t ldy, int64_t N, int64_t NB, int nthreads) {
 #if GRAFT_QUANT_AMX
-    amx_linear(KIND_INT8, PIECES, (const uint8_t *)dig, M, KP / 64, (const uint8_t *)w, KP * 16, dsum, rs,
-               scale8, bias, y, ldy, N, NB, nthreads, 0, 0);
+    return amx_linear(KIND_INT8, PIECES, (const uint8_t *)dig, M, KP / 64, (const uint8_t *)w, KP * 16,
+                      dsum, rs, scale8, bias, y, ldy, N, NB, nthreads, 0, 0);
 #else
     (void)dig; (void)KP; (void)dsum; (void)rs; (void)M; (void)w; (void)scale8; (void)bias;
     (void)y; (void)ldy; (void)N; (void)NB; (void)nthreads;
+    return 0;
 #endif
 }
 
@@ -401,10 +537,10 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
     if (!a) return -1;
     graft_quant_amx_zero_rows(a, M * pieces, rows, K, 32);
     split_bf16(x, ldx, M, K, pieces, a);
-    amx_linear(KIND_BF16, pieces, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, y, ldy, N,
-               NB, nthreads, 0, 0);
+    const int status = amx_linear(KIND_BF16, pieces, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0,
+                                  bias, y, ldy, N, NB, nthreads, 0, 0);
     free(a);
-    return 0;
+    return status;
 #else
     (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;
     (void)NB; (void)nthreads;
@@ -421,17 +557,15 @@ int graft_quant_amx_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K
                             int nthreads) {
 #if GRAFT_QUANT_AMX
     if (!graft_quant_amx_applies(M, K, 32)) return 1;
-    const int64_t rows = (M + 31) / 32 * 32, np = NB * 16, chunk = M < M_CHUNK ? M : M_CHUNK;
+    const int64_t rows = (M + 31) / 32 * 32;
     uint8_t *a = aligned_alloc(64, (size_t)(rows * K * 2));
-    float *scratch = malloc(sizeof(float) * (size_t)(chunk * np));
-    int status = !a || !scratch ? -1 : copy_bf16_rows(x, ldx, M, K, a) ? 0 : 1;
+    int status = !a ? -1 : copy_bf16_rows(x, ldx, M, K, a) ? 0 : 1;
     if (status == 0) {
         graft_quant_amx_zero_rows(a, M, rows, K, 32);
-        amx_linear(KIND_BF16, 1, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, scratch,
-                   np, N, NB, nthreads, y, ldy);
+        status = amx_linear(KIND_BF16, 1, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, 0, 0,
+                            N, NB, nthreads, y, ldy);
     }
     free(a);
-    free(scratch);
     return status;
 #else
     (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)bias; (void)y; (void)ldy; (void)N;

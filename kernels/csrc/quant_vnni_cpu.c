@@ -42,7 +42,7 @@ int graft_quant_vnni(void) { return GRAFT_QUANT_VNNI; }
 int graft_quant_amx_applies(int64_t M, int64_t K, int64_t chunk);
 int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk);
 void graft_quant_amx_zero_rows(uint8_t *blocks, int64_t from, int64_t to, int64_t K, int64_t chunk);
-void graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, const float *rs,
+int graft_quant_amx_i8(const int8_t *dig, int64_t KP, const int32_t *dsum, const float *rs,
                         int64_t M, const void *w, const float *scale8, const float *bias, float *y,
                         int64_t ldy, int64_t N, int64_t NB, int nthreads);
 void graft_quant_amx_i4(const int8_t *dig, int64_t K, const float *xs, const float *rs, int64_t M,
@@ -261,7 +261,7 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
     if (amx && !status) {
         graft_quant_amx_zero_rows((uint8_t *)dig, M * PIECES, dig_rows, KP, 64);
         if (kind == KIND_INT8)
-            graft_quant_amx_i8(dig, KP, dsum, rs, M, w, scale8, bias, y, ldy, N, NB, nthreads);
+            status = graft_quant_amx_i8(dig, KP, dsum, rs, M, w, scale8, bias, y, ldy, N, NB, nthreads);
         else
             graft_quant_amx_i4(dig, K, xs, rs, M, w, scales4, mins4, group, bias, y, ldy, N, NB,
                                nthreads);

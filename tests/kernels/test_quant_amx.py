@@ -70,6 +70,45 @@ def test_bf16_tiles_equal_the_reference(m, n, k, threads):
     assert ((fma.double() - exact).abs() <= 2 * noise + 1e-30).all()
 
 
+# Calls the tiles cut (quant_amx_cpu.c plan_call): several passes of rows (the pass keeps 1 MB
+# of piece rows), several blocks of pairs (512 KB of W each), K in blocks (over 256 piece rows
+# x 1 MB); m, n, k chosen to cross each cut on 1 and 2 threads.
+CUT_SHAPES = [(300, 1024, 576),  # bf16: 2 passes of 288 rows (3 pieces), pairs in blocks of 14
+              (200, 96, 2560)]   # bf16: K in 2 blocks of 1280, 2 passes of 128 rows
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,n,k", CUT_SHAPES)
+def test_bf16_tiles_cut_in_blocks_equal_the_reference(m, n, k, threads):
+    """Each row's sums are the same whatever the call around it (its pass, its K blocks'
+    partial sums stored and reloaded whole), and within fp32 noise of the reference."""
+    qw = quantize(_weight(n, k, seed=k), QuantScheme.parse("bf16"))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    bias = torch.randn(n)
+    got, _ = _both(x, qw, bias, threads)
+    exact = x.double() @ qw.dequantize().double().T + bias.double()
+    noise = k * 2.0 ** -24 * (x.abs().double() @ qw.dequantize().abs().double().T + bias.abs().double())
+    assert ((got.double() - exact).abs() <= 2 * noise).all()
+    alone = torch.cat([cpu_quant.quant_linear(x[i:i + 32], qw, bias) for i in range(0, m - 8, 32)])
+    assert torch.equal(got[:len(alone)], alone)
+    # bf16 rows in and out (one piece a row: passes of 384 rows at K 2560): the fp32 route's
+    # numbers rounded, bit for bit
+    xb, bb = x.bfloat16(), bias.bfloat16()
+    want = cpu_quant.quant_linear(xb.float(), qw, bb.float()).to(torch.bfloat16)
+    assert torch.equal(cpu_quant.quant_linear(torch.cat([xb, xb]), qw, bb), torch.cat([want, want]))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,n,k", [(200, 2048, 576),  # pairs in blocks of 28
+                                   (200, 64, 4608)])  # K in 2 blocks of 2304, passes of 128 rows
+def test_int8_tiles_cut_in_blocks_equal_the_vnni_path_bit_for_bit(m, n, k, threads):
+    """Partial int32 sums stored between K blocks and reloaded are the same integers."""
+    qw = quantize(_weight(n, k, seed=k + n), QuantScheme.parse("int8"))
+    x, bias = torch.randn(m, k, generator=torch.Generator().manual_seed(m)), torch.randn(n)
+    got, vnni = _both(x, qw, bias, threads)
+    assert torch.equal(got, vnni)
+
+
 @pytest.mark.parametrize("scheme,k", [("int8", 96), ("bf16", 48), ("int8", 577), ("int4-g32", 96),
                                       ("int4-g32", 576)])
 def test_widths_the_tiles_do_not_cover_run_the_vector_path(scheme, k):
