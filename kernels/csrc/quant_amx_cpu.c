@@ -437,21 +437,23 @@ static void amx_int4(const uint8_t *a, int64_t M, int64_t K, const uint8_t *w, c
 /* 1 when every x is a bf16 value already (a bf16 engine's activations, upcast): hi alone is
  * x; 3 when the pieces are needed; 0 when a row holds inf or NaN (the split cannot carry
  * them: the FMA path runs instead). */
-static int pieces_needed(const float *x, int64_t ldx, int64_t M, int64_t K) {
-    int exact = 1;
+static int pieces_needed(const float *x, int64_t ldx, int64_t M, int64_t K, int nthreads) {
+    int exact = 1, finite = 1;
+#pragma omp parallel for num_threads(nthreads) reduction(&& : exact, finite) if (nthreads > 1 && M > 1)
     for (int64_t m = 0; m < M; ++m)
         for (int64_t k = 0; k < K; k += 16) {
             const __m512 r = _mm512_loadu_ps(x + m * ldx + k);
-            if (_mm512_cmp_ps_mask(_mm512_abs_ps(r), _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ))
-                return 0;
-            exact &= !_mm512_test_epi32_mask(_mm512_castps_si512(r), _mm512_set1_epi32(0xffff));
+            finite = finite && !_mm512_cmp_ps_mask(_mm512_abs_ps(r), _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ);
+            exact = exact && !_mm512_test_epi32_mask(_mm512_castps_si512(r), _mm512_set1_epi32(0xffff));
         }
-    return exact ? 1 : PIECES;
+    return !finite ? 0 : exact ? 1 : PIECES;
 }
 
 /* x = hi + mid + lo in bf16 (or hi alone: pieces 1), piece p of row m as row pieces * m + p of
  * the blocks. */
-static void split_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, int pieces, uint8_t *out) {
+static void split_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, int pieces, uint8_t *out,
+                       int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (nthreads > 1 && M > 1)
     for (int64_t m = 0; m < M; ++m)
         for (int64_t k = 0; k < K; k += 16) {
             __m512 r = _mm512_loadu_ps(x + m * ldx + k);
@@ -468,15 +470,18 @@ static void split_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, int pi
 /* bf16 rows x (K a multiple of 32) into the blocks as they are: one piece per row. 0 when a
  * value is inf or NaN (the fp32 route's split cannot carry them and takes the FMA path, so
  * this one leaves them to the dot products, which do as that path does), else 1. */
-static int copy_bf16_rows(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, uint8_t *out) {
+static int copy_bf16_rows(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, uint8_t *out,
+                          int nthreads) {
     const __m512i exp = _mm512_set1_epi16(0x7f80);
+    int finite = 1;
+#pragma omp parallel for num_threads(nthreads) reduction(&& : finite) if (nthreads > 1 && M > 1)
     for (int64_t m = 0; m < M; ++m)
         for (int64_t k = 0; k < K; k += 32) {
             const __m512i r = _mm512_loadu_si512(x + m * ldx + k);
-            if (_mm512_cmpeq_epi16_mask(_mm512_and_si512(r, exp), exp)) return 0;
+            finite = finite && !_mm512_cmpeq_epi16_mask(_mm512_and_si512(r, exp), exp);
             _mm512_storeu_si512(out + graft_quant_amx_row(m, K, 32) + k / 32 * 2048, r);
         }
-    return 1;
+    return finite;
 }
 #endif
 
@@ -530,13 +535,13 @@ int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, cons
                          int nthreads) {
 #if GRAFT_QUANT_AMX
     if (!graft_quant_amx_applies(M, K, 32)) return 1;
-    const int pieces = pieces_needed(x, ldx, M, K);
+    const int pieces = pieces_needed(x, ldx, M, K, nthreads);
     if (!pieces) return 1;
     const int64_t rows = (M * pieces + 31) / 32 * 32, bytes = rows * K * 2;
     uint8_t *a = aligned_alloc(64, (size_t)bytes);
     if (!a) return -1;
     graft_quant_amx_zero_rows(a, M * pieces, rows, K, 32);
-    split_bf16(x, ldx, M, K, pieces, a);
+    split_bf16(x, ldx, M, K, pieces, a, nthreads);
     const int status = amx_linear(KIND_BF16, pieces, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0,
                                   bias, y, ldy, N, NB, nthreads, 0, 0);
     free(a);
@@ -559,7 +564,7 @@ int graft_quant_amx_bf16_io(const uint16_t *x, int64_t ldx, int64_t M, int64_t K
     if (!graft_quant_amx_applies(M, K, 32)) return 1;
     const int64_t rows = (M + 31) / 32 * 32;
     uint8_t *a = aligned_alloc(64, (size_t)(rows * K * 2));
-    int status = !a ? -1 : copy_bf16_rows(x, ldx, M, K, a) ? 0 : 1;
+    int status = !a ? -1 : copy_bf16_rows(x, ldx, M, K, a, nthreads) ? 0 : 1;
     if (status == 0) {
         graft_quant_amx_zero_rows(a, M, rows, K, 32);
         status = amx_linear(KIND_BF16, 1, a, M, K / 32, (const uint8_t *)w, K * 32, 0, 0, 0, bias, 0, 0,
