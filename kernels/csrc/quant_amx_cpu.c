@@ -21,13 +21,14 @@
  * Each tile computes 32 rows of that 3M-row matrix x 32 outputs (one pair of blocks), the
  * pieces are combined per row of x afterwards.
  *
- * What bounds it (measured on a 2-core Sapphire Rapids VM, docs/benchmarks.md): the tile
- * product runs at 1.5 TMAC/s a core from L1, as fast with one operand streaming from L2, a
- * third slower with both from L2, and ten times slower with the weights streaming from
- * memory. So a pass of rows stays in L2 while every pair of a thread passes over it (an
- * earlier layout re-read all of W every 96 rows), long rows are cut in K blocks to keep
- * that so, each tile runs its K block whole (its accumulators stored once, not every 256
- * columns), and the next weights are prefetched while the tiles multiply.
+ * What bounds it (measured on a 2-core Xeon VM with AMX, docs/benchmarks.md): the tile
+ * product runs at 1.5 TMAC/s a core from L1, as fast with one operand streaming from L2,
+ * about 30% slower with both from L2, and ten times slower with the weights streaming from
+ * memory. So W is read from memory once a pass of rows, and the pass is as long as L2 keeps
+ * its rows while every pair of a thread goes by (passes of 96 rows spent most of their time
+ * waiting on W); long rows are cut in K blocks to keep that so; each tile runs its K block
+ * whole (storing its accumulators is slow: once, not every 256 columns); and the next
+ * weights are prefetched while the tiles multiply.
  */
 #include <stdint.h>
 #include <stdlib.h>
