@@ -246,12 +246,17 @@ int graft_quant_linear_vnni(int kind, const float *x, int64_t ldx, int64_t M, in
     int32_t *dsum = malloc(sizeof(int32_t) * (size_t)(M * PIECES * chunks + 1));
     float *xs = malloc(sizeof(float) * (size_t)(M * G + 1));
     int status = dig && rs && dsum && xs ? 0 : -1;
-    for (int64_t m = 0; m < M && !status; ++m) {
-        int8_t *rows[PIECES];
-        for (int p = 0; p < PIECES; ++p)
-            rows[p] = dig + (amx ? graft_quant_amx_row(m * PIECES + p, KP, 64) : (m * PIECES + p) * KP);
-        if (prep_row(x + m * ldx, K, KP, rows, amx ? 2048 : 64, rs + m, dsum + m * PIECES * chunks, chunks))
-            status = 1;
+    if (!status) { /* the rows' digits on the call's threads, from 32 rows (prefill) */
+        int bad = 0;
+#pragma omp parallel for num_threads(nthreads) reduction(|| : bad) if (nthreads > 1 && M >= 32)
+        for (int64_t m = 0; m < M; ++m) {
+            int8_t *rows[PIECES];
+            for (int p = 0; p < PIECES; ++p)
+                rows[p] = dig + (amx ? graft_quant_amx_row(m * PIECES + p, KP, 64) : (m * PIECES + p) * KP);
+            bad = prep_row(x + m * ldx, K, KP, rows, amx ? 2048 : 64, rs + m, dsum + m * PIECES * chunks, chunks)
+                  || bad;
+        }
+        status = bad;
     }
     if (G && !status) { /* int4: group sums of x, divided by the step */
         group_sums(x, ldx, M, K, group, xs);
