@@ -10,7 +10,10 @@ thread unless --threads: the engine runs its linears on all its threads, which s
 memory bandwidth.
 --baseline-lib PATH also times the same calls in another build of the kernels (say, one
 compiled from an older commit's kernels/csrc) in the same process, and prints new / old.
-Writes JSON.
+--torch times torch's oneDNN-prepacked linear on the same weights beside (the engine's
+`--quantization none`), and prints torch's time over graft's. --bf16-rows feeds bf16 weights
+bf16 rows and takes bf16 out (graft_quant_bf16_io, a `--dtype bfloat16` engine's calls; torch
+then runs its bf16 linear). Writes JSON.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="threads of each call (the engine's linears run on all its threads)")
     parser.add_argument("--baseline-lib", default=None,
                         help="a .so of the C kernels built from other sources, timed beside")
+    parser.add_argument("--torch", action="store_true",
+                        help="also time torch's oneDNN-prepacked linear on the same weights (fp32 on "
+                             "the dequantized weight; bf16 with --bf16-rows)")
+    parser.add_argument("--bf16-rows", action="store_true",
+                        help="bf16 weights: bf16 rows in and out (a bf16 engine's calls); others keep fp32 rows")
     parser.add_argument("--out", default=None, help="write the JSON result here")
 
 
@@ -56,12 +64,38 @@ def _parse_shapes(text: str) -> list[tuple[int, int]]:
 
 
 def _call_args(cpu_quant, weight, x, y, threads: int):
-    """The argument list of graft_quant_linear for x @ weight^T into y (no bias)."""
+    """The argument list of graft_quant_linear for x @ weight^T into y (no bias); with bf16
+    rows, of graft_quant_bf16_io."""
     p = cpu_quant.pack(weight)
     n, k = weight.shape
-    return [cpu_quant.kind_code(weight.scheme), x.data_ptr(), x.stride(0), x.shape[0], k,
-            p.weight.data_ptr(), *p.pointers(weight.scheme.kind), weight.scheme.group_size, None,
-            y.data_ptr(), n, n, p.num_blocks, threads]
+    if x.element_size() == 4:  # fp32 rows
+        return [cpu_quant.kind_code(weight.scheme), x.data_ptr(), x.stride(0), x.shape[0], k,
+                p.weight.data_ptr(), *p.pointers(weight.scheme.kind), weight.scheme.group_size, None,
+                y.data_ptr(), n, n, p.num_blocks, threads]
+    return [x.data_ptr(), x.stride(0), x.shape[0], k, p.weight.data_ptr(), None, y.data_ptr(), n, n,
+            p.num_blocks, threads]
+
+
+def _torch_linear(weight, x, threads: int):
+    """torch's oneDNN-prepacked linear of x on weight (dequantized, in x's dtype) as a
+    no-argument call, or the reason it cannot run here."""
+    import torch
+
+    from graft.kernels import cpu_linear
+
+    reason = cpu_linear.unavailable_reason(x.dtype)
+    if reason:
+        return reason
+    packed = cpu_linear.pack_weight(weight.dequantize().to(x.dtype))
+
+    def call():
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            cpu_linear.packed_linear(x, packed)
+        finally:
+            torch.set_num_threads(before)
+    return call
 
 
 def _time(fn, min_seconds: float, repeats: int) -> float:
@@ -99,24 +133,38 @@ def measure(scheme_name: str, out: int, inp: int, rows: int, args, lib, baseline
     weights = [quantize(w, scheme) for _ in range(copies)]
     x = torch.randn(rows, inp, generator=gen)
     y = torch.empty(rows, out)
+    bf16_rows = args.bf16_rows and scheme.kind == "bf16"
+    if bf16_rows:
+        x, y = x.bfloat16(), y.bfloat16()
     calls = [_call_args(cpu_quant, q, x, y, args.threads) for q in weights]
-    row = {"format": scheme.name, "out": out, "in": inp, "rows": rows}
+    row = {"format": scheme.name, "out": out, "in": inp, "rows": rows, "bf16_rows": bf16_rows}
     for label, one_lib in (("baseline", baseline), ("", lib)):
         if one_lib is None:
             continue
-        one_lib.graft_quant_linear(*calls[0])
+        fn = one_lib.graft_quant_bf16_io if bf16_rows else one_lib.graft_quant_linear
+        if fn(*calls[0]) > 0:
+            raise GraftConfigError("--bf16-rows: this build has no bf16-in, bf16-out path (it needs "
+                                   "AVX512-BF16); leave --bf16-rows out")
         ref = quant_linear(x, weights[0])
         state = {"i": 0}
 
         def one():
             state["i"] = (state["i"] + 1) % copies
-            one_lib.graft_quant_linear(*calls[state["i"]])
+            fn(*calls[state["i"]])
 
         sec = _time(one, args.min_seconds, args.repeats)
         prefix = f"{label}_" if label else ""
         row.update({f"{prefix}us": sec * 1e6, f"{prefix}gmac_s": rows * out * inp / sec / 1e9,
                     f"{prefix}weight_gb_s": weight_bytes / sec / 1e9,
-                    f"{prefix}max_rel_diff": float((y - ref).abs().max() / ref.abs().max())})
+                    f"{prefix}max_rel_diff": float((y.float() - ref.float()).abs().max() / ref.float().abs().max())})
+    if args.torch:
+        call = _torch_linear(weights[0], x, args.threads)
+        if isinstance(call, str):
+            row["torch_unavailable"] = call
+        else:
+            call()
+            row["torch_us"] = _time(call, args.min_seconds, args.repeats) * 1e6
+            row["speedup_vs_torch"] = row["torch_us"] / row["us"]
     if baseline is not None:
         row["speedup_vs_baseline"] = row["baseline_us"] / row["us"]
     return row
@@ -186,12 +234,15 @@ def run(args) -> int:
                           f"{r['gmac_s']:7.2f} GMAC/s {r['weight_gb_s']:7.2f} GB/s  "
                           f"max rel diff {r['max_rel_diff']:.1e}"
                           + (f"  {r['speedup_vs_baseline']:.2f}x baseline ({r['baseline_us']:.1f} us)"
-                             if baseline is not None else ""))
+                             if baseline is not None else "")
+                          + (f"  {r['speedup_vs_torch']:.2f}x torch ({r['torch_us']:.1f} us)"
+                             if "torch_us" in r else f"  torch: {r['torch_unavailable']}"
+                             if "torch_unavailable" in r else ""))
     if args.out:
         from graft.io import atomic_write_json
 
         atomic_write_json(args.out, {"isa": path, "baseline_isa": base_path, "threads": args.threads,
-                                     "cold": args.cold, "results": results})
+                                     "cold": args.cold, "bf16_rows": args.bf16_rows, "results": results})
         print(f"wrote {args.out}")
     return 0
 

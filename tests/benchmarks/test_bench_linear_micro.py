@@ -4,6 +4,7 @@ checks each result against the dequantized reference; --baseline-lib times anoth
 import json
 
 import pytest
+import torch
 
 from graft.cli import main
 from graft.kernels import cpu_ops
@@ -80,3 +81,35 @@ def test_threads_split_the_call_and_are_recorded(tmp_path):
     result = json.loads(out.read_text())
     assert result["threads"] == 2 and len(result["results"]) == 4
     assert all(r["max_rel_diff"] < 1e-5 for r in result["results"])
+
+
+def test_torch_is_timed_beside_on_the_same_weights(tmp_path, capsys):
+    """--torch: oneDNN's prepacked linear on the dequantized weight, its time over graft's."""
+    from graft.kernels import cpu_linear
+
+    out = tmp_path / "micro.json"
+    assert main(["bench", "linear-micro", "--formats", "int8", "--shapes", "48x64", "--rows", "4",
+                 *QUICK, "--torch", "--out", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    if cpu_linear.unavailable_reason(torch.float32):
+        assert r["torch_unavailable"] and "torch:" in capsys.readouterr().out
+    else:
+        assert r["torch_us"] > 0 and r["speedup_vs_torch"] == pytest.approx(r["torch_us"] / r["us"])
+        assert "x torch (" in capsys.readouterr().out
+
+
+def test_bf16_rows_take_the_bf16_in_bf16_out_call(tmp_path, capsys):
+    """--bf16-rows: bf16 weights get bf16 rows and give bf16 out, within a bf16 rounding of
+    the reference; other formats keep fp32 rows. A build without that call says so."""
+    from graft.kernels import cpu_quant
+
+    out = tmp_path / "micro.json"
+    code = main(["bench", "linear-micro", "--formats", "bf16,int8", "--shapes", "48x64", "--rows", "9",
+                 *QUICK, "--bf16-rows", "--out", str(out)])
+    if not cpu_quant._bf16_dot_built():
+        assert code == 2 and "--bf16-rows" in capsys.readouterr().err
+        return
+    assert code == 0
+    bf16, int8 = json.loads(out.read_text())["results"]
+    assert bf16["bf16_rows"] and bf16["max_rel_diff"] < 2 ** -7
+    assert not int8["bf16_rows"] and int8["max_rel_diff"] < 1e-5
