@@ -266,6 +266,8 @@ static int amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_t
         float cbuf[2][PIECES * 1024] __attribute__((aligned(64))); /* a finished tile's sums, two by turns */
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t p_begin = pairs * t / nt, p_end = pairs * (t + 1) / nt, tp = p_end - p_begin;
+        /* the thread's pairs in blocks of equal size, none above the plan's */
+        const int64_t nblocks = (tp + pl.pblock - 1) / pl.pblock, pblock = nblocks ? (tp + nblocks - 1) / nblocks : 1;
         float *acc = accs ? accs + 1024 * tiles * t : 0;
         int prev = -1; /* the buffer of the tile whose rows are finished while the next one runs */
         int64_t prev_r0 = 0, prev_n = 0, prev_p = 0;
@@ -274,8 +276,8 @@ static int amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_t
             const int64_t rows = M - mc < pl.rows ? M - mc : pl.rows, groups = (rows + 31) / 32;
             for (int64_t k0 = 0; k0 < chunks; k0 += pl.kb) {
                 const int64_t k1 = k0 + pl.kb < chunks ? k0 + pl.kb : chunks, kn = k1 - k0;
-                for (int64_t pb = p_begin; pb < p_end; pb += pl.pblock) {
-                    const int64_t pe = pb + pl.pblock < p_end ? pb + pl.pblock : p_end;
+                for (int64_t pb = p_begin; pb < p_end; pb += pblock) {
+                    const int64_t pe = pb + pblock < p_end ? pb + pblock : p_end;
                     /* the weights of the next block (pairs, K, or pass), prefetched a share a
                      * step (in bursts they stalled), so that its first tiles do not wait on memory */
                     int64_t np0 = pe, nk0 = k0, nk1 = k1;
@@ -284,7 +286,7 @@ static int amx_linear(int kind, int pieces, const uint8_t *a, int64_t M, int64_t
                         nk0 = k1 < chunks ? k1 : mc + pl.rows < M ? 0 : chunks;
                         nk1 = nk0 + pl.kb < chunks ? nk0 + pl.kb : chunks;
                     }
-                    const int64_t np = np0 + pl.pblock < p_end ? pl.pblock : p_end - np0;
+                    const int64_t np = np0 + pblock < p_end ? pblock : p_end - np0;
                     const int64_t per_pair = nk1 > nk0 ? (nk1 - nk0) * 32 : 0; /* lines */
                     const int64_t steps = groups * (pe - pb) * pieces * kn;
                     const int64_t per_step = (np * per_pair + steps - 1) / steps;
