@@ -26,6 +26,7 @@ from graft.benchmarks.peers_llamacpp import PeerUnavailable
 from graft.benchmarks.peers_report import FORMATS
 from graft.cli_types import number_in
 from graft.io import atomic_write_json, atomic_write_text
+from graft.subprocess_argv import graft_argv
 
 PEERS = ("llama.cpp", "vllm")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
@@ -137,7 +138,7 @@ def graft_offline(args, schemes: list[tuple[str, str]], size: dict) -> dict[str,
     for dtype in dict.fromkeys(d for _, d in schemes):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "r.json"
-            cmd = [sys.executable, "-m", "graft.cli", "bench", "engine", str(args.model_dir),
+            cmd = [*graft_argv("bench", "engine", str(args.model_dir)),
                    "--quantization", ",".join(s for s, d in schemes if d == dtype),
                    "--dtype", dtype, "--decode-tokens", str(size["decode_tokens"]),
                    "--context", str(size["context"]), "--batch", str(size["batch"]),

@@ -10,13 +10,13 @@ import contextlib
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from graft.benchmarks import peers_vllm
 from graft.benchmarks.peers_llamacpp import PeerUnavailable, failure_line
 from graft.benchmarks.peers_report import FORMATS, GRAFT_DTYPE
+from graft.subprocess_argv import graft_argv
 
 START_TIMEOUT_S = 600  # vLLM on a loaded 2-core machine starts in about a minute
 
@@ -29,9 +29,9 @@ def free_port() -> int:
 
 def graft_serve_command(model_dir: Path, scheme: str, port: int, max_model_len: int,
                         dtype: str = "float32") -> list[str]:
-    return [sys.executable, "-m", "graft.cli", "serve", str(model_dir), "--host", "127.0.0.1",
-            "--port", str(port), "--served-model-name", "graft", "--quantization", scheme,
-            "--dtype", dtype, "--max-model-len", str(max_model_len)]
+    return graft_argv("serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+                      "--served-model-name", "graft", "--quantization", scheme, "--dtype", dtype,
+                      "--max-model-len", str(max_model_len))
 
 
 def serve_servers(model_dir: Path, fmt: str, max_len: int, threads: int,

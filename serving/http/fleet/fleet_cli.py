@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graft.cli_types import number_in
+from graft.subprocess_argv import graft_argv
 
 POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consistent_hash",
             "random")
@@ -98,8 +99,7 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
     workers = []
     for i, (role, mine) in enumerate(zip(roles, _split(cpus, n))):
         port = base + i
-        argv = [sys.executable, "-m", "graft.cli", "serve", str(args.path), "--host",
-                "127.0.0.1", "--port", str(port), *extra]
+        argv = graft_argv("serve", str(args.path), "--host", "127.0.0.1", "--port", str(port), *extra)
         if role is not None:
             argv += ["--kv-transfer-config", f'{{"kv_role":"{role}"}}']
         if args.policy == "kv_aware":
