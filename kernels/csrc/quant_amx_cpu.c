@@ -195,26 +195,19 @@ static inline __m256i round_bf16(__m512 v) {
         _mm512_mask_mov_epi32(r, nan, _mm512_srli_epi32(_mm512_or_si512(u, _mm512_set1_epi32(0x400000)), 16)));
 }
 
-/* A row's 32 outputs from o0 plus bias (as finish_pair adds it), rounded into row (bf16). */
+/* A row's 32 outputs from o0 plus bias (0 without one: -0 sums become +0, as finish_pair's
+ * fp32 route gives them), rounded into row (bf16). */
 static inline void finish_pair_bf16(__m512 sums[1][2], const float *bias, int64_t o0, uint16_t *row, int64_t N) {
+    __m512 b[2];
     __m256i h[2];
-    for (int k = 0; k < 2; ++k) {
-        const int64_t valid = N - o0 - 16 * k;
-        __m512 v = sums[0][k];
-        if (bias && valid > 0)
-            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1),
-                                                       bias + o0 + 16 * k));
-        h[k] = round_bf16(v);
-    }
+    load_bias_pair(bias, o0, N, b);
+    for (int k = 0; k < 2; ++k) h[k] = round_bf16(_mm512_add_ps(sums[0][k], b[k]));
     uint16_t *at = row + o0;
     if (N - o0 >= 32) { /* one 64-byte store: two masked halves ran slower */
         _mm512_storeu_si512((void *)at, _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1));
         return;
     }
-    for (int k = 0; k < 2; ++k) {
-        const int64_t valid = N - o0 - 16 * k;
-        if (valid > 0) _mm256_mask_storeu_epi16(at + 16 * k, valid >= 16 ? 0xffff : (__mmask16)((1u << valid) - 1), h[k]);
-    }
+    for (int k = 0; k < 2; ++k) _mm256_mask_storeu_epi16(at + 16 * k, lane_mask(N - o0 - 16 * k), h[k]);
 }
 
 /* What a call's rows need to be finished: combine_row's inputs and the output's. */

@@ -14,22 +14,29 @@ static inline __m512 combine_digits(__m512i a0, __m512i a1, __m512i a2) {
                                            _mm512_cvtepi32_ps(a0)));
 }
 
+/* The first `valid` of 16 lanes (none for valid <= 0). */
+static inline __mmask16 lane_mask(int64_t valid) {
+    return valid >= 16 ? 0xffff : valid > 0 ? (__mmask16)((1u << valid) - 1) : 0;
+}
+
 static inline void store_lanes(float *y, __m512 v, int64_t valid) {
     if (valid >= 16) _mm512_storeu_ps(y, v);
-    else if (valid > 0) _mm512_mask_storeu_ps(y, (__mmask16)((1u << valid) - 1), v);
+    else if (valid > 0) _mm512_mask_storeu_ps(y, lane_mask(valid), v);
+}
+
+/* bias[o0 .. o0 + 32) into b[0], b[1], lanes past N (or all, without bias) 0. */
+static inline void load_bias_pair(const float *bias, int64_t o0, int64_t N, __m512 b[2]) {
+    for (int h = 0; h < 2; ++h)
+        b[h] = bias ? _mm512_maskz_loadu_ps(lane_mask(N - o0 - 16 * h), bias + o0 + 16 * h) : _mm512_setzero_ps();
 }
 
 /* rs: per-row factor or NULL (1); scale: per-channel factor [N padded to 32] or NULL (1);
  * bias: [N] or NULL (0). */
 static inline void finish_pair(__m512 out[][2], int MR, const float *rs, const float *scale,
                                const float *bias, int64_t o0, float *y, int64_t ldy, int64_t N) {
-    __m512 s0 = _mm512_set1_ps(1.0f), s1 = s0, b0 = _mm512_setzero_ps(), b1 = b0;
+    __m512 s0 = _mm512_set1_ps(1.0f), s1 = s0, b[2];
     if (scale) { s0 = _mm512_loadu_ps(scale + o0); s1 = _mm512_loadu_ps(scale + o0 + 16); }
-    if (bias) {
-        const int64_t v0 = N - o0, v1 = N - o0 - 16;
-        if (v0 > 0) b0 = _mm512_maskz_loadu_ps(v0 >= 16 ? 0xffff : (__mmask16)((1u << v0) - 1), bias + o0);
-        if (v1 > 0) b1 = _mm512_maskz_loadu_ps(v1 >= 16 ? 0xffff : (__mmask16)((1u << v1) - 1), bias + o0 + 16);
-    }
+    load_bias_pair(bias, o0, N, b);
     for (int m = 0; m < MR; ++m) {
         __m512 a0 = out[m][0], a1 = out[m][1];
         if (rs) {
@@ -37,8 +44,8 @@ static inline void finish_pair(__m512 out[][2], int MR, const float *rs, const f
             a0 = _mm512_mul_ps(a0, r);
             a1 = _mm512_mul_ps(a1, r);
         }
-        store_lanes(y + m * ldy + o0, _mm512_fmadd_ps(a0, s0, b0), N - o0);
-        store_lanes(y + m * ldy + o0 + 16, _mm512_fmadd_ps(a1, s1, b1), N - o0 - 16);
+        store_lanes(y + m * ldy + o0, _mm512_fmadd_ps(a0, s0, b[0]), N - o0);
+        store_lanes(y + m * ldy + o0 + 16, _mm512_fmadd_ps(a1, s1, b[1]), N - o0 - 16);
     }
 }
 #endif
