@@ -76,26 +76,16 @@ def _call_args(cpu_quant, weight, x, y, threads: int):
             p.num_blocks, threads]
 
 
-def _torch_linear(weight, x, threads: int):
+def _torch_linear(weight, x):
     """torch's oneDNN-prepacked linear of x on weight (dequantized, in x's dtype) as a
     no-argument call, or the reason it cannot run here."""
-    import torch
-
     from graft.kernels import cpu_linear
 
     reason = cpu_linear.unavailable_reason(x.dtype)
     if reason:
         return reason
     packed = cpu_linear.pack_weight(weight.dequantize().to(x.dtype))
-
-    def call():
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            cpu_linear.packed_linear(x, packed)
-        finally:
-            torch.set_num_threads(before)
-    return call
+    return lambda: cpu_linear.packed_linear(x, packed)
 
 
 def _time(fn, min_seconds: float, repeats: int) -> float:
@@ -158,12 +148,17 @@ def measure(scheme_name: str, out: int, inp: int, rows: int, args, lib, baseline
                     f"{prefix}weight_gb_s": weight_bytes / sec / 1e9,
                     f"{prefix}max_rel_diff": float((y.float() - ref.float()).abs().max() / ref.float().abs().max())})
     if args.torch:
-        call = _torch_linear(weights[0], x, args.threads)
+        call = _torch_linear(weights[0], x)
         if isinstance(call, str):
             row["torch_unavailable"] = call
         else:
-            call()
-            row["torch_us"] = _time(call, args.min_seconds, args.repeats) * 1e6
+            before = torch.get_num_threads()
+            torch.set_num_threads(args.threads)  # once, outside the timed calls
+            try:
+                call()
+                row["torch_us"] = _time(call, args.min_seconds, args.repeats) * 1e6
+            finally:
+                torch.set_num_threads(before)
             row["speedup_vs_torch"] = row["torch_us"] / row["us"]
     if baseline is not None:
         row["speedup_vs_baseline"] = row["baseline_us"] / row["us"]
