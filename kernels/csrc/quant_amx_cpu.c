@@ -40,6 +40,7 @@
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "amx_tiles.h"
 #include "quant_epilogue.h"
 #define GRAFT_QUANT_AMX 1
 #else
@@ -84,25 +85,9 @@ static int amx_permitted(void) {
     return state;
 }
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) tile_config;
-
-/* Tiles 0-3: the 2 x 2 accumulators (16 rows x 16 int32/fp32); 4, 5: two 16-row slices of
- * the activation pieces; 6, 7: the pair's two weight blocks, 16 steps each. Every tile is
- * 16 rows of 64 bytes. Tile state is per thread: each thread loads it. */
-static void configure_tiles(void) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; ++t) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    _tile_loadconfig(&cfg);
-}
+/* Tiles (configure_tiles, amx_tiles.h) 0-3: the 2 x 2 accumulators (16 rows x 16
+ * int32/fp32); 4, 5: two 16-row slices of the activation pieces; 6, 7: the pair's two weight
+ * blocks, 16 steps each. */
 
 /* The 2 x 2 accumulators (tiles 0-3) to or from acc [32 rows][32 lanes of 4 bytes]. */
 static inline void store_acc(void *acc) {
