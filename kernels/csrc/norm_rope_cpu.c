@@ -256,12 +256,13 @@ int64_t graft_store_kv_i8(const float *k, int64_t k_stride, const float *v, int6
     return 0;
 }
 
-/* silu(x) = x / (1 + exp(-x)) as torch computes it, with exp(-x) from exp_neg: for x >= 0
- * directly, for x < 0 as 1 / exp_neg(x) (exp_neg takes arguments <= 0). Within a few ulp of
+/* silu(x) = x / (1 + exp(-x)) as torch computes it, with e = exp(-|x|) from exp_neg (which
+ * takes arguments <= 0): x / (1 + e) for x >= 0, x e / (1 + e) for x < 0, one division either
+ * way (x / (1 + 1 / e) took two: 7% more time on a 512-row bf16 call). Within a few ulp of
  * torch's silu (another exp). */
 static inline float silu(float x) {
     const float e = exp_neg(x >= 0.0f ? -x : x);
-    return x / (1.0f + (x >= 0.0f ? e : 1.0f / e));
+    return (x >= 0.0f ? x : x * e) / (1.0f + e);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -291,9 +292,8 @@ INLINE void silu_mul_row(const void *restrict gate, const void *restrict up, voi
         const v16f x = load16_dt(gate, i, dt);
         const v16i pos = v16_ge(x, (v16f){0});
         const v16f e = exp_neg16((v16f)((v16i)x | (int32_t)0x80000000)); /* exp(-|x|) */
-        const v16f big = 1.0f / e;
-        const v16f den = 1.0f + (v16f)((pos & (v16i)e) | (~pos & (v16i)big));
-        store16_dt(out, i, round16_to(x / den, dt) * load16_dt(up, i, dt), dt);
+        const v16f num = (v16f)((pos & (v16i)x) | (~pos & (v16i)(x * e)));
+        store16_dt(out, i, round16_to(num / (1.0f + e), dt) * load16_dt(up, i, dt), dt);
     }
 #endif
     for (; i < inter; ++i) st(out, i, round_to(silu(ld(gate, i, dt)), dt) * ld(up, i, dt), dt);
