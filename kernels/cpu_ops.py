@@ -29,14 +29,14 @@ from graft.kernels.checks import (check_kv_scales, check_paged_attention_args, c
                                   slot_out_of_range)
 
 SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
-                for name in ("paged_decode_cpu.c", "paged_prefill_cpu.c", "norm_rope_cpu.c",
-                             "quant_linear_cpu.c", "quant_vnni_cpu.c", "quant_amx_cpu.c",
+                for name in ("paged_decode_cpu.c", "paged_prefill_cpu.c", "paged_prefill_amx.c",
+                             "norm_rope_cpu.c", "quant_linear_cpu.c", "quant_vnni_cpu.c", "quant_amx_cpu.c",
                              "quant_bf16dot_cpu.c", "quant_avx2_cpu.c", "quant_avx2_int_cpu.c",
                              "quant_a8_cpu.c", "decode_step_cpu.c", "moe_cpu.c", "argmax_cpu.c"))
 HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
                 for name in ("fast_exp.h", "bf16.h", "vec16.h", "quant_epilogue.h",
                              "quant_group_sums.h", "decode_types.h", "paged_common.h",
-                             "paged_decode_fast.h", "vnni_dot.h", "avx2_store.h"))
+                             "paged_decode_fast.h", "vnni_dot.h", "avx2_store.h", "amx_tiles.h"))
 # -march=native: the library is built on the machine that runs it (the cache key names the CPU).
 # GRAFT_CPU_MARCH=x86-64-v3 (say) builds what a CPU without AVX-512 would, to test it here.
 CFLAGS = ("-O3", f"-march={os.environ.get('GRAFT_CPU_MARCH', '').strip() or 'native'}", "-fopenmp",

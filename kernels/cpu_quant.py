@@ -91,7 +91,8 @@ def isa_description() -> str:
     """isa() with what runs where, for load logs."""
     dot = "; bf16 x bf16-valued activations on AVX512-BF16" if bf16_dot() else ""
     return {"avx512-amx": "avx512-amx path: int8/bf16/int4-g64+ on AMX tiles from 8 rows, "
-                          "int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F",
+                          "int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F; bf16 prefill "
+                          "attention on AMX tiles",
             "avx512-vnni": "avx512-vnni path: int8/int4 on AVX-512 VNNI, bf16/fp32 on AVX-512F",
             "avx512": "avx512 path: bf16/fp32 on AVX-512F; int8/int4 on AVX2 + FMA, this CPU has "
                       "no AVX-512 VNNI",

@@ -294,6 +294,18 @@ static void run_item(const void *q, const void *k_cache, const void *v_cache, co
 #define PREFILL_BUILT 0
 #endif
 
+/* paged_prefill_amx.c: the items of bf16 calls on AMX tiles */
+int graft_prefill_amx_applies(int dtype, int cache_dtype, int64_t head_dim);
+uint16_t *graft_prefill_amx_pack(const uint16_t *k_cache, const uint16_t *v_cache,
+                                 const int32_t *block_tables, const int32_t *context_lens,
+                                 int64_t num_seqs, int64_t kv_heads, int64_t d, int64_t block_size,
+                                 int64_t max_blocks, int64_t *offsets, int num_threads);
+void *graft_prefill_amx_scratch(int64_t d, int64_t rows);
+void graft_prefill_amx_item(const uint16_t *q, const uint16_t *kp, const uint16_t *vp, int64_t t0,
+                            int64_t q_len, int64_t n, int64_t first, int64_t qt, int64_t kvh,
+                            int64_t group, int64_t kv_heads, int64_t d, float scale, uint16_t *out,
+                            void *scratch);
+
 /* 1 when this build has the kernel (GCC), else 0: graft_paged_prefill then computes nothing. */
 int graft_paged_prefill_built(void) { return PREFILL_BUILT; }
 
@@ -330,11 +342,28 @@ int64_t graft_paged_prefill(const void *q, const void *k_cache, const void *v_ca
         for (int64_t first = (q_len - 1) / qt * qt; first >= 0 && q_len > 0; first -= qt)
             for (int64_t h = 0; h < num_kv_heads; ++h) items[at++] = (item_t){s, h, first};
     }
+    /* bf16 on AMX: the keys and values packed once for every item's tiles */
+    int64_t *offsets = NULL;
+    uint16_t *packed = NULL;
+    if (graft_prefill_amx_applies(dtype, cache_dtype, head_dim)) {
+        offsets = malloc(sizeof(int64_t) * (size_t)(num_seqs + 1));
+        packed = offsets ? graft_prefill_amx_pack(k_cache, v_cache, block_tables, context_lens,
+                                                  num_seqs, num_kv_heads, head_dim, block_size,
+                                                  max_blocks, offsets, num_threads)
+                         : NULL;
+        if (!packed) {
+            free(offsets);
+            free(items);
+            return -1;
+        }
+    }
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) if (count > 1)
     {
         scratch_t sc;
-        const int ok = scratch_alloc(&sc, head_dim, (qt * group + LANES - 1) / LANES * LANES);
+        void *amx = packed ? graft_prefill_amx_scratch(head_dim, qt * group) : NULL;
+        const int ok = packed ? amx != NULL
+                              : scratch_alloc(&sc, head_dim, (qt * group + LANES - 1) / LANES * LANES);
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
@@ -345,13 +374,23 @@ int64_t graft_paged_prefill(const void *q, const void *k_cache, const void *v_ca
             const item_t it = items[i];
             const int64_t t0 = cu_seqlens[it.seq], q_len = cu_seqlens[it.seq + 1] - t0;
             const int64_t tile = q_len - it.first < qt ? q_len - it.first : qt;
-            run_item(q, k_cache, v_cache, k_scale, v_scale, block_tables + it.seq * max_blocks, t0,
-                     q_len, context_lens[it.seq], it.first, tile, it.kvh, group, num_kv_heads,
-                     head_dim, block_size, scale, dtype, cache_dtype, out, &sc);
+            if (packed) {
+                const int64_t keys = (context_lens[it.seq] + 31) / 32 * 32; /* padded as packed */
+                const int64_t at = offsets[it.seq] + it.kvh * keys * head_dim;
+                graft_prefill_amx_item(q, packed + at, packed + offsets[num_seqs] + at, t0, q_len,
+                                       context_lens[it.seq], it.first, tile, it.kvh, group,
+                                       num_kv_heads, head_dim, scale, out, amx);
+            } else {
+                run_item(q, k_cache, v_cache, k_scale, v_scale, block_tables + it.seq * max_blocks,
+                         t0, q_len, context_lens[it.seq], it.first, tile, it.kvh, group,
+                         num_kv_heads, head_dim, block_size, scale, dtype, cache_dtype, out, &sc);
+            }
         }
-        if (ok) free(sc.q);
+        if (ok) free(packed ? amx : sc.q);
     }
     free(items);
+    free(packed);
+    free(offsets);
     return failed ? -1 : 0;
 #else
     (void)q; (void)k_cache; (void)v_cache; (void)block_tables; (void)cu_seqlens;

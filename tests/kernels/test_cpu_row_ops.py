@@ -215,16 +215,20 @@ def _spy(monkeypatch, calls, name, fn):
 def test_bf16_engine_on_the_c_kernels_equals_the_reference(tiny_llm_factory, family, monkeypatch):
     model_dir = tiny_llm_factory(family)
     want = _bf16_generate(model_dir, monkeypatch, "reference")
-    calls, decode = [], cpu_ops.paged_attention_decode
+    calls, attention = [], ("paged_attention_decode", "paged_attention_prefill")
+    kernels = {name: getattr(cpu_ops, name) for name in attention}
     for name in ("rms_norm", "apply_rotary", "store_kv", "silu_mul"):
         _spy(monkeypatch, calls, name, getattr(cpu_ops, name))
-    # dispatch picks the C decode attention for the bf16 cache; it sums in another order than
-    # the reference, so run the reference in its place here: with the C per-token ops alone
-    # every bit, and so every logprob, must be the reference's
-    _spy(monkeypatch, calls, "paged_attention_decode", ref.paged_attention_decode)
+    # dispatch picks the C attention for the bf16 cache; it sums in another order than the
+    # reference (on AMX tiles, qwen3's 32-dim heads, the prefill too), so run the reference in
+    # its place here: with the C per-token ops alone every bit, and so every logprob, must be
+    # the reference's
+    for name in attention:
+        _spy(monkeypatch, calls, name, getattr(ref, name))
     assert _bf16_generate(model_dir, monkeypatch, "auto") == want
     assert {name for name, dtype in calls if dtype == torch.bfloat16} == {
-        "rms_norm", "apply_rotary", "store_kv", "silu_mul", "paged_attention_decode"}
-    # with the C decode attention too: the same greedy tokens
-    monkeypatch.setattr(cpu_ops, "paged_attention_decode", decode)
+        "rms_norm", "apply_rotary", "store_kv", "silu_mul", *attention}
+    # with the C attention too: the same greedy tokens
+    for name in attention:
+        monkeypatch.setattr(cpu_ops, name, kernels[name])
     assert [t for t, _ in _bf16_generate(model_dir, monkeypatch, "auto")] == [t for t, _ in want]
