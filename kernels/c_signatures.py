@@ -23,6 +23,7 @@ SIGNATURES: dict[str, tuple[str, list[str]]] = {
     "graft_paged_prefill": (I64, [PTR] * 7 + [I64] * 7 + [FLOAT, PTR, PTR] + [INT] * 3),
     "graft_paged_prefill_built": (INT, []),
     "graft_prefill_amx_applies": (INT, [INT, INT, I64]),
+    "graft_quant_unpack_fp32": (VOID, [PTR, I64, I64, PTR, INT]),
     "graft_rms_norm": (VOID, [PTR, I64, PTR, I64, PTR, PTR, PTR, I64, I64, FLOAT, INT, INT, INT]),
     "graft_rotary": (VOID, [PTR, I64, PTR, PTR, PTR, I64, I64, I64, I64] + [INT] * 4),
     "graft_silu_mul": (VOID, [PTR, I64, PTR, I64, I64, INT, INT]),

@@ -206,6 +206,11 @@ def unpack(weight: QuantizedWeight) -> tuple:
     """The canonical (qweight, scales, zeros) of weight, rebuilt from its C layout."""
     p, kind = weight.packed["cpu"], weight.scheme.kind
     n, k = weight.shape
+    if kind == "fp32" and cpu_ops.available():  # each call of the torch linear path: in C
+        w = torch.empty(n, k)
+        cpu_ops._lib().graft_quant_unpack_fp32(p.weight.data_ptr(), k, n, w.data_ptr(),
+                                               torch.get_num_threads())
+        return w, None, None
     blocks = _unpairs(p.weight)
     if kind == "int8":
         q = (_unsteps(blocks, n).reshape(n, -1)[:, :k].to(torch.int16) - 128).to(torch.int8)

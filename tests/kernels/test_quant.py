@@ -154,6 +154,24 @@ def test_isa_is_reported():
 
 
 @needs_c
+@pytest.mark.parametrize("n,k", [(40, 128), (67, 33), (3, 1000), (96, 576)])  # ragged pairs, K
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fp32_weight_comes_back_from_the_c_layout_in_one_c_copy(n, k, threads):
+    """The torch path of an fp32 linear rebuilds [N, K] from the pairs of 16-row blocks on each
+    call (graft_quant_unpack_fp32): every element in its place."""
+    w = torch.randn(n, k)
+    qw = quantize(w, QuantScheme.parse("fp32"))
+    cpu_quant.pack_only(qw)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_quant.unpack(qw)[0]
+    finally:
+        torch.set_num_threads(before)
+    assert got.shape == (n, k) and got.is_contiguous() and torch.equal(got, w)
+
+
+@needs_c
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_dropped_canonical_tensors_are_rebuilt_from_the_c_layout(scheme):
     qw = quantize(_weight(40, 128), QuantScheme.parse(scheme))
