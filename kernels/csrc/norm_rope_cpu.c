@@ -46,6 +46,24 @@ INLINE float round_to(float v, int dt) { return dt == BF16 ? bf16_round(v) : v; 
 
 INLINE size_t elsize(int dt) { return dt == BF16 ? 2 : 4; }
 
+/* 16 values at element i of an fp32 or bf16 row (gcc's 16-lane vectors; bf16 rounded as st
+ * rounds): the per-row loops below run on these, with scalar tails (gcc vectorized the scalar
+ * loops 8 lanes wide, its bf16 rounding in integer steps). */
+#if defined(__GNUC__) && !defined(__clang__)
+INLINE v16f load16_dt(const void *p, int64_t i, int dt) {
+    return dt == BF16 ? bf16_to_float16((const uint16_t *)p + i) : load16((const float *)p + i);
+}
+
+INLINE void store16_dt(void *p, int64_t i, v16f v, int dt) {
+    if (dt == BF16)
+        float_to_bf16_16((uint16_t *)p + i, v);
+    else
+        v16_store((float *)p + i, v);
+}
+
+INLINE v16f round16_to(v16f v, int dt) { return dt == BF16 ? bf16_round16(v) : v; }
+#endif
+
 /* sum(x[i]^2) in the order torch sums x.pow(2).mean(-1) on CPU (ATen SumKernel.cpp,
  * vectorized_inner_sum -> row_sum -> multi_row_sum): `lanes`-wide vectors, four vector
  * accumulators over groups of four vectors, cascaded every 2^level_power groups, the
@@ -108,14 +126,23 @@ INLINE float sum_squares(const void *p, int64_t d, int dt, const int lanes) {
 INLINE void rms_norm_row(const void *restrict x, const void *residual, const void *restrict weight,
                          void *restrict out, void *sum_out, int64_t d, float eps, int dt, int wdt) {
     const void *src = x;
+    int64_t i = 0;
     if (residual) { /* x + residual, rounded to dt like torch's add, is the next residual */
-        for (int64_t i = 0; i < d; ++i) st(sum_out, i, ld(x, i, dt) + ld(residual, i, dt), dt);
+#if defined(__GNUC__) && !defined(__clang__)
+        for (; i + 16 <= d; i += 16)
+            store16_dt(sum_out, i, load16_dt(x, i, dt) + load16_dt(residual, i, dt), dt);
+#endif
+        for (; i < d; ++i) st(sum_out, i, ld(x, i, dt) + ld(residual, i, dt), dt);
         src = sum_out;
     }
     const float ss = d >= 8 ? sum_squares(src, d, dt, 8) : sum_squares(src, d, dt, 1);
     const float inv = 1.0f / sqrtf(ss / (float)d + eps);
-    for (int64_t i = 0; i < d; ++i)
-        st(out, i, ld(weight, i, wdt) * round_to(ld(src, i, dt) * inv, dt), dt);
+    i = 0;
+#if defined(__GNUC__) && !defined(__clang__)
+    for (; i + 16 <= d; i += 16)
+        store16_dt(out, i, load16_dt(weight, i, wdt) * round16_to(load16_dt(src, i, dt) * inv, dt), dt);
+#endif
+    for (; i < d; ++i) st(out, i, ld(weight, i, wdt) * round_to(ld(src, i, dt) * inv, dt), dt);
 }
 
 /* out[r] = rms_norm(x[r] (+ residual[r])) * weight for `rows` rows of d values. x and
@@ -147,7 +174,17 @@ INLINE void rotate_head(const void *restrict x, const void *restrict cos_t,
                         const void *restrict sin_t, void *restrict out, int64_t half,
                         const int64_t step, const int64_t gap, int dt, int cdt) {
     const int cd = dt == BF16 && cdt == BF16 ? BF16 : F32;
-    for (int64_t i = 0; i < half; ++i) {
+    int64_t i = 0;
+#if defined(__GNUC__) && !defined(__clang__)
+    if (step == 1) /* rotate_half: the pairs' halves are 16 contiguous values each */
+        for (; i + 16 <= half; i += 16) {
+            const v16f a = load16_dt(x, i, dt), b = load16_dt(x, i + gap, dt);
+            const v16f c = load16_dt(cos_t, i, cdt), s = load16_dt(sin_t, i, cdt);
+            store16_dt(out, i, round16_to(round16_to(a * c, cd) + round16_to(-b * s, cd), cd), dt);
+            store16_dt(out, i + gap, round16_to(round16_to(b * c, cd) + round16_to(a * s, cd), cd), dt);
+        }
+#endif
+    for (; i < half; ++i) {
         const float a = ld(x, i * step, dt), b = ld(x, i * step + gap, dt);
         const float c = ld(cos_t, i, cdt), s = ld(sin_t, i, cdt);
         st(out, i * step, round_to(round_to(a * c, cd) + round_to(-b * s, cd), cd), dt);
@@ -264,21 +301,6 @@ static inline float silu(float x) {
     const float e = exp_neg(x >= 0.0f ? -x : x);
     return (x >= 0.0f ? x : x * e) / (1.0f + e);
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-INLINE v16f load16_dt(const void *p, int64_t i, int dt) {
-    return dt == BF16 ? bf16_to_float16((const uint16_t *)p + i) : load16((const float *)p + i);
-}
-
-INLINE void store16_dt(void *p, int64_t i, v16f v, int dt) {
-    if (dt == BF16)
-        float_to_bf16_16((uint16_t *)p + i, v);
-    else
-        v16_store((float *)p + i, v);
-}
-
-INLINE v16f round16_to(v16f v, int dt) { return dt == BF16 ? bf16_round16(v) : v; }
-#endif
 
 /* One row of graft_silu_mul, dtype dt. bf16 like torch's F.silu(gate).mul_(up): silu in
  * fp32 rounded to bf16, times up, rounded again. exp_neg is another exp than torch's, yet

@@ -58,6 +58,28 @@ def test_rms_norm_with_and_without_residual(rows, d, threads, dtype):
 
 
 @needs_c
+def test_bf16_residual_sums_round_like_torch_at_ties_overflow_and_denormals():
+    """x + residual in bf16, 16 values at a time (vcvtneps2bf16 where the CPU has it, which
+    reads denormals as zero: such vectors round in integer steps): ties to even, sums past the
+    largest bf16, signed zeros and denormal sums as torch rounds them; NaN stays NaN."""
+    big = torch.finfo(torch.bfloat16).max
+    pairs = [(1.0, 2.0 ** -8), (1.0 + 2.0 ** -7, 2.0 ** -8), (big, big), (-big, -big), (-0.0, -0.0),
+             (-0.0, 0.0), (3.0, -3.0), (2.0 ** -126, -(2.0 ** -127)), (2.0 ** -130, 2.0 ** -131),
+             (-(2.0 ** -133), 0.0), (float("inf"), 1.0), (float("nan"), 1.0), (1e-20, 1.0),
+             (0.1, 0.2), (-7.5, 0.03125), (65504.0, 17.0)]
+    x = torch.tensor([a for a, _ in pairs]).bfloat16()
+    r = torch.tensor([b for _, b in pairs]).bfloat16()
+    normal = x.float().abs() + r.float().abs() >= 2.0 ** -125
+    for lanes in (normal, torch.ones_like(normal)):  # vectors without and with denormal lanes
+        xs, rs = x[lanes].repeat(4)[:32], r[lanes].repeat(4)[:32]  # two 16-lane vectors
+        _, total = cpu_ops.rms_norm(xs[None], torch.ones(32).bfloat16(), 1e-6, rs[None])
+        want = xs + rs
+        nan = want.isnan()
+        assert torch.equal(total[0][~nan].view(torch.int16), want[~nan].view(torch.int16))
+        assert bool(total[0][nan].isnan().all())
+
+
+@needs_c
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_per_head_rms_norm_of_q_and_k_views(dtype):
     """Qwen3's q/k norms: [T, H, D] strided views of the fused qkv, and a single token."""
