@@ -80,7 +80,8 @@ uint16_t *graft_prefill_amx_pack(const uint16_t *k_cache, const uint16_t *v_cach
         uint32_t *kp = (uint32_t *)(packed + offsets[s] + h * padded_keys(n) * d);
         uint16_t *vp = packed + half + offsets[s] + h * padded_keys(n) * d;
         for (int64_t j = j0; j < j0 + 32; ++j) {
-            const int64_t at = j < n ? (slot_of(block_tables + s * max_blocks, j, block_size) * kv_heads + h) * d : -1;
+            const int64_t slot = j < n ? slot_of(block_tables + s * max_blocks, j, block_size) : -1;
+            const int64_t at = slot < 0 ? -1 : (slot * kv_heads + h) * d;
             const uint32_t *kr = at < 0 ? NULL : (const uint32_t *)(k_cache + at);
             const uint16_t *vr = at < 0 ? NULL : v_cache + at;
             /* key j: dword dp of chunk c (dims 32c + 2dp, +1) at row dp, column j % 16 */
@@ -90,7 +91,8 @@ uint16_t *graft_prefill_amx_pack(const uint16_t *k_cache, const uint16_t *v_cach
             /* value j: dim 16e + i at row (j % 32) / 2, column 2i + j % 2 */
             for (int64_t e = 0; e < de; ++e)
                 for (int64_t i = 0; i < 16; ++i)
-                    vp[(((j / 32 * de + e) * 16 + j % 32 / 2) * 16 + i) * 2 + j % 2] = vr ? vr[e * 16 + i] : 0;
+                    vp[(((j / 32 * de + e) * 16 + j % 32 / 2) * 16 + i) * 2 + j % 2] =
+                        vr ? vr[e * 16 + i] : 0;
         }
     }
     return packed;
@@ -192,6 +194,11 @@ static void values(const amx_scratch *sc, const uint16_t *vp, int64_t d, int64_t
     }
 }
 
+/* The lanes of keys j..j+16 below vis */
+static inline __mmask16 live(int64_t j, int64_t vis) {
+    return j + 16 <= vis ? 0xffff : j >= vis ? 0 : (__mmask16)((1u << (vis - j)) - 1);
+}
+
 /* Row r's softmax over its `vis` visible keys of the chunk (scores S[r]): the running max and
  * sum updated, O[r] rescaled, P[r] written up to `width` keys (zeros past vis) as two bf16
  * pieces, the rounded probability and what the rounding left (`rows` rows a piece): together
@@ -208,15 +215,15 @@ static void softmax_row(const amx_scratch *sc, int64_t rows, int64_t r, int64_t 
     const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
     __m512 mx = minus_inf;
     for (int64_t j = 0; j < vis; j += 16) /* the lanes past vis stay -inf */
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(minus_inf, j + 16 <= vis ? 0xffff : (__mmask16)((1u << (vis - j)) - 1), s + j));
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(minus_inf, live(j, vis), s + j));
     const float m_old = sc->m[r], m_new = fmaxf(m_old, _mm512_reduce_max_ps(mx) * scale);
     const float alpha = m_old == -INFINITY ? 0.0f : exp_neg(m_old - m_new);
     const __m512 vscale = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m_new);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < width; j += 16) {
-        const __mmask16 live = j + 16 <= vis ? 0xffff : j >= vis ? 0 : (__mmask16)((1u << (vis - j)) - 1);
-        const v16f x = (v16f)_mm512_fmsub_ps(_mm512_maskz_loadu_ps(live, s + j), vscale, vm);
-        const __m512 e = _mm512_maskz_mov_ps(live, (__m512)exp_neg16(x));
+        const __mmask16 keep = live(j, vis);
+        const v16f x = (v16f)_mm512_fmsub_ps(_mm512_maskz_loadu_ps(keep, s + j), vscale, vm);
+        const __m512 e = _mm512_maskz_mov_ps(keep, (__m512)exp_neg16(x));
         sum = _mm512_add_ps(sum, e);
         const __m256i hi = (__m256i)_mm512_cvtneps_pbh(e);
         const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
