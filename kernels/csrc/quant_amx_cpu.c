@@ -57,14 +57,15 @@ enum { KIND_INT8 = 0, KIND_BF16 = 2 };
 
 /* Byte offset of piece row r in the tile blocks of rows with K columns, `chunk` columns per
  * 64 bytes (int8 64, bf16 32): blocks of 32 rows, each chunk by chunk ([32][64] bytes). */
-int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk) {
+static inline int64_t amx_row(int64_t r, int64_t K, int64_t chunk) {
     return (r / 32) * (K / chunk) * 2048 + (r % 32) * 64;
 }
+int64_t graft_quant_amx_row(int64_t r, int64_t K, int64_t chunk) { return amx_row(r, K, chunk); }
 
 /* Piece rows from..to of those blocks set to zero (they fill the last tile). */
 void graft_quant_amx_zero_rows(uint8_t *blocks, int64_t from, int64_t to, int64_t K, int64_t chunk) {
     for (int64_t r = from; r < to; ++r)
-        for (int64_t c = 0; c < K / chunk; ++c) memset(blocks + graft_quant_amx_row(r, K, chunk) + c * 2048, 0, 64);
+        for (int64_t c = 0; c < K / chunk; ++c) memset(blocks + amx_row(r, K, chunk) + c * 2048, 0, 64);
 }
 
 /* Whether a call of M rows and K columns suits AMX (K a whole number of 64-byte chunks). That
@@ -440,7 +441,7 @@ static void split_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, int pi
             __m512 r = _mm512_loadu_ps(x + m * ldx + k);
             for (int p = 0; p < pieces; ++p) {
                 const __m256bh b = _mm512_cvtneps_pbh(r);
-                uint8_t *at = out + graft_quant_amx_row(m * pieces + p, K, 32) + k / 32 * 2048 + k % 32 * 2;
+                uint8_t *at = out + amx_row(m * pieces + p, K, 32) + k / 32 * 2048 + k % 32 * 2;
                 _mm256_storeu_si256((__m256i *)at, (__m256i)b);
                 r = _mm512_sub_ps(r, _mm512_castsi512_ps(
                                          _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16)));
@@ -456,12 +457,14 @@ static int copy_bf16_rows(const uint16_t *x, int64_t ldx, int64_t M, int64_t K, 
     const __m512i exp = _mm512_set1_epi16(0x7f80);
     int finite = 1;
 #pragma omp parallel for num_threads(nthreads) reduction(&& : finite) if (nthreads > 1 && M > 1)
-    for (int64_t m = 0; m < M; ++m)
+    for (int64_t m = 0; m < M; ++m) {
+        uint8_t *row = out + amx_row(m, K, 32);
         for (int64_t k = 0; k < K; k += 32) {
             const __m512i r = _mm512_loadu_si512(x + m * ldx + k);
             finite = finite && !_mm512_cmpeq_epi16_mask(_mm512_and_si512(r, exp), exp);
-            _mm512_storeu_si512(out + graft_quant_amx_row(m, K, 32) + k / 32 * 2048, r);
+            _mm512_storeu_si512(row + k / 32 * 2048, r);
         }
+    }
     return finite;
 }
 #endif
