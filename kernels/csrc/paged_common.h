@@ -2,6 +2,7 @@
  * codes of q/out and the caches, fp16 <-> fp32 (bf16 is bf16.h), and a token's cache slot. */
 #ifndef GRAFT_PAGED_COMMON_H
 #define GRAFT_PAGED_COMMON_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -28,5 +29,16 @@ static inline int64_t slot_of(const int32_t *table, int64_t t, int64_t block_siz
         return ((int64_t)table[t >> shift] << shift) + (t & (block_size - 1));
     }
     return (int64_t)table[t / block_size] * block_size + t % block_size;
+}
+
+/* A prefill tile's rows 0..padded (row r: query position base + r / group, head r % group;
+ * padding rows repeat the last of the qt positions): positions, running max -inf, sum 0. */
+static inline void tile_rows_init(int32_t *pos, float *m, float *l, int64_t rows, int64_t padded,
+                                  int64_t group, int64_t qt, int64_t base) {
+    for (int64_t r = 0; r < padded; ++r) {
+        pos[r] = (int32_t)(base + (r < rows ? r / group : qt - 1));
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
 }
 #endif

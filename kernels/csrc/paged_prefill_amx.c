@@ -251,12 +251,10 @@ void graft_prefill_amx_item(const uint16_t *q, const uint16_t *kp, const uint16_
     amx_scratch *sc = (amx_scratch *)scratch;
     const int64_t rows = qt * group, rp = rows_padded(rows), hq = kv_heads * group;
     const int64_t base = n - q_len + first, last_pos = base + qt - 1;
-    for (int64_t r = 0; r < rp; ++r) {
-        const int64_t i = r < rows ? r / group : qt - 1;
-        sc->pos[r] = (int32_t)(base + i);
-        sc->m[r] = -INFINITY;
-        sc->l[r] = 0.0f;
-        memcpy(sc->q + r * d, q + ((t0 + first + i) * hq + kvh * group + (r < rows ? r % group : 0)) * d,
+    tile_rows_init(sc->pos, sc->m, sc->l, rows, rp, group, qt, base);
+    for (int64_t r = 0; r < rp; ++r) { /* a padding row copies the tile's last position */
+        const int64_t i = r < rows ? r / group : qt - 1, head = r < rows ? r % group : 0;
+        memcpy(sc->q + r * d, q + ((t0 + first + i) * hq + kvh * group + head) * d,
                sizeof(uint16_t) * (size_t)d);
     }
     memset(sc->o, 0, sizeof(float) * (size_t)(rp * d));

@@ -238,13 +238,10 @@ static void run_item(const void *q, const void *k_cache, const void *v_cache, co
     const int64_t base = n - q_len + first, last_pos = base + qt - 1;
     /* the query rows as fp32 into o (free until the passes), then transposed into q LANES
      * rows at a time (storing each row down a column of q took ~1 ms of a 10 ms call) */
+    tile_rows_init(s->pos, s->m, s->l, rows, ld, group, qt, base);
     for (int64_t r = 0; r < ld; ++r) {
-        const int64_t i = r < rows ? r / group : qt - 1;
-        s->pos[r] = (int32_t)(base + i);
-        s->m[r] = -INFINITY;
-        s->l[r] = 0.0f;
         if (r < rows)
-            load_row(q, ((t0 + first + i) * hq + kvh * group + r % group) * d, d, dtype,
+            load_row(q, ((t0 + first + r / group) * hq + kvh * group + r % group) * d, d, dtype,
                      s->o + r * d);
         else
             memset(s->o + r * d, 0, sizeof(float) * (size_t)d);
