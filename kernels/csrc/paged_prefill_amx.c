@@ -109,7 +109,7 @@ static int64_t rows_padded(int64_t rows) { return (rows + 31) / 32 * 32; }
 #endif
 
 /* Per-thread scratch for items of up to `rows` query rows (NULL without memory), and this
- * thread's tiles configured. Free with free(). */
+ * thread's tiles configured. Give it back with graft_prefill_amx_done. */
 void *graft_prefill_amx_scratch(int64_t d, int64_t rows) {
 #if PREFILL_AMX
     const int64_t rp = rows_padded(rows);
@@ -131,6 +131,15 @@ void *graft_prefill_amx_scratch(int64_t d, int64_t rows) {
     (void)d; (void)rows;
     return NULL;
 #endif
+}
+
+/* A thread's scratch freed and its tiles released (their 8 KB of state is then no longer
+ * saved at each context switch), as the AMX linears release theirs. */
+void graft_prefill_amx_done(void *scratch) {
+#if PREFILL_AMX
+    _tile_release();
+#endif
+    free(scratch);
 }
 
 #if PREFILL_AMX

@@ -298,6 +298,7 @@ uint16_t *graft_prefill_amx_pack(const uint16_t *k_cache, const uint16_t *v_cach
                                  int64_t num_seqs, int64_t kv_heads, int64_t d, int64_t block_size,
                                  int64_t max_blocks, int64_t *offsets, int num_threads);
 void *graft_prefill_amx_scratch(int64_t d, int64_t rows);
+void graft_prefill_amx_done(void *scratch);
 void graft_prefill_amx_item(const uint16_t *q, const uint16_t *kp, const uint16_t *vp, int64_t t0,
                             int64_t q_len, int64_t n, int64_t first, int64_t qt, int64_t kvh,
                             int64_t group, int64_t kv_heads, int64_t d, float scale, uint16_t *out,
@@ -383,7 +384,10 @@ int64_t graft_paged_prefill(const void *q, const void *k_cache, const void *v_ca
                          num_kv_heads, head_dim, block_size, scale, dtype, cache_dtype, out, &sc);
             }
         }
-        if (ok) free(packed ? amx : sc.q);
+        if (ok && packed)
+            graft_prefill_amx_done(amx);
+        else if (ok)
+            free(sc.q);
     }
     free(items);
     free(packed);
