@@ -48,7 +48,7 @@ def default_quantization(config: EngineConfig, device: torch.device) -> str | No
     for calls of 8 rows or more, Intel Sapphire Rapids and later): every linear in bf16 on
     them ("bf16", the weights as loaded: measured faster than torch's oneDNN bf16 linears at
     batch 1 and 32 and in serving, the steps in one C call; level at prefill without AMX,
-    behind it with AMX); bf16 on AVX2 too, where torch has no native bf16 matmul and the C
+    ahead with AMX, where the prefill attention runs on the tiles too); bf16 on AVX2 too, where torch has no native bf16 matmul and the C
     tiles widen bf16 to fp32 in registers (docs/benchmarks.md, issue 49). Else (GPU, fp16,
     GRAFT_KERNELS=reference, other CPUs, where the C path was not measured against torch's)
     the model's own linears."""
