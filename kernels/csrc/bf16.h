@@ -1,7 +1,8 @@
 /* bf16 <-> fp32 as torch converts them (c10::BFloat16): widening is exact (the high half of
  * the fp32 bits); narrowing rounds to nearest even in integer arithmetic, so denormals are
- * kept (AVX512-BF16's vcvtneps2bf16 would flush them) and NaN stays NaN. Scalar and 16-lane
- * (GCC vector extensions) versions; gcc vectorizes loops over the scalar ones too. */
+ * kept and NaN stays NaN. Scalar and 16-lane (GCC vector extensions) versions; gcc vectorizes
+ * loops over the scalar ones too. With AVX512-BF16 the 16-lane narrowing is vcvtneps2bf16,
+ * the same rounding, except for vectors holding a denormal (which it would flush). */
 #ifndef GRAFT_BF16_H
 #define GRAFT_BF16_H
 #include <stdint.h>
