@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "vec16.h"
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 #endif
 
@@ -57,14 +57,14 @@ static inline v16u_bf bf16_round_bits16(v16f_bf f) {
     return (nan & (u | 0x400000u)) | (~nan & r);
 }
 
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__) /* vfpclassps is AVX512DQ */
 /* vcvtneps2bf16 rounds as above (nearest even; NaN quieted the same way) but reads denormal
  * inputs as zero: vectors with a denormal lane (rare) take the integer rounding. */
 static inline int bf16_hw_ok(v16f_bf f) { return !_mm512_fpclass_ps_mask((__m512)f, 0x20); }
 #endif
 
 static inline void float_to_bf16_16(uint16_t *p, v16f_bf f) {
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
     if (bf16_hw_ok(f)) {
         _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh((__m512)f));
         return;
@@ -75,7 +75,7 @@ static inline void float_to_bf16_16(uint16_t *p, v16f_bf f) {
 }
 
 static inline v16f_bf bf16_round16(v16f_bf f) {
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
     if (bf16_hw_ok(f))
         return (v16f_bf)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh((__m512)f)), 16);
 #endif
