@@ -55,6 +55,11 @@ int graft_prefill_amx_applies(int dtype, int cache_dtype, int64_t head_dim) {
 /* Keys of a sequence padded to whole 2 x 2 blocks of 16-key tiles */
 static inline int64_t padded_keys(int64_t n) { return (n + 31) / 32 * 32; }
 
+/* Where sequence s's (n keys) kv head h begins in each half of the packed buffer */
+static inline int64_t head_at(const int64_t *offsets, int64_t s, int64_t h, int64_t n, int64_t d) {
+    return offsets[s] + h * padded_keys(n) * d;
+}
+
 /* The packed keys and values of every sequence and kv head: sequence s's kv head h at
  * offsets[s] + h * padded_keys(n_s) * d elements, keys in the first half of the buffer, values
  * at half. offsets has num_seqs + 1 entries (the last: the half's size). NULL without memory. */
@@ -77,8 +82,8 @@ uint16_t *graft_prefill_amx_pack(const uint16_t *k_cache, const uint16_t *v_cach
         while (rest >= kv_heads * padded_keys(context_lens[s]) / 32)
             rest -= kv_heads * padded_keys(context_lens[s++]) / 32;
         const int64_t n = context_lens[s], per = padded_keys(n) / 32, h = rest / per, j0 = rest % per * 32;
-        uint32_t *kp = (uint32_t *)(packed + offsets[s] + h * padded_keys(n) * d);
-        uint16_t *vp = packed + half + offsets[s] + h * padded_keys(n) * d;
+        uint32_t *kp = (uint32_t *)(packed + head_at(offsets, s, h, n, d));
+        uint16_t *vp = packed + half + head_at(offsets, s, h, n, d);
         for (int64_t j = j0; j < j0 + 32; ++j) {
             const int64_t slot = j < n ? slot_of(block_tables + s * max_blocks, j, block_size) : -1;
             const int64_t at = slot < 0 ? -1 : (slot * kv_heads + h) * d;
@@ -203,11 +208,6 @@ static void values(const amx_scratch *sc, const uint16_t *vp, int64_t d, int64_t
     }
 }
 
-/* The lanes of keys j..j+16 below vis */
-static inline __mmask16 live(int64_t j, int64_t vis) {
-    return j + 16 <= vis ? 0xffff : j >= vis ? 0 : (__mmask16)((1u << (vis - j)) - 1);
-}
-
 /* Row r's softmax over its `vis` visible keys of the chunk (scores S[r]): the running max and
  * sum updated, O[r] rescaled, P[r] written up to `width` keys (zeros past vis) as two bf16
  * pieces, the rounded probability and what the rounding left (`rows` rows a piece): together
@@ -224,13 +224,13 @@ static void softmax_row(const amx_scratch *sc, int64_t rows, int64_t r, int64_t 
     const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
     __m512 mx = minus_inf;
     for (int64_t j = 0; j < vis; j += 16) /* the lanes past vis stay -inf */
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(minus_inf, live(j, vis), s + j));
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(minus_inf, lane_mask(vis - j), s + j));
     const float m_old = sc->m[r], m_new = fmaxf(m_old, _mm512_reduce_max_ps(mx) * scale);
     const float alpha = m_old == -INFINITY ? 0.0f : exp_neg(m_old - m_new);
     const __m512 vscale = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m_new);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < width; j += 16) {
-        const __mmask16 keep = live(j, vis);
+        const __mmask16 keep = lane_mask(vis - j);
         const v16f x = (v16f)_mm512_fmsub_ps(_mm512_maskz_loadu_ps(keep, s + j), vscale, vm);
         const __m512 e = _mm512_maskz_mov_ps(keep, (__m512)exp_neg16(x));
         sum = _mm512_add_ps(sum, e);
@@ -249,15 +249,16 @@ static void softmax_row(const amx_scratch *sc, int64_t rows, int64_t r, int64_t 
 }
 #endif
 
-/* One item of graft_paged_prefill: queries [first, first + qt) of the sequence (its chunk
+/* One item of graft_paged_prefill: queries [first, first + qt) of sequence seq (its chunk
  * starts at position n - q_len; q rows from t0), kv head kvh and its group's G query heads;
- * kp, vp: the sequence's packed keys and values of that head (graft_prefill_amx_pack). */
-void graft_prefill_amx_item(const uint16_t *q, const uint16_t *kp, const uint16_t *vp, int64_t t0,
-                            int64_t q_len, int64_t n, int64_t first, int64_t qt, int64_t kvh,
-                            int64_t group, int64_t kv_heads, int64_t d, float scale, uint16_t *out,
-                            void *scratch) {
+ * packed, offsets: graft_prefill_amx_pack's, for num_seqs sequences. */
+void graft_prefill_amx_item(const uint16_t *q, const uint16_t *packed, const int64_t *offsets,
+                            int64_t num_seqs, int64_t seq, int64_t t0, int64_t q_len, int64_t n,
+                            int64_t first, int64_t qt, int64_t kvh, int64_t group, int64_t kv_heads,
+                            int64_t d, float scale, uint16_t *out, void *scratch) {
 #if PREFILL_AMX
     amx_scratch *sc = (amx_scratch *)scratch;
+    const uint16_t *kp = packed + head_at(offsets, seq, kvh, n, d), *vp = kp + offsets[num_seqs];
     const int64_t rows = qt * group, rp = rows_padded(rows), hq = kv_heads * group;
     const int64_t base = n - q_len + first, last_pos = base + qt - 1;
     tile_rows_init(sc->pos, sc->m, sc->l, rows, rp, group, qt, base);
@@ -287,7 +288,8 @@ void graft_prefill_amx_item(const uint16_t *q, const uint16_t *kp, const uint16_
         for (int64_t i = 0; i < d; ++i) dst[i] = float_to_bf16(sc->o[r * d + i] * inv);
     }
 #else
-    (void)q; (void)kp; (void)vp; (void)t0; (void)q_len; (void)n; (void)first; (void)qt;
+    (void)q; (void)packed; (void)offsets; (void)num_seqs; (void)seq; (void)t0; (void)q_len;
+    (void)n; (void)first; (void)qt;
     (void)kvh; (void)group; (void)kv_heads; (void)d; (void)scale; (void)out; (void)scratch;
 #endif
 }

@@ -299,10 +299,10 @@ uint16_t *graft_prefill_amx_pack(const uint16_t *k_cache, const uint16_t *v_cach
                                  int64_t max_blocks, int64_t *offsets, int num_threads);
 void *graft_prefill_amx_scratch(int64_t d, int64_t rows);
 void graft_prefill_amx_done(void *scratch);
-void graft_prefill_amx_item(const uint16_t *q, const uint16_t *kp, const uint16_t *vp, int64_t t0,
-                            int64_t q_len, int64_t n, int64_t first, int64_t qt, int64_t kvh,
-                            int64_t group, int64_t kv_heads, int64_t d, float scale, uint16_t *out,
-                            void *scratch);
+void graft_prefill_amx_item(const uint16_t *q, const uint16_t *packed, const int64_t *offsets,
+                            int64_t num_seqs, int64_t seq, int64_t t0, int64_t q_len, int64_t n,
+                            int64_t first, int64_t qt, int64_t kvh, int64_t group, int64_t kv_heads,
+                            int64_t d, float scale, uint16_t *out, void *scratch);
 
 /* 1 when this build has the kernel (GCC), else 0: graft_paged_prefill then computes nothing. */
 int graft_paged_prefill_built(void) { return PREFILL_BUILT; }
@@ -373,9 +373,7 @@ int64_t graft_paged_prefill(const void *q, const void *k_cache, const void *v_ca
             const int64_t t0 = cu_seqlens[it.seq], q_len = cu_seqlens[it.seq + 1] - t0;
             const int64_t tile = q_len - it.first < qt ? q_len - it.first : qt;
             if (packed) {
-                const int64_t keys = (context_lens[it.seq] + 31) / 32 * 32; /* padded as packed */
-                const int64_t at = offsets[it.seq] + it.kvh * keys * head_dim;
-                graft_prefill_amx_item(q, packed + at, packed + offsets[num_seqs] + at, t0, q_len,
+                graft_prefill_amx_item(q, packed, offsets, num_seqs, it.seq, t0, q_len,
                                        context_lens[it.seq], it.first, tile, it.kvh, group,
                                        num_kv_heads, head_dim, scale, out, amx);
             } else {

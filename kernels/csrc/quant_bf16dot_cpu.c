@@ -41,9 +41,8 @@ static int all_bf16(const float *x, int64_t ldx, int64_t M, int64_t K) {
         int64_t k = 0;
         for (; k + 16 <= K; k += 16)
             if (_mm512_test_epi32_mask(_mm512_loadu_si512(x + m * ldx + k), low)) return 0;
-        if (k < K && _mm512_mask_test_epi32_mask((__mmask16)((1u << (K - k)) - 1),
-                                                 _mm512_maskz_loadu_epi32((__mmask16)((1u << (K - k)) - 1),
-                                                                          x + m * ldx + k), low))
+        if (k < K && _mm512_mask_test_epi32_mask(
+                         lane_mask(K - k), _mm512_maskz_loadu_epi32(lane_mask(K - k), x + m * ldx + k), low))
             return 0;
     }
     return 1;

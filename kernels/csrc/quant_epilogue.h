@@ -6,17 +6,14 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "vec16.h" /* lane_mask */
+
 /* 2^16 a2 + 2^8 a1 + a0 in fp32, in this order: the VNNI and AMX paths both fold their digit
  * sums here, which keeps their outputs bit-identical. */
 static inline __m512 combine_digits(__m512i a0, __m512i a1, __m512i a2) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a2), _mm512_set1_ps(65536.0f),
                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_set1_ps(256.0f),
                                            _mm512_cvtepi32_ps(a0)));
-}
-
-/* The first `valid` of 16 lanes (none for valid <= 0). */
-static inline __mmask16 lane_mask(int64_t valid) {
-    return valid >= 16 ? 0xffff : valid > 0 ? (__mmask16)((1u << valid) - 1) : 0;
 }
 
 static inline void store_lanes(float *y, __m512 v, int64_t valid) {

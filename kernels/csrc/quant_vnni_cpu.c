@@ -97,7 +97,7 @@ static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *const dig[PIE
     const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
     __m512i sums[PIECES] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     for (k = 0; k < KP; k += 16) {
-        const __mmask16 live = K - k >= 16 ? 0xffff : K > k ? (__mmask16)((1u << (K - k)) - 1) : 0;
+        const __mmask16 live = lane_mask(K - k);
         const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, x + k), vinv));
         __m512i d[PIECES];
         d[0] = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X, c128), c255), c128);
@@ -105,7 +105,7 @@ static int prep_row(const float *x, int64_t K, int64_t KP, int8_t *const dig[PIE
         d[1] = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X1, c128), c255), c128);
         d[2] = _mm512_srai_epi32(_mm512_sub_epi32(X1, d[1]), 8);
         const int64_t n = KP - k >= 16 ? 16 : KP - k, at = (k >> 6) * cstride + (k & 63);
-        const __mmask16 store = n >= 16 ? 0xffff : (__mmask16)((1u << n) - 1);
+        const __mmask16 store = lane_mask(n);
         for (int p = 0; p < PIECES; ++p) { /* lanes past K are 0: the sums need no mask */
             _mm512_mask_cvtepi32_storeu_epi8(dig[p] + at, store, d[p]);
             sums[p] = _mm512_add_epi32(sums[p], d[p]);

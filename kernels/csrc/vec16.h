@@ -59,4 +59,13 @@ static inline __attribute__((always_inline)) v16i v16_ge(v16f a, v16f b) { retur
 static inline __attribute__((always_inline)) v16i v16_gt_i(v16i a, v16i b) { return a > b; }
 #endif
 #endif
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+/* The first `valid` of 16 lanes as an AVX-512 mask (none for valid <= 0): the tails of the
+ * kernels' 16-lane loops. */
+static inline __mmask16 lane_mask(int64_t valid) {
+    return valid >= 16 ? 0xffff : valid > 0 ? (__mmask16)((1u << valid) - 1) : 0;
+}
+#endif
 #endif
