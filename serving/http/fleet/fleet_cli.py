@@ -6,6 +6,7 @@ of its own: the router is vllm-router from PyPI (`pip install graft[fleet]`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -97,11 +98,16 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
             raise GraftConfigError(f"{flag} after --: graft fleet sets it for each worker; "
                                    "leave it out")
     workers = []
+    # decode workers pull KV only from the prefill workers named here (fleet/pd.py)
+    peers = [f"127.0.0.1:{base + i}" for i, role in enumerate(roles) if role == "kv_producer"]
     for i, (role, mine) in enumerate(zip(roles, _split(cpus, n))):
         port = base + i
         argv = graft_argv("serve", str(args.path), "--host", "127.0.0.1", "--port", str(port), *extra)
         if role is not None:
-            argv += ["--kv-transfer-config", f'{{"kv_role":"{role}"}}']
+            config = {"kv_role": role}
+            if role == "kv_consumer":
+                config["kv_connector_extra_config"] = {"prefill_peers": peers}
+            argv += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
         if args.policy == "kv_aware":
             argv += ["--kv-events-config", _kv_events_config(new_port())]
         if n > 1 and getattr(args, "encoder_cache_peers", True):

@@ -6,7 +6,8 @@ The router sends the prefill worker the request with `max_tokens: 1` and
 router hands those to the decode worker with the original request; that worker pulls the KV
 (graft's connector: one HTTP GET of the prefill worker's /v1/graft/kv_transfer/{id}) and
 decodes without prefilling. A failed pull is never an error for the client: the decode worker
-prefills the prompt itself and counts it.
+prefills the prompt itself and counts it. It pulls only from the prefill workers its
+config lists (prefill_peers), whatever host a request names.
 
 Fields that would change a request's meaning are honoured or refused (400), never ignored:
 `kv_transfer_params` on a worker started without --kv-transfer-config, and sglang-router's
@@ -16,6 +17,7 @@ Fields that would change a request's meaning are honoured or refused (400), neve
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import re
@@ -49,6 +51,8 @@ class KVTransferConfig:
     pull_timeout_s: float = 30.0  # from kv_connector_extra_config
     export_ttl_s: float = DEFAULT_EXPORT_TTL_S  # from kv_connector_extra_config
     transport: str = "auto"  # from kv_connector_extra_config: auto (NIXL where both have it)
+    # from kv_connector_extra_config: the (host, port)s a do_remote_prefill may name; "*": any
+    prefill_peers: tuple = ()
 
     @property
     def produces(self) -> bool:
@@ -83,9 +87,10 @@ def parse_kv_transfer_config(text: str) -> KVTransferConfig:
             "(graft's own connector, GraftConnector, moves KV between graft workers)")
     extra = raw.get("kv_connector_extra_config") or {}
     if not isinstance(extra, dict) or set(extra) - {"pull_timeout_s", "export_ttl_s",
-                                                    "transport"}:
+                                                    "transport", "prefill_peers"}:
         raise GraftConfigError(f"{flag}: kv_connector_extra_config takes pull_timeout_s and "
-                               "export_ttl_s (seconds) and transport (auto, nixl, http)")
+                               "export_ttl_s (seconds), transport (auto, nixl, http) and "
+                               "prefill_peers (a list of \"host:port\")")
     numbers = {}
     if extra.get("transport", "auto") not in TRANSPORTS:
         raise GraftConfigError(f"{flag}: kv_connector_extra_config.transport must be one of "
@@ -105,7 +110,50 @@ def parse_kv_transfer_config(text: str) -> KVTransferConfig:
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise GraftConfigError(f"{flag}: {key} must be a string, got {raw[key]!r}")
     return KVTransferConfig(raw["kv_role"], connector, raw.get("kv_ip"), raw.get("engine_id"),
-                            extra, **numbers, transport=extra.get("transport", "auto"))
+                            extra, **numbers, transport=extra.get("transport", "auto"),
+                            prefill_peers=_peers(extra.get("prefill_peers", []), flag))
+
+
+def _peers(value, flag: str) -> tuple:
+    """prefill_peers: ("*",), or (host, port) pairs: host a lower-cased name or address, or an
+    ip_network; port None for any ("10.0.0.0/8:*", a pod network whose addresses change)."""
+    where = f"{flag}: kv_connector_extra_config.prefill_peers"
+    if not isinstance(value, list):
+        raise GraftConfigError(f"{where} must be a list of \"host:port\" strings (the "
+                               "remote_host and remote_port the prefill workers answer with)")
+    if value == ["*"]:
+        return ("*",)
+    peers = []
+    for entry in value:
+        host, _, port = entry.rpartition(":") if isinstance(entry, str) else ("", "", "")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            net = ipaddress.ip_network(host) if "/" in host else None
+        except ValueError:
+            net = None
+        if not ((net is not None or _HOST.fullmatch(host))
+                and (port == "*" or port.isdigit() and 0 < int(port) < 65536)):
+            raise GraftConfigError(f"{where}: {entry!r} is not \"host:port\" (e.g. "
+                                   "\"10.0.0.2:8001\", \"[::1]:8001\", \"10.0.0.0/8:*\"), or give "
+                                   "[\"*\"] alone to pull from any host a request names")
+        peers.append((net or host.lower(), None if port == "*" else int(port)))
+    return tuple(peers)
+
+
+def _is_peer(peers: tuple, host: str, port: int) -> bool:
+    if "*" in peers:
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None  # a name: matched as written, never resolved here
+    for want, want_port in peers:
+        if want_port not in (None, port):
+            continue
+        if want == host.lower() or (address is not None and not isinstance(want, str)
+                                    and address in want):
+            return True
+    return False
 
 
 def advertised_address(args, config: KVTransferConfig | None) -> tuple[str, int]:
@@ -172,6 +220,7 @@ def transfer_for(config: KVTransferConfig | None, req) -> Transfer:
                              "name or address), remote_port (1-65535) and remote_request_id "
                              "(letters, digits, '.', '_', '-'), as the prefill worker's answer "
                              "gives them", param="kv_transfer_params", code="invalid_value")
+        _check_peer(config, host, port)
         host = f"[{host}]" if ":" in host else host
         return Transfer(pull=PullSpec(f"http://{host}:{port}" + PULL_PATH.format(request_id=rid),
                                       rid))
@@ -181,6 +230,20 @@ def transfer_for(config: KVTransferConfig | None, req) -> Transfer:
 # what a decode worker puts into the URL it fetches: never a path, query or user part
 _HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}|[0-9A-Fa-f:]{2,39}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._\-]{1,128}")
+
+
+def _check_peer(config: KVTransferConfig, host: str, port: int) -> None:
+    """A decode worker writes what it pulls into its shared prefix cache and sends its API key
+    along, so it pulls only from the prefill workers its operator listed, never from wherever
+    a request points."""
+    if _is_peer(config.prefill_peers, host, port):
+        return
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    listed = ", ".join(f"{h}:{p or '*'}" for h, p in config.prefill_peers) or "none"
+    raise P.APIError(
+        f"kv_transfer_params.remote_host: {shown} is not one of this worker's prefill peers "
+        f"({listed}); list it in --kv-transfer-config's kv_connector_extra_config.prefill_peers "
+        "(docs/fleet.md)", param="kv_transfer_params.remote_host", code="kv_transfer_peer")
 
 
 def _flag(params: dict, name: str) -> bool:

@@ -2,6 +2,7 @@
 real fleet of two workers behind vllm-router that Ctrl-C stops whole."""
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from graft.errors import GraftConfigError
 from graft.serving.http.fleet import fleet_cli
+from graft.serving.http.fleet.pd import parse_kv_transfer_config
 
 
 def _args(*argv):
@@ -45,8 +47,15 @@ def test_encoder_cache_peers_can_be_turned_off():
 
 def test_a_pd_layout_gives_roles_and_the_routers_pd_mode():
     fleet = _plan("--pd", "1:2", cpus=(0, 1, 2))
-    roles = [w.argv[w.argv.index("--kv-transfer-config") + 1] for w in fleet.workers]
-    assert roles == ['{"kv_role":"kv_producer"}'] + ['{"kv_role":"kv_consumer"}'] * 2
+    configs = [json.loads(w.argv[w.argv.index("--kv-transfer-config") + 1])
+               for w in fleet.workers]
+    assert [c["kv_role"] for c in configs] == ["kv_producer"] + ["kv_consumer"] * 2
+    # each decode worker pulls only from the prefill worker, at the address it advertises
+    prefill_port = fleet.workers[0].url.rsplit(":", 1)[1]
+    assert "kv_connector_extra_config" not in configs[0]
+    for c in configs[1:]:
+        assert c["kv_connector_extra_config"] == {"prefill_peers": [f"127.0.0.1:{prefill_port}"]}
+        parse_kv_transfer_config(json.dumps(c))
     r = fleet.router.argv
     assert "--vllm-pd-disaggregation" in r
     assert r[r.index("--prefill") + 1] == fleet.workers[0].url

@@ -3,6 +3,7 @@ max_tokens 1 with kv_transfer_params, a decode worker given those pulls the prom
 tokens included, so its encoder does not run) and answers what one worker answers."""
 
 import argparse
+import ipaddress
 import json
 import time
 
@@ -47,6 +48,8 @@ def workers(request, tiny_run_dir):
             _worker(tiny_run_dir, "kv_both", request.param) as decode, \
             _worker(tiny_run_dir, None) as alone:
         assert (decode.app.state.ctx.nixl is not None) == (request.param == "nixl")
+        # what prefill_peers in the decode worker's config would say (the port is known now)
+        decode.app.state.ctx.kv_transfer.prefill_peers = (("127.0.0.1", prefill.port),)
         yield prefill, decode, alone
 
 
@@ -123,6 +126,29 @@ def test_a_failed_pull_is_prefilled_on_the_decode_worker(workers):
     assert stats.import_failures == failures + 1 and stats.failure_reasons["pull"] >= 1
 
 
+def test_kv_is_pulled_only_from_listed_prefill_peers(workers):
+    """A request cannot point the decode worker at another host: it would send that host the
+    worker's API key and write what comes back into the prefix cache other users share."""
+    import socket
+
+    _, decode, _ = workers
+    with socket.socket() as trap:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(4)
+        trap.setblocking(False)
+        params = {"do_remote_prefill": True, "remote_host": "127.0.0.1",
+                  "remote_port": trap.getsockname()[1], "remote_request_id": "x1"}
+        r = _post(decode, _body("hi", image=False, kv_transfer_params=params))
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["param"], err["code"]) == ("kv_transfer_params.remote_host", "kv_transfer_peer")
+        assert f"127.0.0.1:{trap.getsockname()[1]} is not one of" in err["message"]
+        assert "prefill_peers" in err["message"]
+        with pytest.raises(BlockingIOError):
+            trap.accept()  # nothing connected to it
+    assert _released(decode)
+
+
 def test_kv_is_handed_out_once(workers):
     prefill, decode, _ = workers
     params, answer = _via_router_protocol(prefill, decode, _body("Once only.", image=False))
@@ -175,6 +201,44 @@ def test_a_streamed_prefill_half_is_refused(workers):
 def test_bad_kv_transfer_config_is_one_line(text, message):
     with pytest.raises(GraftConfigError, match=message):
         parse_kv_transfer_config(text)
+
+
+@pytest.mark.parametrize("peers, message", [
+    ('"10.0.0.2:8001"', "must be a list"),
+    ('["10.0.0.2"]', "10.0.0.2' is not"),
+    ('["10.0.0.2:0"]', "is not"),
+    ('["user@h:80"]', "is not"),
+    ('["*", "10.0.0.2:8001"]', "is not"),
+])
+def test_bad_prefill_peers_are_one_line(peers, message):
+    text = '{"kv_role": "kv_consumer", "kv_connector_extra_config": {"prefill_peers": %s}}'
+    with pytest.raises(GraftConfigError, match=message):
+        parse_kv_transfer_config(text % peers)
+
+
+def test_prefill_peers_parse_to_host_port_pairs():
+    text = '{"kv_role": "kv_consumer", "kv_connector_extra_config": {"prefill_peers": %s}}'
+    config = parse_kv_transfer_config(text % '["Prefill-0.local:8001", "[::1]:8002"]')
+    assert config.prefill_peers == (("prefill-0.local", 8001), ("::1", 8002))
+    assert parse_kv_transfer_config(text % '["*"]').prefill_peers == ("*",)
+    pods = parse_kv_transfer_config(text % '["10.1.0.0/16:*", "fd00::/8:8001"]')
+    assert pods.prefill_peers == ((ipaddress.ip_network("10.1.0.0/16"), None),
+                                  (ipaddress.ip_network("fd00::/8"), 8001))
+
+
+@pytest.mark.parametrize("host, port, allowed", [
+    ("10.1.2.3", 9000, True), ("10.2.0.1", 9000, False), ("fd00::5", 8001, True),
+    ("fd00::5", 8002, False), ("prefill-0.local", 8001, True), ("PREFILL-0.local", 8001, True),
+    ("prefill-0.local", 8002, False), ("10.1.2.3.nip.io", 9000, False),
+])
+def test_a_request_names_a_listed_peer_or_is_refused(host, port, allowed):
+    from graft.serving.http.fleet.pd import _is_peer
+
+    config = parse_kv_transfer_config(
+        '{"kv_role": "kv_consumer", "kv_connector_extra_config": {"prefill_peers": '
+        '["10.1.0.0/16:*", "fd00::/8:8001", "Prefill-0.local:8001"]}}')
+    assert _is_peer(config.prefill_peers, host, port) is allowed
+    assert parse_kv_transfer_config('{"kv_role": "kv_consumer"}').prefill_peers == ()
 
 
 def test_kv_transfer_config_takes_vllms_fields():
