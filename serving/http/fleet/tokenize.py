@@ -175,7 +175,7 @@ def _is_chat(raw: bytes) -> bool:
     parse is refused by the parser, naming the problem)."""
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # the parser then refuses it, naming the problem
         return False
     return isinstance(data, dict) and "messages" in data
 

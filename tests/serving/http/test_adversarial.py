@@ -75,12 +75,17 @@ def test_lone_surrogate_is_a_400_naming_the_message(live_server, where, body):
 
 
 @pytest.mark.parametrize("depth", [40, 100_000])
-def test_deeply_nested_json_is_a_400(live_server, depth):
+@pytest.mark.parametrize("path", [URL, "/v1/completions", "/v1/responses", "/tokenize",
+                                  "/detokenize", "/v1/embeddings"])
+def test_deeply_nested_json_is_a_400(live_server, depth, path):
     raw = '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "x": %s%s}' % (
         "[" * depth, "]" * depth)
-    resp = httpx.post(live_server.url + URL, content=raw.encode(), timeout=60,
+    resp = httpx.post(live_server.url + path, content=raw.encode(), timeout=60,
                       headers={"content-type": "application/json"})
     assert _error(resp, 400)["code"] == "json_too_deep"
+    bare = httpx.post(live_server.url + path, content=("[" * depth + "]" * depth).encode(),
+                      timeout=60, headers={"content-type": "application/json"})
+    assert bare.status_code == 400, bare.text
 
 
 def test_context_check_comes_before_any_image_is_fetched(live_server):
