@@ -177,6 +177,8 @@ class Engine(OfflineRuns):
         t0 = time.perf_counter()  # the cost model times scheduling too: admission waits on it
         outputs, self._pending = self._pending, []
         self.kv_exports.expire()
+        if self.kv_exports.held:
+            self.kv_exports.make_room(self.scheduler.blocks_wanted())
         batch, dropped = self.scheduler.schedule()
         dropped += self._drop_bad_images(batch)
         for seq in dropped:

@@ -22,6 +22,9 @@ from graft.serving.engine.sequence import Sequence
 log = logging.getLogger("graft.serving")
 
 DEFAULT_EXPORT_TTL_S = 60.0  # a prompt's KV unclaimed this long is freed (the router gave up)
+# ... or this long, when this engine's own requests are short of blocks: a decode worker pulls
+# within milliseconds of the answer, and exports nobody came for must not stall everyone else
+EXPORT_GRACE_S = 2.0
 
 
 @dataclass
@@ -78,6 +81,7 @@ class KVTransferStats:
     exported: int = 0  # prompts whose KV was held for a decode engine
     export_reads: int = 0  # ... and read by one
     export_expired: int = 0  # ... and freed unread after the TTL
+    export_evicted: int = 0  # ... and freed unread after EXPORT_GRACE_S for this engine's requests
     imported_tokens: int = 0  # prompt tokens whose KV came from another engine
     imports: int = 0
     imports_by_transport: dict = field(default_factory=dict)
@@ -208,6 +212,21 @@ class KVExports:
             self.bm.unpin(self.held.pop(rid).block_ids)
         self.stats.export_expired += len(late)
         return len(late)
+
+    def make_room(self, wanted: int, now: float | None = None) -> int:
+        """Free the exports held past EXPORT_GRACE_S, oldest first, while fewer than `wanted`
+        blocks are free; returns how many."""
+        now = time.monotonic() if now is None else now
+        freed = 0
+        for rid in list(self.held):  # in the order they were held
+            if self.bm.num_free_blocks >= wanted:
+                break
+            if self.held[rid].expires - self.ttl_s + EXPORT_GRACE_S > now:
+                break
+            self.bm.unpin(self.held.pop(rid).block_ids)
+            freed += 1
+        self.stats.export_evicted += freed
+        return freed
 
 
 def gather_kv(runner, block_ids: list[int], num_tokens: int):

@@ -80,6 +80,12 @@ class Scheduler:
         return pending + sum(s.num_uncomputed for s in self.running if s.num_uncomputed > 1)
 
     # --- one step -------------------------------------------------------------------
+    def blocks_wanted(self) -> int:
+        """Free blocks the next step would use at most: one per running sequence, and the
+        first waiting prompt's."""
+        head = self.waiting[0] if self.waiting else None
+        return len(self.running) + (self.bm.blocks_for(len(head) + 1) if head is not None else 0)
+
     def schedule(self, now: float | None = None) -> tuple[ScheduledBatch, list[Sequence]]:
         """Pick this step's work; also return sequences finished here (deadline, no room)."""
         now = time.monotonic() if now is None else now

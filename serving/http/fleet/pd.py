@@ -277,6 +277,9 @@ def transfer_series(engine) -> list:
                     "Held prompts a decode worker took.", lambda: stats.export_reads),
         ReadCounter("graft_kv_transfer_export_expired_total",
                     "Held prompts freed unread after export_ttl_s.", lambda: stats.export_expired),
+        ReadCounter("graft_kv_transfer_export_evicted_total",
+                    "Held prompts freed unread after 2 s because this worker's own requests "
+                    "needed their blocks.", lambda: stats.export_evicted),
         ReadCounter("graft_kv_transfer_imported_tokens_total",
                     "Prompt tokens whose KV came from a prefill worker.",
                     lambda: stats.imported_tokens)]

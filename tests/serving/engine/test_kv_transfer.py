@@ -117,6 +117,35 @@ def test_an_unclaimed_export_is_freed_after_its_ttl(pair):
     assert prefill.kv_exports.take(prefill.runner, "p4") is None
 
 
+def test_unclaimed_exports_give_way_to_this_engines_requests_after_a_grace(tiny_llama):
+    """Exports nobody pulls (a client sending do_remote_decode, a router gone) can fill the
+    pool; past EXPORT_GRACE_S they are freed, oldest first, for the requests waiting here."""
+    from graft.serving.engine.kv_transfer import EXPORT_GRACE_S
+
+    engine = Engine.from_pretrained(tiny_llama, EngineConfig(block_size=8, num_kv_blocks=24))
+    exports, bm = engine.kv_exports, engine.block_manager
+    for i, seed in enumerate((20, 21)):  # 2 x 10 of the 24 blocks pinned
+        engine.add_request(f"x{i}", prompt_token_ids=make_prompts([80], seed=seed)[0],
+                           sampling_params=PREFILL, kv_export=True)
+        _run(engine)
+    assert len(exports.held) == 2 and bm.num_free_blocks == 4
+    prompt = make_prompts([60], seed=22)[0]  # 8 blocks, and 1 more to decode into
+    engine.add_request("r", prompt_token_ids=prompt, sampling_params=GREEDY)
+    assert exports.make_room(engine.scheduler.blocks_wanted()) == 0  # within the grace
+    held_at = exports.held["x0"].expires - exports.ttl_s
+    assert exports.make_room(engine.scheduler.blocks_wanted(),
+                             now=held_at + EXPORT_GRACE_S + 1) == 1
+    assert list(exports.held) == ["x1"] and exports.stats.export_evicted == 1
+    for export in exports.held.values():  # the engine's own steps do the same
+        export.expires -= EXPORT_GRACE_S + 1
+    out = _run(engine)["r"]
+    assert out.token_ids == hf_greedy(tiny_llama, prompt, GREEDY.max_tokens)
+    assert list(exports.held) == ["x1"]  # enough room: the newer export stays
+    assert exports.take(engine.runner, "x0") is None
+    assert exports.take(engine.runner, "x1") is not None
+    assert bm.num_free_blocks == bm.num_blocks
+
+
 def test_an_aborted_import_frees_its_blocks(pair):
     prefill, decode = pair
     prompt = make_prompts([33], seed=10)[0]

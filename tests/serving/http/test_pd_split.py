@@ -280,4 +280,6 @@ def test_transfers_are_counted_in_the_metrics(workers):
     assert imported and float(imported[0].split()[-1]) > 0
     assert text.count("# TYPE graft_kv_transfer_failures_total counter") == 1
     assert 'graft_kv_transfer_failures_total{reason="pull"}' in text
-    assert "graft_kv_transfer_exports_total" in httpx.get(prefill.url + "/metrics").text
+    prefill_metrics = httpx.get(prefill.url + "/metrics").text
+    assert "graft_kv_transfer_exports_total" in prefill_metrics
+    assert "graft_kv_transfer_export_evicted_total 0" in prefill_metrics
