@@ -110,9 +110,11 @@ def random_config(shape: str, layers: int | None = None):
         raise GraftConfigError(f"shape {shape!r}: use one of {', '.join(sorted(SHAPES))}")
     model_type, fields = SHAPES[shape]
     fields = dict(fields)
-    if layers is not None:
-        if layers < 1:
-            raise GraftConfigError(f"--layers {layers}: use 1 or more")
+    if layers is not None:  # it keeps that many of the real model's layers: never adds any
+        have = fields["num_hidden_layers"]
+        if not 1 <= layers <= have:
+            raise GraftConfigError(f"--layers {layers}: {shape} has {have} decoder layers; use "
+                                   f"1 to {have} (or leave --layers out for all of them)")
         fields["num_hidden_layers"] = layers
     # ids of the tokenizer below: <|endoftext|> pads, <|im_end|> ends a turn
     return AutoConfig.for_model(model_type, **fields, pad_token_id=0, eos_token_id=2,

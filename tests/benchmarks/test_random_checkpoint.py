@@ -54,5 +54,12 @@ def test_a_non_empty_out_is_refused_and_kept(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is not an empty dir" in err and len(err.strip().splitlines()) == 1
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
-    assert main(["models", "random", "smollm2-135m", str(tmp_path / "x"), "--layers", "0"]) != 0
-    assert "--layers 0: use 1 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layers", ["0", "31", "999"])
+def test_layers_outside_the_shapes_count_are_refused(tmp_path, capsys, layers):
+    # smollm2-135m has 30 layers: --layers keeps some of them, it never builds more
+    assert main(["models", "random", "smollm2-135m", str(tmp_path / "x"), "--layers", layers]) != 0
+    err = capsys.readouterr().err
+    assert f"--layers {layers}: smollm2-135m has 30 decoder layers; use 1 to 30" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
