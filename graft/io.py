@@ -4,6 +4,8 @@ The digests that used to live here are in graft.digests (re-exported)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -13,19 +15,108 @@ from pathlib import Path
 from typing import Callable
 
 from graft.digests import sha256_file, weights_sha256  # noqa: F401 - re-exported (old home)
+from graft.errors import GraftConfigError
+
+
+class OutputPathError(GraftConfigError, OSError):
+    """An output path graft cannot write: the message names it and the problem. Also an
+    OSError, so code that caught the raw OSError of a failed write still catches it."""
+
+
+# errnos that say "this output cannot be written here" (not a bug): each gets one line
+_WRITE_PROBLEMS = {
+    errno.EISDIR: "is a directory; give a file path",
+    errno.EACCES: "is not writable: permission denied; pick a folder you can write",
+    errno.EPERM: "is not writable: operation not permitted; pick a folder you can write",
+    errno.EROFS: "is on a read-only file system; pick a writable folder",
+    errno.ENOSPC: "could not be written: no space left on the device; free space or pick "
+                  "another disk",
+    errno.EDQUOT: "could not be written: disk quota exceeded; free space or pick another disk",
+}
+_NOT_A_FOLDER = (errno.ENOTDIR, errno.EEXIST)  # a file where a folder is needed
+
+
+def _output_error(path: Path, err: OSError) -> OSError:
+    """The one-line OutputPathError for a failed write of `path`, or `err` itself when it is
+    not a path problem (a bug or an input error must keep its traceback)."""
+    if err.errno in _NOT_A_FOLDER:
+        where = Path(err.filename) if err.filename else path
+        if where == path:
+            return OutputPathError(f"output {path} is a file, not a folder; give a folder path")
+        return OutputPathError(f"output {path}: {where} is a file, not a folder; give a path "
+                               "under a folder")
+    problem = _WRITE_PROBLEMS.get(err.errno)
+    return err if problem is None else OutputPathError(f"output {path} {problem}")
+
+
+def _refuse(path: Path, code: int, where: Path | None = None) -> OutputPathError:
+    return _output_error(path, OSError(code, os.strerror(code), str(where or path)))
+
+
+@contextlib.contextmanager
+def _writing(path: Path, tmp: Path):
+    """OSErrors raised for `path`, its temp sibling `tmp` (or inside it), a folder on the way,
+    or with no file name (a full disk mid-write) become OutputPathError; others (reading an
+    input, a bug) pass unchanged."""
+    try:
+        yield
+    except OutputPathError:
+        raise
+    except OSError as err:
+        name = Path(err.filename) if err.filename else None
+        ours = (name is None or name in (path, tmp) or tmp in name.parents
+                or name in path.parents or _is_temp_of(path, name))
+        new = _output_error(path, err) if ours else err
+        if new is err:
+            raise
+        raise new from None
+
+
+def _is_temp_of(path: Path, name: Path) -> bool:
+    """`name` is one of `path`'s default temp siblings (.<name>.<random>)."""
+    return name.parent == path.parent and name.name.startswith(f".{path.name}.")
+
+
+def check_output_path(path: str | Path, kind: str = "file") -> Path:
+    """Raise OutputPathError (one line naming `path` and the fix) unless `path` can be written
+    as a `kind` ("file" or "dir"): a file path must not be an existing folder, a dir path not
+    an existing file, no part of the way there may be a file, and the nearest existing folder
+    on the way (or the dir itself) must be writable by this process. Creates nothing; call it
+    before long work so a bad --out fails in a second, not after the work. Whether the dir is
+    empty, or an existing file may be replaced, is the caller's rule (--force/--overwrite)."""
+    if kind not in ("file", "dir"):
+        raise ValueError(f"kind={kind!r}: use 'file' or 'dir'")
+    path = Path(path)
+    if path.is_dir() and kind == "file":
+        raise _refuse(path, errno.EISDIR)
+    if path.exists() and not path.is_dir() and kind == "dir":
+        raise _refuse(path, errno.ENOTDIR)
+    probe = path if path.is_dir() else path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise _refuse(path, errno.ENOTDIR, probe)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise _refuse(path, errno.EACCES)
+    return path
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None], suffix: str = ".tmp") -> Path:
     """`write(tmp)` fills a temp file beside `path`, then it is renamed onto `path`: readers
     see the old file or the complete new one, never half. `suffix`: the temp file's ending
-    (a writer that picks its format from the name needs the real one)."""
+    (a writer that picks its format from the name needs the real one). A path that cannot be
+    written (a folder, under a file, no permission, disk full) is one OutputPathError."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    with _writing(path, path):
+        if path.is_dir():  # os.replace would say EISDIR only after all the work
+            raise _refuse(path, errno.EISDIR)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     os.close(fd)
     try:
-        write(Path(tmp))
-        os.replace(tmp, path)
+        with _writing(path, Path(tmp)):
+            write(Path(tmp))
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -66,29 +157,35 @@ def atomic_write_dir(path: str | Path, write: Callable[[Path], None],
     `path` is moved aside first and removed after): no half-written dir is ever at `path`.
     `prefix`: the temp dirs' name start (default `.<name>.`), for callers that sweep leftovers."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{prefix or f'.{path.name}.'}{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    with _writing(path, tmp):
+        if path.exists() and not path.is_dir():  # checked first: the work may take minutes
+            raise _refuse(path, errno.ENOTDIR)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
     try:
-        write(tmp)
-        if path.exists():
-            old = tmp.with_name(tmp.name + ".old")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        with _writing(path, tmp):
+            _fill_and_swap(path, tmp, write)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
 
 
+def _fill_and_swap(path: Path, tmp: Path, write: Callable[[Path], None]) -> None:
+    write(tmp)
+    if path.exists():
+        old = tmp.with_name(tmp.name + ".old")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
 def check_writable_dir(path: Path, what: str, fix: str) -> None:
     """GraftConfigError "{what} {path} is not writable (why); {fix}" unless a file can be
     created in `path` (made, with its parents, if missing)."""
-    from graft.errors import GraftConfigError
-
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".graft-write-probe.", dir=path)
@@ -101,7 +198,6 @@ def check_writable_dir(path: Path, what: str, fix: str) -> None:
 
 def read_yaml(path: str | Path, what: str = "config file"):
     """Parse a YAML file, or raise GraftConfigError naming the file, the line and what is wrong."""
-    from graft.errors import GraftConfigError
     from graft.loads import yaml_loads
 
     path = Path(path)
