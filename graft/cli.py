@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import sys
 
@@ -171,8 +172,32 @@ def main(argv: list[str] | None = None) -> int:
         sub = argv.pop(0)
     module_name, help_text = subs[sub]
     prog = f"graft {head} {sub}".strip()
+    try:
+        return _run(prog, module_name, help_text, argv, from_shell)
+    except KeyboardInterrupt:  # Ctrl-C anywhere (loading torch too): one line, not a traceback
+        print(f"{prog}: interrupted; {INTERRUPTED_HINT}", file=sys.stderr)
+        return 130
+    except OSError as err:
+        if err.errno not in _ENVIRONMENT_ERRNOS or not err.filename:
+            raise  # anything else may be a bug: keep its traceback
+        where = f"{err.filename} -> {err.filename2}" if err.filename2 else err.filename
+        print(f"{prog}: error: {where}: {err.strerror}; check the path and its permissions "
+              "(and free space)", file=sys.stderr)
+        return 1
+
+
+# Files graft writes go through graft.io (temp, then rename), so Ctrl-C leaves none half-written.
+INTERRUPTED_HINT = "no file was left half-written; run the same command again"
+# OSErrors a path or a disk causes (permissions, a file where a folder goes, a full disk): the
+# user fixes them, so one line naming the path, as for graft.io's OutputPathError
+_ENVIRONMENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                       errno.EISDIR, errno.ENOTDIR}
+
+
+def _run(prog: str, module_name: str, help_text: str, argv: list[str], from_shell: bool) -> int:
+    """Import the command's module, parse its flags and run it."""
     module = importlib.import_module(module_name)
-    example = EXAMPLES.get(f"{head} {sub}".strip())
+    example = EXAMPLES.get(prog[len("graft "):])
     parser = _Parser(prog=prog, description=help_text, formatter_class=_HelpFormatter,
                      epilog=getattr(module, "EXAMPLES", None) or f"example:\n  {example}")
     module.add_arguments(parser)
