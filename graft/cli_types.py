@@ -1,19 +1,28 @@
 """argparse value types with ranges, so a bad flag is one argparse error line naming the flag,
-the value and the allowed range (never a traceback from deep inside the model)."""
+the value and the allowed range (never a traceback from deep inside the model); and the
+check that an output path can be written, made before the work that would write it."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+from pathlib import Path
 
 
 def number_in(kind=float, low=None, high=None, low_open: bool = False):
-    """A `type=` for argparse: `kind(text)` within [low, high] (`low_open`: low excluded)."""
+    """A `type=` for argparse: `kind(text)` within [low, high] (`low_open`: low excluded).
+    NaN and infinity are refused: every comparison with NaN is false, so a range alone lets
+    it through, and no flag means "unbounded" by inf."""
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number: use "
+                                             f"{_wording(low, high, low_open)}")
         below = low is not None and (value <= low if low_open else value < low)
         if below or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"{text} is out of range: use {_wording(low, high, low_open)}")
@@ -25,8 +34,6 @@ def number_in(kind=float, low=None, high=None, low_open: bool = False):
 def env_int(name: str, default: int, low: int = 1, env=None) -> int:
     """An integer environment variable (WORLD_SIZE, ...) of at least `low`, `default` when
     unset; GraftConfigError naming the variable, its value and the fix."""
-    import os
-
     from graft.errors import GraftConfigError
 
     text = (os.environ if env is None else env).get(name, "").strip()
@@ -39,7 +46,24 @@ def env_int(name: str, default: int, low: int = 1, env=None) -> int:
                                f">= {low} or unset it") from None
 
 
+def unwritable_reason(path: str | Path) -> str | None:
+    """Why nothing can be made at `path` (None: it can), found without creating anything, so a
+    dry run or a check before a long job leaves the disk as it was: the nearest existing
+    folder on the way must be a folder this user may write in."""
+    path = Path(path).expanduser().absolute()
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{parent} is a file, not a folder"
+            if not os.access(parent, os.W_OK | os.X_OK):
+                return f"{parent} is not writable"
+            return None
+    return None
+
+
 def _wording(low, high, low_open: bool) -> str:
+    if low is None and high is None:
+        return "a finite number"
     if high is None:
         return f"{'>' if low_open else '>='} {low}"
     if low is None:

@@ -7,6 +7,7 @@ as graft.yaml in the run dir; everything downstream reads it back from there.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,8 @@ class GraftSpec:
                 raise GraftConfigError(f"{dotted}={value!r}: use one of {', '.join(allowed)}")
         for dotted, (ok, hint) in _RANGES.items():
             value = self._get(dotted)
+            if value is not None and not math.isfinite(value):
+                raise GraftConfigError(f"{dotted}={value!r}: must be a finite number, {hint}")
             if value is not None and not ok(value):
                 raise GraftConfigError(f"{dotted}={value!r}: must be {hint}")
         if self.train.cpu_offload and self.train.sharding != "fsdp":
@@ -171,7 +174,8 @@ class GraftSpec:
         return None if path is None else os.path.expandvars(os.path.expanduser(path))
 
 
-# Enum fields and their values; numeric fields as (test, wording for the message).
+# Enum fields and their values; numeric fields as (test, wording for the message). Every
+# numeric field is also checked finite: a NaN fails no comparison, so a test alone passes it.
 _CHOICES = {
     "train.stage": ("align", "finetune"),
     "train.precision": ("fp32", "bf16"),

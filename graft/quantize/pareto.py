@@ -6,6 +6,7 @@ A point is a dict with `quality` (higher is better), `tokens_per_s` (higher) and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from graft.errors import GraftConfigError
@@ -22,11 +23,12 @@ class Goal:
     def __post_init__(self):
         if self.kind not in ("drop", "speedup", "bytes"):
             raise GraftConfigError(f"goal kind {self.kind!r}: use drop, speedup or bytes")
-        if self.value < 0 or (self.kind != "drop" and self.value <= 0):
+        low_ok = self.value >= 0 if self.kind == "drop" else self.value > 0
+        if not (math.isfinite(self.value) and low_ok):
             flag = {"drop": "--max-accuracy-drop", "speedup": "--target-speedup",
                     "bytes": "--budget-bytes"}[self.kind]
-            raise GraftConfigError(f"{flag} must be {'>= 0' if self.kind == 'drop' else '> 0'}, "
-                                   f"got {self.value}")
+            raise GraftConfigError(f"{flag} must be a finite number "
+                                   f"{'>= 0' if self.kind == 'drop' else '> 0'}, got {self.value}")
 
     def describe(self) -> str:
         return {"drop": f"fewest weight bytes with quality >= fp32 - {self.value:g}",

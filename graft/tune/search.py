@@ -10,6 +10,7 @@ on a fresh engine in real time; tests with a step clock).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -18,9 +19,11 @@ import re
 import time
 from dataclasses import dataclass
 
+from graft.cli_types import number_in
 from graft.errors import GraftConfigError
 
 _SLO_KEY = re.compile(r"^(ttft|tpot|e2e)_(p50|p90|p99|mean)_ms$")
+_bound_ms = number_in(float, low=0.0, low_open=True)
 
 
 def parse_slo(text: str) -> dict[str, float]:
@@ -32,11 +35,9 @@ def parse_slo(text: str) -> dict[str, float]:
             raise GraftConfigError(f"--slo {part!r}: use METRIC=MS with METRIC one of "
                                    "ttft|tpot|e2e _ p50|p90|p99|mean _ms, e.g. ttft_p99_ms=500")
         try:
-            slo[key.strip()] = float(value)
-        except ValueError:
-            raise GraftConfigError(f"--slo {part!r}: {value!r} is not a number of ms") from None
-        if slo[key.strip()] <= 0:
-            raise GraftConfigError(f"--slo {part!r}: the bound must be > 0 ms")
+            slo[key.strip()] = _bound_ms(value.strip())
+        except argparse.ArgumentTypeError as err:
+            raise GraftConfigError(f"--slo {part!r}: {err} (a bound in ms)") from None
     if not slo:
         raise GraftConfigError("--slo is empty: give at least one bound, e.g. ttft_p99_ms=500")
     return slo
