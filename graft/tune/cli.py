@@ -4,7 +4,7 @@ a change from the default only when it beats the default by more than the replay
 
 Beside --out: tuned.state.jsonl (every measured point; a rerun resumes from it) and tuned.png
 (throughput against p99 TTFT, the SLO line, the finalists' medians and spreads). Nothing meets
-the SLO: no YAML, exit 1.
+the SLO: no YAML, exit 1. An existing --out is refused before any replay unless --force.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "ttft_p99_ms=500,tpot_p99_ms=100 (ttft|tpot|e2e, p50|p90|p99|mean)")
     p.add_argument("--out", required=True, metavar="tuned.yaml",
                    help="the serve config to write (its state file and plot go beside it)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite --out if it exists (a rerun without it is refused)")
     p.add_argument("--quality", default=None, metavar="PARETO_JSON",
                    help="pareto.json of graft quantize: search its front's precisions too")
     p.add_argument("--max-accuracy-drop", type=number_in(float, low=0.0), default=0.01,
@@ -153,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
     from graft.tune.search import candidates, label, pareto_choices, parse_slo, search_space
     from graft.tune.trace import read_trace
 
+    from graft.tune.out_path import check_out_file
+
+    check_out_file(args.out, args.force, "tuned.yaml")  # before minutes of replays
     slo = parse_slo(args.slo)
     model = Path(args.model).expanduser()
     fixed = engine_values(args)

@@ -30,16 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from graft.tune.out_path import check_out_file
     from graft.tune.synth import synth_trace
     from graft.tune.trace import write_trace
 
-    from pathlib import Path
-
-    from graft.errors import GraftConfigError
-
-    if Path(args.out).exists() and not args.force:
-        raise GraftConfigError(f"--out {args.out} exists; pass --force to overwrite it or "
-                               "choose another name")
+    check_out_file(args.out, args.force, "trace.jsonl")
     records = synth_trace(args.profile, args.n, args.seed, args.rate, args.image_size)
     write_trace(args.out, records)
     span = records[-1]["arrival"] - records[0]["arrival"]
