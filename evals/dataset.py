@@ -42,7 +42,20 @@ def _format(template: str, record: dict, where: str) -> str:
         ) from None
 
 
-def _image_paths(record: dict, spec: TaskSpec, image_root: Path, where: str) -> list[Path]:
+def _check_decodes(path: Path, where: str, field_name: str) -> None:
+    """Decode the file once (as a backend will): not an image, or truncated, fails here,
+    before any model loads, instead of as a failed sample mid-run."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        raise GraftDataError(f"{where}: image {path} cannot be decoded ({err}) (field {field_name!r}); "
+                             "replace the file or drop this line") from None
+
+
+def _image_paths(record: dict, spec: TaskSpec, image_root: Path, where: str, checked: set[Path]) -> list[Path]:
     value = record.get(spec.image_field)
     if value in (None, "", []):
         return []
@@ -52,15 +65,18 @@ def _image_paths(record: dict, spec: TaskSpec, image_root: Path, where: str) -> 
         path = image_root / str(rel)
         if not path.is_file():
             raise GraftDataError(f"{where}: image {path} does not exist (field {spec.image_field!r})")
+        if path not in checked:  # many questions share an image (POPE): decode each file once
+            _check_decodes(path, where, spec.image_field)
+            checked.add(path)
         out.append(path)
     return out
 
 
-def _build(record: dict, spec: TaskSpec, image_root: Path, where: str) -> list[Sample]:
+def _build(record: dict, spec: TaskSpec, image_root: Path, where: str, checked: set[Path]) -> list[Sample]:
     if spec.id_field not in record:
         raise GraftDataError(f"{where}: missing the id field {spec.id_field!r}")
     sid = str(record[spec.id_field])
-    images = _image_paths(record, spec, image_root, where)
+    images = _image_paths(record, spec, image_root, where, checked)
     target = record.get(spec.answer_field)
     if isinstance(target, list):  # VQAv2 files list answers as {"answer": ..., "answer_confidence": ...}
         target = [t["answer"] if isinstance(t, dict) and "answer" in t else t for t in target]
@@ -101,6 +117,7 @@ def load_samples(spec: TaskSpec, data_root=None, limit: int | None = None) -> li
     image_root = root / spec.image_root
     samples: list[Sample] = []
     seen: set[str] = set()
+    checked: set[Path] = set()
     n_questions = 0
     with path.open(encoding="utf-8-sig") as fh:  # tolerate a byte-order mark
         for lineno, line in enumerate(fh, 1):
@@ -114,7 +131,7 @@ def load_samples(spec: TaskSpec, data_root=None, limit: int | None = None) -> li
                 raise GraftDataError(f"{where}: each line must be a JSON object")
             if "process_sample" in hooks:
                 record = hooks["process_sample"](record)
-            built = _build(record, spec, image_root, where)
+            built = _build(record, spec, image_root, where, checked)
             if built[0].group in seen:
                 raise GraftDataError(f"{where}: duplicate id {built[0].group!r}")
             seen.add(built[0].group)

@@ -5,7 +5,8 @@ Source: AoiDragon/POPE, evaluate.py (commit 08d957b). An answer is cut at its fi
 is a no when one of those pieces is exactly "No", "no" or "not", and a yes otherwise, so an
 empty answer, "NO" or "no!" all count as yes. The label is no when it is "no", else yes.
 Where the official script divides by zero (no predicted yes, or no yes label) we report 0.
-A failed request (no text at all) is read as the empty answer, i.e. yes.
+A failed request (no text at all; the official scripts never see one) is neither yes nor no:
+it is wrong, never a predicted yes, and a yes-question that failed counts as missed in recall.
 Variant "lmms-eval" (lmms_eval/tasks/pope/utils.py, commit 75571cf): the answer, lowercased
 and stripped, must be exactly "yes" or "no"; recall leaves out yes-questions answered
 neither; its yes_ratio is the share of yes *labels*, as that code computes it.
@@ -45,14 +46,17 @@ def yes_no_scorer(definition: str):
         out = []
         for pred, sample in zip(predictions, samples):
             target = _label(sample)
-            if definition == "pope":
+            if pred is None:  # parsing "" would make it a yes, and right on every yes-question
+                said_yes = said_no = False
+            elif definition == "pope":
                 said_yes = parse_yes_no(pred)
                 said_no = not said_yes
             else:
-                said = "" if pred is None else str(pred).lower().strip()
+                said = str(pred).lower().strip()
                 said_yes, said_no = said == "yes", said == "no"
             out.append({"correct": float(said_yes if target else said_no), "pred_yes": float(said_yes),
-                        "pred_no": float(said_no), "target_yes": float(target)})
+                        "pred_no": float(said_no), "target_yes": float(target),
+                        "failed": float(pred is None)})
         return out
     return yes_no_scores
 
@@ -65,9 +69,10 @@ def yes_no_aggregator(definition: str):
     def yes_no_aggregate(columns: dict[str, np.ndarray], groups: np.ndarray) -> dict[str, float]:
         pred, gold = columns["pred_yes"], columns["target_yes"]
         no = columns.get("pred_no", 1.0 - pred)  # samples files written before pred_no existed
+        failed = columns.get("failed", np.zeros_like(pred))  # ... and before failed existed
         tp = float((pred * gold).sum())
         precision = _ratio(tp, float(pred.sum()))
-        recall = _ratio(tp, tp + float((no * gold).sum()))
+        recall = _ratio(tp, tp + float(((no + failed) * gold).sum()))
         return {
             "accuracy": float(columns["correct"].mean()),
             "precision": precision,
