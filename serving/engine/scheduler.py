@@ -18,6 +18,10 @@ from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.sequence import Sequence, SequenceStatus
 
+# how a user makes the pool bigger, in the server's words and the Python API's
+POOL_FIX = ("raise graft serve's --num-kv-blocks or --kv-cache-memory (EngineConfig.num_kv_blocks "
+            "or kv_cache_memory)")
+
 
 @dataclass
 class ScheduledBatch:
@@ -128,9 +132,8 @@ class Scheduler:
             seq = self.waiting[0]
             if self.bm.blocks_for(len(seq) + 1) > self.bm.num_blocks:
                 self.finish(seq, "length" if seq.num_output_tokens else "error",
-                            f"request {seq.request_id!r} needs {len(seq) + 1} tokens of KV cache "
-                            f"but the pool holds {self.bm.num_blocks * self.bm.block_size}; "
-                            "raise EngineConfig.num_kv_blocks or kv_cache_memory")
+                            f"the prompt needs {len(seq) + 1} tokens of KV cache but the pool "
+                            f"holds {self.bm.num_blocks * self.bm.block_size}; {POOL_FIX}")
                 finished.append(seq)
                 continue
             # a sequence whose KV came from another engine arrives with its blocks; one that
@@ -178,8 +181,7 @@ class Scheduler:
                 self._preempt(victims[-1])
                 continue
             if self.bm.blocks_for(len(seq) + 1) > self.bm.num_blocks or len(self.running) == 1:
-                self.finish(seq, "length", "KV cache pool is full for this sequence; raise "
-                            "EngineConfig.num_kv_blocks or kv_cache_memory")
+                self.finish(seq, "length", f"KV cache pool is full for this sequence; {POOL_FIX}")
                 finished.append(seq)
             else:
                 self._preempt(seq)

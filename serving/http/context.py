@@ -39,6 +39,9 @@ class ServerSettings:
     max_queued_requests: int | None = None  # waiting for a first token beyond this -> 429
     max_queued_tokens: int | None = None  # their prompt tokens beyond this -> 429
     request_body_timeout_s: float = 60.0  # a body still arriving after this -> 408
+    # a request line + headers over this -> 431 (uvicorn only bounds a header block that has
+    # not yet arrived whole: one that comes in one read passes its limit)
+    max_header_bytes: int | None = None
     request_timeout_s: float | None = 600.0  # answer not complete this long after arrival: 408
     kv_transfer: object = None  # fleet.pd.KVTransferConfig: this worker's P/D role (None: none)
     advertised_address: tuple[str, int] = ("127.0.0.1", 8000)  # how other workers reach this one
@@ -77,9 +80,6 @@ class ServerContext:
         self.max_model_len = engine.max_model_len
         self.max_prompt_chars = prompt_char_bound(self.tokenizer, self.max_model_len)
         self.responses = ResponseStore(settings.responses_store_bytes)
-        # every allowed image as base64 (4/3) plus generous room for the text
-        self.max_body_bytes = (settings.limit_images_per_prompt * settings.media.max_image_bytes
-                               * 4 // 3 + (8 << 20))
         self.metrics = ServerMetrics({
             "graft_queue_depth": ("Requests waiting for their first token.",
                                   lambda: self.worker.queue_depth()),
@@ -140,6 +140,14 @@ class ServerContext:
     def image_pool(self, urls: list[str]):
         """The pool that prepares a request with these image URLs."""
         return self.remote_media_pool if any(map(is_remote, urls)) else self.media_pool
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Every allowed image as base64 (4/3), where a served model takes images, plus
+        generous room for the text."""
+        images = any(front is not None for front in self.models.values())
+        per_image = self.settings.media.max_image_bytes * 4 // 3 if images else 0
+        return self.settings.limit_images_per_prompt * per_image + (8 << 20)
 
     def prepare(self, req, front):
         """The EngineRequest of a parsed chat (chat_request.to_engine_request), text

@@ -193,7 +193,7 @@ def build(args: argparse.Namespace):
         auth_health=args.auth_health, auth_metrics=args.auth_metrics,
         max_queued_requests=args.max_queued_requests, max_queued_tokens=args.max_queued_tokens,
         request_body_timeout_s=args.request_body_timeout_s,
-        request_timeout_s=args.request_timeout_s,
+        request_timeout_s=args.request_timeout_s, max_header_bytes=args.max_header_bytes,
         kv_transfer=kv_transfer, advertised_address=advertised_address(args, kv_transfer),
         encoder_cache_peers=tuple(getattr(args, "encoder_cache_peers", None) or ()))
     app = build_app(engine, settings)

@@ -46,7 +46,8 @@ def build_app(engine, settings: ServerSettings | None = None) -> FastAPI:
     app.state.ctx = ctx
     _install_error_handlers(app, ctx)
     app.add_middleware(RequestGuard, allowed_hosts=ctx.settings.allowed_hosts,
-                       on_refused=ctx.metrics.errors_4xx.inc)
+                       on_refused=ctx.metrics.errors_4xx.inc,
+                       max_header_bytes=ctx.settings.max_header_bytes)
     keyed = [Depends(APIKeys(ctx.settings.api_keys).require)]
     app.include_router(ops.health_router, dependencies=keyed if ctx.settings.auth_health else [])
     app.include_router(v1.router, dependencies=keyed)  # every /v1 route

@@ -7,6 +7,7 @@ Every 4xx the server sends is an `APIError` rendered as {"error": {message, type
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
@@ -277,8 +278,15 @@ def _loc_to_param(loc: tuple) -> str:
 
 
 def _deepest(errors: list[dict]) -> dict:
-    # A union reports one error per branch; the branch that got furthest is the one meant.
-    return max(errors, key=lambda e: len(_loc_to_param(tuple(e.get("loc", ())))))
+    # A union reports one error per branch; the branch that got furthest is the one meant:
+    # the deepest, then the one that failed at a later item (["a", 5] is a list of texts
+    # with a bad prompt[1], not a list of ids with a bad prompt[0])
+    def progress(e: dict) -> tuple:
+        loc = tuple(e.get("loc", ()))
+        path = _loc_to_param(loc)
+        return path.count(".") + path.count("["), len(path), [i for i in loc if isinstance(i, int)]
+
+    return max(errors, key=progress)
 
 
 MAX_JSON_DEPTH = 32  # a chat request nests 6 deep; deeper bodies are refused, not recursed
@@ -333,8 +341,14 @@ def refusal_of(err: ValidationError) -> APIError:
     first = _deepest(err.errors())
     param = _loc_to_param(tuple(first.get("loc", ())))
     msg = first.get("msg", "invalid value")
-    return APIError(f"invalid value for '{param}': {msg}", param=param or None,
-                    code="invalid_value")
+    value = first.get("input")
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON readers take NaN and Infinity; every range check then fails in a way that
+        # misleads ("should be less than or equal to 2" for NaN)
+        msg = f"must be a finite number, got {value}"
+    if not param:  # a check of the body as a whole: its message names the fields
+        return APIError(msg.removeprefix("Value error, "), code="invalid_value")
+    return APIError(f"invalid value for '{param}': {msg}", param=param, code="invalid_value")
 
 
 IMAGE_MARKER = "<image>"  # graft.template's marker; kept literal so this module stays light

@@ -52,14 +52,17 @@ def _is_json(content_type: str) -> bool:
 
 
 class RequestGuard:
-    """ASGI middleware: Host allow-list (when `allowed_hosts` is not empty), then JSON-only
-    request bodies. `on_refused()` counts each refusal."""
+    """ASGI middleware: the size of the request head (when `max_header_bytes` is set), the
+    Host allow-list (when `allowed_hosts` is not empty), then JSON-only request bodies.
+    `on_refused()` counts each refusal."""
 
-    def __init__(self, app, allowed_hosts: tuple[str, ...], on_refused=lambda: None):
+    def __init__(self, app, allowed_hosts: tuple[str, ...], on_refused=lambda: None,
+                 max_header_bytes: int | None = None):
         """`allowed_hosts`: host names (allowed_host_names), empty: any."""
         self.app = app
         self.allowed = frozenset(allowed_hosts)
         self.on_refused = on_refused
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
@@ -70,6 +73,16 @@ class RequestGuard:
         return await self.app(scope, receive, send)
 
     def _refusal(self, scope) -> APIError | None:
+        if self.max_header_bytes is not None:
+            # as sent: "METHOD target HTTP/1.1", then "name: value" lines, each with its CRLF
+            size = (len(scope["method"]) + len(scope.get("raw_path") or b"")
+                    + len(scope.get("query_string") or b"") + 12
+                    + sum(len(k) + len(v) + 4 for k, v in scope.get("headers", ())))
+            if size > self.max_header_bytes:
+                return APIError(f"the request line and headers are {size} bytes, over this "
+                                f"server's {self.max_header_bytes} (--max-header-bytes); send "
+                                "fewer or shorter headers", status=431, param=None,
+                                code="headers_too_large", headers={"Connection": "close"})
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", ())}
         host = headers.get("host", "")

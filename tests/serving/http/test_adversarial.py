@@ -180,3 +180,79 @@ def test_a_huge_completions_prompt_is_refused_before_it_is_tokenized(live_server
         "model": "tiny", "prompt": "a" * (ctx.max_prompt_chars + 1)})
     err = _error(resp, 400, "prompt")
     assert err["code"] == "context_length_exceeded" and calls == []
+
+
+@pytest.fixture(scope="module")
+def small_pool_server(tiny_run_dir):
+    """A context of 256 tokens over a KV pool of 64: a prompt can fit one and not the other."""
+    import argparse
+
+    from graft.serving.http import serve_cli
+    from tests.serving.http.conftest import LiveServer
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    args = parser.parse_args([str(tiny_run_dir), "--served-model-name", "tiny",
+                              "--max-model-len", "256", "--num-kv-blocks", "4",
+                              "--block-size", "16"])
+    with LiveServer(serve_cli.build(args)) as server:
+        yield server
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": [5] * 100}, "prompt"),
+    ("/v1/completions", {"prompt": [[5] * 3, [5] * 100]}, "prompt[1]"),
+    (URL, {"messages": [{"role": "user", "content": "word " * 30}]}, "messages"),
+    ("/v1/responses", {"input": "word " * 30}, "input"),
+])
+def test_a_prompt_over_the_kv_pool_names_its_field_and_the_flag(small_pool_server, path, body,
+                                                                 param):
+    resp = httpx.post(small_pool_server.url + path, timeout=60,
+                      json={"model": "tiny", "max_tokens": 2, **body})
+    err = _error(resp, 400, param)
+    assert "tokens of KV cache but the pool holds 64" in err["message"]
+    assert "--num-kv-blocks" in err["message"] and "chatcmpl" not in err["message"]
+    ok = httpx.post(small_pool_server.url + URL, timeout=60,  # and the server goes on
+                    json={"model": "tiny", "messages": HELLO, "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty",
+                                   "frequency_penalty"])
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_named_as_such(live_server, field, token):
+    raw = '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "%s": %s}' % (
+        field, token)
+    resp = httpx.post(live_server.url + URL, content=raw.encode(), timeout=60,
+                      headers={"content-type": "application/json"})
+    assert "must be a finite number" in _error(resp, 400, field)["message"]
+
+
+def test_a_whole_body_refusal_reads_as_its_own_words(live_server):
+    resp = httpx.post(live_server.url + "/v1/embeddings", timeout=60, json={
+        "model": "tiny", "input": "a", "messages": HELLO})
+    err = _error(resp, 400)
+    assert err["message"].startswith("send exactly one of input"), err
+
+
+def test_a_text_only_server_takes_no_room_for_images(plain_server):
+    """The body limit is the images a model may carry plus 8 MiB: 8 MiB where none can."""
+    assert plain_server.app.state.ctx.max_body_bytes == 8 << 20
+    body = b'{"model": "plain", "messages": [{"role": "user", "content": "%s"}]}' % (
+        b"a" * (9 << 20))
+    resp = httpx.post(plain_server.url + URL, content=body, timeout=60,
+                      headers={"content-type": "application/json"})
+    assert _error(resp, 413)["message"]
+
+
+def test_headers_over_the_limit_are_a_431_even_when_they_arrive_at_once(live_server):
+    """uvicorn bounds only a header block still arriving (h11's incomplete-event size); the
+    guard counts the whole head against --max-header-bytes (16 KiB here)."""
+    resp = httpx.post(live_server.url + URL, timeout=60, json={
+        "model": "tiny", "messages": HELLO, "max_tokens": 1},
+        headers={"x-padding": "p" * 40_000})
+    err = _error(resp, 431)
+    assert err["code"] == "headers_too_large" and "--max-header-bytes" in err["message"]
+    ok = httpx.post(live_server.url + URL, timeout=60, json={
+        "model": "tiny", "messages": HELLO, "max_tokens": 1}, headers={"x-padding": "p" * 8000})
+    assert ok.status_code == 200, ok.text
