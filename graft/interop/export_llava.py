@@ -132,12 +132,13 @@ def export_llava(run_dir: str | Path, out: str | Path) -> dict:
                               LlavaConfig, LlavaProcessor)
 
     from graft.adapters import load_adapter
-    from graft.interop.extract import write_dir_atomically
+    from graft.interop.extract import check_output_dir, write_dir_atomically
     from graft.io import atomic_write_json
     from graft.run_dir import RunDir
     from graft.spec import GraftSpec
 
     run, out = RunDir.open(run_dir), Path(out)
+    check_output_dir(out, "graft_export.json")  # before minutes of loading
     run_dir, spec = run.path, run.load_spec()
     llm_path = Path(GraftSpec.expand(spec.llm.path))
     text = AutoConfig.from_pretrained(str(llm_path))

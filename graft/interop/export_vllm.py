@@ -79,7 +79,7 @@ def export_vllm(run_dir: str | Path, out: str | Path) -> dict:
 
     from graft.image_path import ImagePath
     from graft.interop.export_llava import _llm_tensors
-    from graft.interop.extract import write_dir_atomically
+    from graft.interop.extract import check_output_dir, write_dir_atomically
     from graft.io import atomic_write_json, atomic_write_text
     from graft.run_dir import RunDir
     from graft.serving.vllm_plugin.geometry import (CONFIG_KEY, GRAFT_SUBDIR, ImageTokenCounter,
@@ -89,6 +89,7 @@ def export_vllm(run_dir: str | Path, out: str | Path) -> dict:
     import yaml
 
     run, out = RunDir.open(run_dir), Path(out)
+    check_output_dir(out, MARKER)  # before minutes of loading
     spec = run.load_spec()
     llm_path = Path(GraftSpec.expand(spec.llm.path))
     config = json.loads((llm_path / "config.json").read_text())

@@ -16,10 +16,11 @@ import torch
 from graft.encoders.moonvit_weights import (CheckpointReader, load_projector_state,
                                             load_vision_state, read_vision_config)
 from graft.errors import GraftConfigError
-from graft.io import atomic_write_dir, atomic_write_json
+from graft.io import atomic_write_dir, atomic_write_json, check_output_path
 
 PARTS = ("vision", "projector", "both")
 MARKER = "graft_extract.json"  # written into every extracted encoder dir
+SUMMARY = "extract.json"  # OUT's own marker: a dir holding it was written by graft extract
 KIMI_TYPES = ("kimi_k25", "kimi_vl")
 LLAVA_TYPES = ("llava",)
 TOWER_KINDS = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
@@ -104,14 +105,22 @@ def llava_projector_adapter(reader: CheckpointReader, config: dict, d_model: int
     return _mlp_adapter(tensors, d_model, seed)
 
 
+def check_output_dir(out: Path, marker: str) -> None:
+    """Refuse (one line) an OUT that cannot be written as a dir, or a non-empty one without
+    `marker` (not written by graft: a user's files are never replaced). Called before any work,
+    and again by write_dir_atomically just before the swap."""
+    check_output_path(out, "dir")
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
+        raise GraftConfigError(f"{out} exists and was not written by graft (no {marker}); "
+                               "choose an empty or new output dir")
+
+
 def write_dir_atomically(out: Path, write, marker: str) -> None:
     """Build the dir in a sibling temp dir and move it into place: no half-written parts.
 
     An existing non-empty `out` is replaced only if it holds `marker` (graft wrote it).
     """
-    if out.exists() and any(out.iterdir()) and not (out / marker).is_file():
-        raise GraftConfigError(f"{out} exists and was not written by graft (no {marker}); "
-                               "choose an empty or new output dir")
+    check_output_dir(out, marker)
     atomic_write_dir(out, write)
 
 
@@ -203,6 +212,9 @@ def extract(donor: str | Path, out: str | Path, part: str = "both",
     """Write OUT/vision (an encoder dir) and/or OUT/projector (an adapter dir); returns and
     saves OUT/extract.json with the encoder/adapter spec blocks and the shards read.
 
+    OUT must be new, empty or an earlier extract (it holds extract.json), which is replaced
+    whole; any other non-empty dir is refused before the donor is read, as `graft export` does.
+
     With `target_llm` (an HF LLM dir), the projector's last Linear is re-made (seeded) for
     that LLM's width; the donor's pre-norm and first Linear are kept.
     """
@@ -212,23 +224,29 @@ def extract(donor: str | Path, out: str | Path, part: str = "both",
 
     donor, out = Path(donor), Path(out)
     config = donor_config(donor)
+    check_output_dir(out, SUMMARY)  # before reading any tensor
+    d_model = _hidden_size(target_llm) if target_llm is not None and part != "vision" else None
     reader = CheckpointReader(donor)
     summary: dict = {"donor": str(donor), "model_type": config["model_type"], "part": part}
     kimi = config["model_type"] in KIMI_TYPES
-    if part in ("vision", "both"):
-        summary["encoder"] = (_extract_kimi_vision(reader, out / "vision") if kimi
-                              else _extract_llava_vision(reader, config, out / "vision"))
-    if part in ("projector", "both"):
-        d_model = _hidden_size(target_llm) if target_llm is not None else None
-        adapter = (kimi_projector_adapter(reader, d_model, seed) if kimi
-                   else llava_projector_adapter(reader, config, d_model, seed))
-        save_adapter(adapter, out / "projector")
-        summary["adapter"] = {**adapter.config.to_dict(), "path": str(out / "projector"),
-                              "d_vision": adapter.d_vision, "d_model": adapter.d_model}
-        if target_llm is not None:
-            summary["adapter"]["seeded_for"] = str(target_llm)
-    summary["shards_read"] = sorted(reader.opened)
-    atomic_write_json(out / "extract.json", summary)
+
+    def write(tmp: Path) -> None:  # OUT is built whole, then swapped in: a previous extract
+        if part in ("vision", "both"):  # is replaced, never merged with this one
+            summary["encoder"] = (_extract_kimi_vision(reader, tmp / "vision") if kimi
+                                  else _extract_llava_vision(reader, config, tmp / "vision"))
+            summary["encoder"]["path"] = str(out / "vision")
+        if part in ("projector", "both"):
+            adapter = (kimi_projector_adapter(reader, d_model, seed) if kimi
+                       else llava_projector_adapter(reader, config, d_model, seed))
+            save_adapter(adapter, tmp / "projector")
+            summary["adapter"] = {**adapter.config.to_dict(), "path": str(out / "projector"),
+                                  "d_vision": adapter.d_vision, "d_model": adapter.d_model}
+            if target_llm is not None:
+                summary["adapter"]["seeded_for"] = str(target_llm)
+        summary["shards_read"] = sorted(reader.opened)
+        atomic_write_json(tmp / SUMMARY, summary)
+
+    write_dir_atomically(out, write, SUMMARY)
     return summary
 
 

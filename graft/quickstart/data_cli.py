@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training digits (0: all not held out)")
     parser.add_argument("--image-size", type=int, default=d.image_size, help="PNG side in pixels")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace what --out already holds (refused without it)")
+                        help="replace what --out already holds, as a whole (refused without it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,16 +30,22 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from graft.errors import GraftConfigError
-    from graft.quickstart.data import data_is_current
+    from graft.io import atomic_write_dir, check_output_path
+    from graft.quickstart.data import data_is_current, validate
 
     out = Path(args.out)
+    validate(params)
     if data_is_current(out, params):  # the same seed and sizes: the same files
         print(f"{args.out} already holds this data (same parameters): nothing written")
         return 0
+    check_output_path(out, "dir")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise GraftConfigError(f"--out {args.out} is not empty; --overwrite replaces the "
                                "quickstart data there, or pick a new folder with --out")
-    meta = write_quickstart_data(args.out, params)
+    meta: dict = {}
+    # built in a temp dir beside --out and renamed at the end: Ctrl-C leaves no partial --out
+    # that a rerun would have to --overwrite (the JSON files hold paths relative to --out)
+    atomic_write_dir(out, lambda tmp: meta.update(write_quickstart_data(tmp, params)))
     evals = ", ".join(f"{k} {v}" for k, v in meta["eval"].items())
     print(f"wrote {args.out}: train.json {meta['train_samples']} samples, "
           f"val.json {meta['val_samples']}, eval: {evals}")

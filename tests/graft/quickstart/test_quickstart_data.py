@@ -131,7 +131,7 @@ def test_cli(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert cli_main(["data", "quickstart", "--out", str(blocker / "d")]) == 2
-    assert "cannot create the folder" in capsys.readouterr().err
+    assert f"{blocker} is a file, not a folder" in capsys.readouterr().err
     out = tmp_path / "d"
     assert cli_main(["data", "quickstart", "--out", str(out), "--seed", "2", "--train-scenes", "3",
                      "--val-scenes", "2", "--digits-test", "4", "--digits-train", "5",
@@ -150,3 +150,26 @@ def test_cli(tmp_path, capsys):
     assert cli_main(["data", "quickstart", "--out", str(out), "--seed", "3", "--overwrite",
                      *small]) == 0
     assert json.loads((out / "meta.json").read_text())["params"]["seed"] == 3
+
+
+def test_cli_interrupted_leaves_no_partial_out_and_a_rerun_needs_no_overwrite(tmp_path, capsys,
+                                                                            monkeypatch):
+    import graft.quickstart.data as data
+
+    small = ["--train-scenes", "3", "--val-scenes", "2", "--digits-test", "4", "--digits-train",
+             "5", "--image-size", "48"]
+    out = tmp_path / "dq"
+
+    def ctrl_c(*args):  # after the scene PNGs, before any JSON: the old code left images/ only
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data, "digit_image", ctrl_c)
+    assert cli_main(["data", "quickstart", "--out", str(out), *small]) == 130
+    assert "graft data quickstart: interrupted;" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # neither --out nor its temp dir
+    monkeypatch.undo()
+    assert cli_main(["data", "quickstart", "--out", str(out), *small]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["eval", "images", "meta.json", "train.json",
+                                                     "val.json"]
+    sample = json.loads((out / "train.json").read_text())[0]
+    assert (out / sample["image"]).is_file()  # paths stay relative to --out, not the temp dir
