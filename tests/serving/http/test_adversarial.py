@@ -185,17 +185,11 @@ def test_a_huge_completions_prompt_is_refused_before_it_is_tokenized(live_server
 @pytest.fixture(scope="module")
 def small_pool_server(tiny_run_dir):
     """A context of 256 tokens over a KV pool of 64: a prompt can fit one and not the other."""
-    import argparse
+    from tests.serving.http.conftest import LiveServer, serve_app
 
-    from graft.serving.http import serve_cli
-    from tests.serving.http.conftest import LiveServer
-
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    args = parser.parse_args([str(tiny_run_dir), "--served-model-name", "tiny",
+    with LiveServer(serve_app(str(tiny_run_dir), "--served-model-name", "tiny",
                               "--max-model-len", "256", "--num-kv-blocks", "4",
-                              "--block-size", "16"])
-    with LiveServer(serve_cli.build(args)) as server:
+                              "--block-size", "16")) as server:
         yield server
 
 
