@@ -6,12 +6,13 @@ from pathlib import Path
 
 from graft.errors import GraftDataError
 from graft.evals.metrics import METRICS
-from graft.evals.report import format_table, read_results, read_samples
-from graft.evals.stats import columns_of, group_index, paired_bootstrap
+from graft.evals.report import format_ci, format_table, read_results, read_samples
+from graft.evals.stats import check_n_boot, columns_of, group_index, paired_bootstrap
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path, n_boot: int = 1000, seed: int = 0) -> dict:
     """Per shared task: B - A on the samples both runs answered (matched by sample id)."""
+    check_n_boot(n_boot)
     dir_a, dir_b = Path(run_a), Path(run_b)
     res_a, res_b = read_results(dir_a), read_results(dir_b)
     dir_a = dir_a if dir_a.is_dir() else dir_a.parent
@@ -22,6 +23,9 @@ def compare_runs(run_a: str | Path, run_b: str | Path, n_boot: int = 1000, seed:
     out = {"a": str(run_a), "b": str(run_b), "tasks": {}}
     for task in shared:
         metric_name = res_a["tasks"][task]["metrics"][0]
+        if metric_name not in METRICS:
+            raise GraftDataError(f"{dir_a}: task {task} names metric {metric_name!r}, which this graft "
+                                 f"does not have ({', '.join(METRICS)})")
         metric = METRICS[metric_name]
         rows_a = {r["id"]: r for r in read_samples(dir_a, task)}
         rows_b = {r["id"]: r for r in read_samples(dir_b, task)}
@@ -41,7 +45,6 @@ def compare_runs(run_a: str | Path, run_b: str | Path, n_boot: int = 1000, seed:
 def compare_table(report: dict) -> str:
     rows = []
     for task, t in report["tasks"].items():
-        lo, hi = t["ci"]
         rows.append([task, t["metric"], t["n"], f"{t['a']:.4f}", f"{t['b']:.4f}", f"{t['delta']:+.4f}",
-                     f"[{lo:+.4f}, {hi:+.4f}]"])
+                     format_ci(t["ci"], "+.4f")])
     return format_table(["task", "metric", "n", "A", "B", "B-A", "95% CI"], rows)

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-root", default=None, help="folder task data paths are relative to")
     parser.add_argument("--base-llm", default=None, help="frozen LLM dir for reference: base_llm tasks")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap and sampling seed")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for CIs")
+    parser.add_argument("--bootstrap", type=int, default=1000,
+                        help="bootstrap resamples for CIs (0: no CI)")
     parser.add_argument("--cache", default=None, help="response cache file (default ~/.cache/graft/...)")
     parser.add_argument("--no-cache", action="store_true", help="always ask the model")
     parser.add_argument("--endpoint-model", default=None, help="model name sent to the endpoint")

@@ -11,7 +11,9 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from graft.io import atomic_write_json, atomic_write_text
+from graft.errors import GraftConfigError, GraftDataError
+from graft.io import atomic_write_json, atomic_write_text, check_writable_dir
+from graft.loads import json_loads
 
 _PACKAGES = ("graft-vlm", "torch", "transformers", "timm", "numpy", "pillow", "httpx", "safetensors", "peft")
 REPO_DIR = Path(__file__).resolve().parents[1]
@@ -56,6 +58,19 @@ def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def check_out_dir(path: str | Path, flag: str = "--out") -> None:
+    """Before any work: `path` must be a folder, or creatable as one, that this process can
+    write (probed in its nearest existing folder). Creates nothing."""
+    path = Path(path)
+    probe = path
+    while not probe.exists() and probe != probe.parent:  # exists() is False under a file, too
+        probe = probe.parent
+    if not probe.is_dir():
+        under = "" if probe == path else f" ({probe} is a file)"
+        raise GraftConfigError(f"{flag} {path} is not a folder{under}; give a folder path")
+    check_writable_dir(probe, f"{flag} {path}: folder", f"give {flag} a folder you can write")
+
+
 def write_samples(out_dir: Path, task: str, rows: list[dict]) -> Path:
     path = out_dir / f"samples_{task}.jsonl"
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
@@ -68,23 +83,45 @@ def write_results(out_dir: Path, results: dict) -> Path:
     return path
 
 
-def read_results(run: str | Path) -> dict:
-    from graft.errors import GraftDataError
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise GraftDataError(f"{path}: cannot read it ({err}); point at a `graft eval --out` folder") from None
 
+
+def read_results(run: str | Path) -> dict:
+    """A results.json (or the folder holding one), checked to be what `graft eval` writes."""
     path = Path(run)
     path = path / "results.json" if path.is_dir() else path
     if not path.is_file():
         raise GraftDataError(f"{path} does not exist: point at an eval --out folder or its results.json")
-    return json.loads(path.read_text())
+    results = json_loads(_read_text(path), str(path), GraftDataError)
+    tasks = results.get("tasks") if isinstance(results, dict) else None
+    bad = not isinstance(tasks, dict) or any(
+        not isinstance(t, dict) or not isinstance(t.get("metrics"), list) or not t["metrics"]
+        for t in tasks.values())
+    if bad:
+        raise GraftDataError(f"{path} is not a `graft eval` results.json (no tasks.NAME.metrics); "
+                             "point at a `graft eval --out` folder or rerun that eval")
+    return results
 
 
 def read_samples(run_dir: Path, task: str) -> list[dict]:
-    from graft.errors import GraftDataError
-
+    """The rows of samples_<task>.jsonl; a bad line (a truncated file) is named by number."""
     path = run_dir / f"samples_{task}.jsonl"
     if not path.is_file():
         raise GraftDataError(f"{path} is missing: compare needs the samples files next to results.json")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for lineno, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json_loads(line, f"{path}:{lineno}", GraftDataError)
+        if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("scores"), dict):
+            raise GraftDataError(f"{path}:{lineno}: not a `graft eval` sample row (an object with "
+                                 "id and scores); rerun that eval")
+        rows.append(row)
+    return rows
 
 
 def format_table(headers: list[str], rows: list[list]) -> str:
@@ -95,9 +132,13 @@ def format_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def format_ci(ci: list[float] | None, fmt: str = ".4f") -> str:
+    """"[lo, hi]", or "-" for a run with --bootstrap 0 (no interval)."""
+    return "-" if ci is None else f"[{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
+
+
 def results_table(results: dict) -> str:
     rows = []
     for name, t in results["tasks"].items():
-        lo, hi = t["ci"]
-        rows.append([name, t["metric"], f"{t['score']:.4f}", f"[{lo:.4f}, {hi:.4f}]", t["n"], t["n_errors"]])
+        rows.append([name, t["metric"], f"{t['score']:.4f}", format_ci(t["ci"]), t["n"], t["n_errors"]])
     return format_table(["task", "metric", "score", "95% CI", "n", "errors"], rows)

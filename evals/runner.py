@@ -11,8 +11,16 @@ from graft.evals.backends import Request, Result, make_backend
 from graft.evals.cache import ResponseCache, cache_key
 from graft.evals.dataset import Sample, load_samples
 from graft.evals.metrics import METRICS
-from graft.evals.report import git_state, hardware, now_utc, package_versions, write_results, write_samples
-from graft.evals.stats import bootstrap_ci, columns_of, group_index
+from graft.evals.report import (
+    check_out_dir,
+    git_state,
+    hardware,
+    now_utc,
+    package_versions,
+    write_results,
+    write_samples,
+)
+from graft.evals.stats import bootstrap_ci, check_n_boot, columns_of, group_index
 from graft.evals.task import TaskSpec, get_task, load_hooks
 
 
@@ -187,6 +195,9 @@ def run_eval(model_or_backend, tasks: list[str], data_root=None, out_dir=None, l
         raise GraftConfigError("no tasks given: pass --tasks a,b (see `graft eval --list`)")
     if limit is not None and limit < 1:
         raise GraftConfigError(f"--limit must be >= 1, got {limit}")
+    check_n_boot(n_boot)
+    if out_dir is not None:  # a file or unwritable place fails now, not after the first task
+        check_out_dir(out_dir)
     specs = [get_task(t) for t in tasks]
     task_samples = [load_samples(s, data_root, limit) for s in specs]  # all data errors before any model load
     model = make_backend(model_or_backend, backend, device=device, quantization=quantization,

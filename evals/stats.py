@@ -6,6 +6,8 @@ from typing import Callable
 
 import numpy as np
 
+from graft.errors import GraftConfigError
+
 Aggregate = Callable[[dict[str, np.ndarray], np.ndarray], dict[str, float]]
 
 
@@ -18,6 +20,14 @@ def group_index(group_names: list[str]) -> np.ndarray:
     """Group names -> int labels in order of first appearance."""
     labels: dict[str, int] = {}
     return np.array([labels.setdefault(g, len(labels)) for g in group_names], dtype=np.int64)
+
+
+def check_n_boot(n_boot: int) -> int:
+    """0 resamples is allowed and means no confidence interval (ci: null); fewer is a mistake."""
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
+        raise GraftConfigError(f"--bootstrap (n_boot) must be a whole number >= 0, got {n_boot!r}; "
+                               "0 skips the confidence intervals")
+    return n_boot
 
 
 def _resamples(groups: np.ndarray, n_boot: int, seed: int):
@@ -38,8 +48,10 @@ def _resamples(groups: np.ndarray, n_boot: int, seed: int):
 
 
 def bootstrap_ci(aggregate: Aggregate, columns: dict[str, np.ndarray], groups: np.ndarray,
-                 n_boot: int = 1000, seed: int = 0, confidence: float = 0.95) -> dict[str, list[float]]:
-    """Percentile CI of every aggregate key over resamples of the groups."""
+                 n_boot: int = 1000, seed: int = 0, confidence: float = 0.95) -> dict[str, list[float] | None]:
+    """Percentile CI of every aggregate key over resamples of the groups (None for each with n_boot=0)."""
+    if check_n_boot(n_boot) == 0:
+        return dict.fromkeys(aggregate(columns, groups))
     draws: dict[str, list[float]] = {}
     for idx, labels in _resamples(groups, n_boot, seed):
         for key, value in aggregate({k: v[idx] for k, v in columns.items()}, labels).items():
@@ -55,9 +67,11 @@ def paired_bootstrap(aggregate: Aggregate, key: str, cols_a: dict[str, np.ndarra
 
     Both runs are resampled with the same indices, so per-sample correlation between them
     narrows the interval the way it should. `p_not_better` is the share of draws where B
-    does not beat A.
+    does not beat A. With n_boot=0 both are None (no interval).
     """
     point = aggregate(cols_b, groups)[key] - aggregate(cols_a, groups)[key]
+    if check_n_boot(n_boot) == 0:
+        return {"delta": float(point), "ci": None, "p_not_better": None}
     deltas = []
     for idx, labels in _resamples(groups, n_boot, seed):
         a = aggregate({k: v[idx] for k, v in cols_a.items()}, labels)[key]
