@@ -154,6 +154,11 @@ class GraftSpec:
                 raise GraftConfigError(f"{dotted}={value!r}: must be a finite number, {hint}")
             if value is not None and not ok(value):
                 raise GraftConfigError(f"{dotted}={value!r}: must be {hint}")
+        if self.train.lr * self.train.weight_decay >= 1:
+            raise GraftConfigError(
+                f"train.weight_decay={self.train.weight_decay:g} with train.lr={self.train.lr:g}: "
+                "AdamW scales every weight by 1 - lr * weight_decay a step, so their product "
+                "must be < 1 (typical: weight_decay 0.0 to 0.1)")
         if self.train.cpu_offload and self.train.sharding != "fsdp":
             raise GraftConfigError("train.cpu_offload=true offloads FSDP shards; it needs "
                                    "train.sharding=fsdp (or set train.cpu_offload=false)")
@@ -185,7 +190,9 @@ _CHOICES = {
     "train.sharding": ("none", "fsdp"),
 }
 _RANGES = {
-    "train.lr": (lambda v: v > 0, "> 0"),
+    # AdamW moves a weight by about lr a step: past 10 a run only diverges (past ~1e37 the
+    # optimizer's own float32 arithmetic overflows)
+    "train.lr": (lambda v: 0 < v <= 10, "> 0 and <= 10"),
     "train.weight_decay": (lambda v: v >= 0, ">= 0"),
     "train.batch_size": (lambda v: v >= 1, ">= 1"),
     "train.grad_accum": (lambda v: v >= 1, ">= 1"),

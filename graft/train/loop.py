@@ -193,12 +193,15 @@ class Trainer:
         # the norm before clipping; max_grad_norm 0 measures it without clipping
         grad_norm = float(self.accel.clip_grad_norm_(self.trainable, spec.train.max_grad_norm or math.inf))
         lr = self.scheduler.get_last_lr()[0]  # the rate this step applies
+        p = self.progress
+        p.end_step()
+        # before the update: a non-finite loss or gradient would write NaN into the weights
+        if not (math.isfinite(p.step_loss) and math.isfinite(grad_norm)):
+            self._diverged(f"the loss is {p.step_loss:g} and the gradient norm {grad_norm:g}", lr)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        p = self.progress
-        p.end_step()
         validate = bool(self.batcher.val_samples) and (self.step == self.total_steps or (
             spec.train.eval_every and self.step % spec.train.eval_every == 0))
         if validate:
@@ -220,6 +223,20 @@ class Trainer:
             done = self.micro == n_batches  # the epoch's last micro-batch: resume at the next
             self._save_checkpoint({"epoch": self.epoch + 1, "micro": 0} if done
                                   else {"epoch": self.epoch, "micro": self.micro})
+
+    def _diverged(self, what: str, lr: float) -> None:
+        """GraftError for a step that went non-finite: nothing of it is applied or saved, so the
+        checkpoints on disk (and no final adapter) are what stays."""
+        from graft.errors import GraftError
+
+        ckpt = latest_checkpoint(self.run_dir)
+        kept = (f"the newest good checkpoint {ckpt} is kept" if ckpt is not None
+                else "no checkpoint was saved")
+        raise GraftError(
+            f"training diverged at step {self.step + 1}: {what}; nothing of this step was saved "
+            f"({kept}, no adapter.safetensors written); lower train.lr (now "
+            f"{self.spec.train.lr:g}, {lr:.3g} at this step) or keep gradient clipping on "
+            "(train.max_grad_norm > 0), then train again with --overwrite")
 
     def _validate(self) -> None:
         """Validation loss; on the main process, or on every rank when the LLM is sharded

@@ -65,7 +65,7 @@ def test_train_set_lr_inf_is_one_line(tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text("encoder: {kind: timm}\nllm: {path: /llm}\n")
     fails(capsys, ["train", str(spec), "--set", "train.lr=inf", "--dry-run"],
-          "train.lr=inf: must be a finite number, > 0")
+          "train.lr=inf: must be a finite number, > 0 and <= 10")
 
 
 @pytest.mark.parametrize("command", ["/set temperature nan", "/set top_p nan",

@@ -25,6 +25,11 @@ def spec(**train):
     ({"lora": {"dropout": 1.0}}, "train.lora.dropout=1.0: must be in [0, 1)"),
     ({"lora": {"target_modules": "q_proj"}}, "train.lora.target_modules='q_proj': expected a list"),
     ({"max_steps": 0}, "train.max_steps=0: must be >= 1 or null"),
+    # AdamW's step at lr 1e39 overflows float32 (a RuntimeError), at 11 a run only diverges
+    ({"lr": 11}, "train.lr=11.0: must be > 0 and <= 10"),
+    ({"lr": 1e39}, "train.lr=1e+39: must be > 0 and <= 10"),
+    ({"lr": 0.5, "weight_decay": 2}, "train.weight_decay=2 with train.lr=0.5: AdamW scales "
+     "every weight by 1 - lr * weight_decay a step, so their product must be < 1"),
 ])
 def test_wrong_values_name_key_and_choices(train, message):
     with pytest.raises(GraftConfigError) as err:
