@@ -80,28 +80,82 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+class DamagedCheckpoint(GraftConfigError):
+    """A checkpoint whose files cannot be read back (empty, truncated, foreign, NaN)."""
+
+
+STATE_KEYS = ("step", "optimizer", "scheduler", "rng", "position")
+
+
 def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> dict:
     """Restore trainable weights, optimizer, scheduler and RNG on every rank (each reads the
-    files; sharded parameters take their part); return the saved state."""
-    from graft.adapters.checkpoint import read_adapter_weights
+    files; sharded parameters take their part); return the saved state. Every file is read
+    and checked before anything is restored: a DamagedCheckpoint leaves the model as it was."""
     from graft.train.sharding import load_optimizer_state, load_trainable
 
-    saved = RunDir(ckpt)  # a checkpoint holds what a run dir holds, plus trainer_state.pt
-    tensors = {"projector": read_adapter_weights(saved.adapter_weights), "lora": None}
-    if saved.has_lora:
-        from peft.utils import load_peft_weights
-
-        # peft saves names without the adapter's ("default"); the model's names hold it
-        raw = load_peft_weights(str(saved.lora_dir), device="cpu")
-        names = [k for k in model.llm.state_dict() if "lora_" in k]
-        missing = [k for k in names if k.replace(".default.", ".") not in raw]
-        if missing:
-            raise GraftConfigError(f"{saved.lora_dir} lacks LoRA tensors this run trains, e.g. "
-                                   f"{missing[:2]}; was it written with other train.lora settings?")
-        tensors["lora"] = {k: raw[k.replace(".default.", ".")] for k in names}
+    tensors, state = read_checkpoint(ckpt, model)
     load_trainable(model, tensors)
-    state = torch.load(ckpt / TRAINER_STATE, map_location="cpu", weights_only=False)
     load_optimizer_state(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state
+
+
+def load_newest_intact(run_dir: Path, model, optimizer, scheduler, warn) -> tuple[Path, dict]:
+    """load_checkpoint of the newest checkpoint that reads back; each damaged newer one is
+    `warn`ed in one line and skipped. None intact: GraftConfigError naming every file."""
+    damaged = []
+    for ckpt in reversed(_complete_checkpoints(run_dir)):
+        try:
+            return ckpt, load_checkpoint(ckpt, model, optimizer, scheduler)
+        except DamagedCheckpoint as err:
+            damaged.append(str(err))
+            warn(f"--resume: skipping damaged checkpoint {ckpt.name}: {err}; trying the one "
+                 "before it")
+    if not damaged:
+        raise GraftConfigError(f"--resume: no complete checkpoint under "
+                               f"{RunDir(run_dir).checkpoints_dir}")
+    raise GraftConfigError(f"--resume: no intact checkpoint under {RunDir(run_dir).checkpoints_dir} "
+                           f"({'; '.join(damaged)}); start the run again with --overwrite")
+
+
+def read_checkpoint(ckpt: Path, model) -> tuple[dict, dict]:
+    """(trainable tensors, trainer state) of `ckpt`, read and checked, the model untouched
+    (it only names the LoRA tensors this run trains); DamagedCheckpoint naming the file."""
+    from graft.adapters.checkpoint import read_adapter_weights
+
+    saved = RunDir(ckpt)  # a checkpoint holds what a run dir holds, plus trainer_state.pt
+    try:
+        tensors = {"projector": read_adapter_weights(saved.adapter_weights), "lora": None}
+    except GraftConfigError as err:  # its advice (retrain) is for a run dir: here the reason
+        raise DamagedCheckpoint(str(err).split("; ")[0]) from None
+    if saved.has_lora:
+        tensors["lora"] = _read_lora(saved.lora_dir, model)
+    path = ckpt / TRAINER_STATE
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # EOFError when empty, UnpicklingError/RuntimeError when cut short
+        raise DamagedCheckpoint(f"{path} is not a readable trainer state "
+                                f"({type(err).__name__}: {err or 'no data'})") from None
+    missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else STATE_KEYS
+    if missing:
+        raise DamagedCheckpoint(f"{path} is not a trainer state (no {', '.join(missing)})")
+    return tensors, state
+
+
+def _read_lora(lora_dir: Path, model) -> dict:
+    from peft.utils import load_peft_weights
+
+    try:
+        raw = load_peft_weights(str(lora_dir), device="cpu")
+    except Exception as err:  # safetensors' own error, or OSError
+        raise DamagedCheckpoint(f"{lora_dir} is not readable LoRA weights "
+                                f"({type(err).__name__}: {err})") from None
+    # peft saves names without the adapter's ("default"); the model's names hold it. The spec
+    # matches the run's (--resume checked it), so a missing tensor is a damaged file
+    names = [k for k in model.llm.state_dict() if "lora_" in k]
+    missing = [k for k in names if k.replace(".default.", ".") not in raw]
+    if missing:
+        raise DamagedCheckpoint(f"{lora_dir} lacks LoRA tensors this run trains, e.g. "
+                                f"{missing[:2]}")
+    return {k: raw[k.replace(".default.", ".")] for k in names}

@@ -24,7 +24,7 @@ from graft.run_dir import RunDir
 from graft.spec import GraftSpec
 from graft.train import sharding
 from graft.train.batching import Batcher
-from graft.train.checkpoint import (latest_checkpoint, load_checkpoint, prune_checkpoints,
+from graft.train.checkpoint import (latest_checkpoint, load_newest_intact, prune_checkpoints,
                                     save_checkpoint, save_trainable)
 from graft.train.distributed import check_launch, global_token_loss
 from graft.train.plan import check_fits
@@ -117,10 +117,8 @@ class Trainer:
         self.base_digest = params_digest(self.core.llm)
 
     def _resume(self) -> None:
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
-            raise GraftConfigError(f"--resume: no complete checkpoint under {self.run.checkpoints_dir}")
-        state = load_checkpoint(ckpt, self.core, self.optimizer, self.scheduler)
+        ckpt, state = load_newest_intact(self.run_dir, self.core, self.optimizer, self.scheduler,
+                                         log.warning)
         position = state["position"]
         saved, now = position.get("global_batch"), self.global_batch
         if saved is not None and saved != now:
