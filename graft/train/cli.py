@@ -72,6 +72,10 @@ def run(args) -> int:
 
         raise GraftConfigError("--json goes with --plan (the plan as JSON); drop it or add --plan")
     check_paths(spec)  # every input path, before any weights load
+    if spec.train.feature_cache:  # and the one output folder besides output_dir
+        from graft.train.feature_cache import check_cache_root
+
+        check_cache_root(GraftSpec.expand(spec.train.feature_cache))
     check_report_to(spec.train.report_to)  # and the tracker's package
     if args.dry_run:
         from graft.train.dry_run import dry_run, format_report

@@ -15,8 +15,23 @@ from safetensors.torch import load_file, save_file
 from graft.io import atomic_write
 
 
+def check_cache_root(root: str | Path) -> Path:
+    """GraftConfigError naming train.feature_cache unless it is (or can become) a folder this
+    user writes in; creates nothing, so `graft train --dry-run` can call it."""
+    from graft.cli_types import unwritable_reason
+    from graft.errors import GraftConfigError
+
+    root = Path(root)
+    why = f"{root} is a file" if root.exists() and not root.is_dir() else unwritable_reason(root / "x")
+    if why:
+        raise GraftConfigError(f"train.feature_cache={str(root)!r} cannot hold the cache ({why}); "
+                               "point it at a folder you can write, or drop it (no cache)")
+    return root
+
+
 class FeatureCache:
     def __init__(self, root: str | Path, encoder_identity: str):
+        root = check_cache_root(root)
         # encoder.identity() covers kind, weights digest, feature layer and preprocessing
         tag = hashlib.sha256(encoder_identity.encode()).hexdigest()[:16]
         self.dir = Path(root) / tag
