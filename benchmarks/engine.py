@@ -14,19 +14,22 @@ import random
 import time
 from pathlib import Path
 
+from graft.benchmarks.cli_args import check_min_max, out_file, positive_int
 from graft.io import atomic_write_json
 from graft.serving.engine.engine_args import add_engine_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", help="HF LLM directory (config.json + safetensors)")
-    parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--concurrency", type=int, default=32,
+    parser.add_argument("--num-requests", type=positive_int, default=64)
+    parser.add_argument("--concurrency", type=positive_int, default=32,
                         help="engine max_num_seqs and HF batch size")
-    parser.add_argument("--input-len", type=int, nargs=2, default=(32, 512), metavar=("MIN", "MAX"))
-    parser.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    parser.add_argument("--input-len", type=positive_int, nargs=2, default=(32, 512),
+                        metavar=("MIN", "MAX"), help="prompt tokens, at most the model's context")
+    parser.add_argument("--output-len", type=positive_int, nargs=2, default=(16, 256),
+                        metavar=("MIN", "MAX"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads for both engine and HF (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
     parser.add_argument("--quantization", default=None, metavar="none,fp32,bf16,int8,int4",
@@ -36,18 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative", default=None, choices=["ngram", "suffix"],
                         help="instead of the workload: decode tok/s with and without "
                         "speculative decoding, copy-heavy and open chats, batch 1 and 8")
-    parser.add_argument("--context", type=int, default=32,
+    parser.add_argument("--context", type=positive_int, default=32,
                         help="with --quantization: prompt tokens of the batch-1 decode run (a long "
                         "chat or an image prompt: decode attention reads that many cached tokens)")
-    parser.add_argument("--decode-tokens", type=int, default=64,
+    parser.add_argument("--decode-tokens", type=positive_int, default=64,
                         help="with --quantization/--speculative: tokens decoded per request")
-    parser.add_argument("--batch", type=int, default=32,
+    parser.add_argument("--batch", type=positive_int, default=32,
                         help="with --quantization: sequences of the batched decode run")
-    parser.add_argument("--prefill-len", type=int, default=512,
+    parser.add_argument("--prefill-len", type=positive_int, default=512,
                         help="with --quantization: prompt tokens of the prefill run")
-    parser.add_argument("--bandwidth-mb", type=int, default=1024,
+    parser.add_argument("--bandwidth-mb", type=positive_int, default=1024,
                         help="with --quantization: buffer read to measure memory bandwidth")
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="write the JSON result here (an existing file is replaced)")
     # every engine measured (HF too: --dtype, --device); --concurrency is max_num_seqs, and
     # --quantization / --speculative above choose what is compared
     add_engine_args(parser, exclude=("max_num_seqs", "quantization", "speculative", "seed"))
@@ -68,10 +72,8 @@ def run(args) -> int:
     from graft.errors import GraftConfigError
     from graft.serving import Engine, EngineConfig, SamplingParams
 
-    if args.num_requests <= 0 or args.concurrency <= 0:
-        raise GraftConfigError("--num-requests and --concurrency must be positive")
-    if min(args.context, args.decode_tokens, args.batch, args.prefill_len) <= 0:
-        raise GraftConfigError("--context, --decode-tokens, --batch and --prefill-len must be positive")
+    check_min_max("--input-len", args.input_len)
+    check_min_max("--output-len", args.output_len)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.speculative:
@@ -92,6 +94,10 @@ def run(args) -> int:
         return 0
     config = EngineConfig.from_args(args, max_num_seqs=args.concurrency)
     engine = Engine.from_pretrained(args.model_dir, config)
+    if args.input_len[1] > engine.max_model_len:  # such prompts are refused: nothing measured
+        raise GraftConfigError(f"--input-len {args.input_len[0]} {args.input_len[1]}: MAX is above "
+                               f"this model's context ({engine.max_model_len} tokens); use "
+                               f"MAX <= {engine.max_model_len}")
     reqs = workload(args.num_requests, args.input_len, args.output_len, engine.runner.vocab_size,
                     args.seed)
     shapes = _matmul_shapes(engine)

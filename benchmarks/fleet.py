@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from graft.benchmarks.cli_args import out_file
+
 WORKLOADS = ("prefix", "images", "pd")
 EXAMPLES = """examples:
   graft bench fleet ~/.cache/graft/smollm2-135m-instruct --workloads prefix,pd --runs 3
@@ -46,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--images", type=int, default=48, help="images: requests in the trace")
     p.add_argument("--long-tokens", type=int, default=1500, help="pd: long prompt tokens")
     p.add_argument("--router", default=None, help="vllm-router binary (as graft fleet)")
-    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--out", type=out_file, default=None,
+                   help="write the JSON report here (an existing file is replaced)")
     p.add_argument("--startup-timeout-s", type=float, default=900.0)
     p.epilog = (p.epilog or "") + "\n\nOptions after -- go to every graft serve worker."
 

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from graft.benchmarks.cli_args import out_file
 from graft.serving.engine.engine_args import add_engine_args, engine_values
 
 SMOLLM2 = "~/.cache/graft/smollm2-135m-instruct"  # written by `graft models prepare`
@@ -47,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(at least 1), so both setups get the same CPU (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="where synthetic run dirs go (default: temp)")
-    p.add_argument("--out", default=None, help="write the JSON result here")
+    p.add_argument("--out", type=out_file, default=None,
+                   help="write the JSON result here (an existing file is replaced)")
     # every engine of both setups (--num-kv-blocks: the KV pool of each)
     add_engine_args(p, exclude=("seed",), defaults={"num_kv_blocks": 256, "max_num_seqs": 32,
                                                     "max_num_batched_tokens": 1024})

@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from graft.benchmarks.cli_args import out_file
 from graft.io import atomic_write_json
 
 
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{name}", action="store_true", help="time every launch setting in the sweep")
             continue
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, choices=choices)
-    parser.add_argument("--out", default="", help="write the results as JSON to this file")
+    parser.add_argument("--out", type=out_file, default="",
+                        help="write the results as JSON to this file (an existing file is replaced)")
 
 
 def _time_ms(fn, device, iters: int) -> float:

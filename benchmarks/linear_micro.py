@@ -22,7 +22,7 @@ import argparse
 import sys
 import time
 
-from graft.cli_types import number_in
+from graft.benchmarks.cli_args import int_list, out_file, positive, positive_int
 from graft.errors import GraftConfigError
 
 DEFAULT_SHAPES = "1024x512,512x1024,576x1536,1536x576"  # out x in: MoE experts, SmolLM2 MLP
@@ -32,16 +32,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--formats", default="int8,int4,fp32,bf16",
                         help="weight schemes (int8, int4[-gG], bf16, fp32), comma-separated")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="OUTxIN weight shapes, comma-separated")
-    parser.add_argument("--rows", default="1,4,8,32", help="activation rows, comma-separated")
+    parser.add_argument("--rows", type=int_list, default="1,4,8,32",
+                        help="activation rows, comma-separated")
     parser.add_argument("--isa", default=None,
                         help="cap the C path (avx2, avx512, ...; default: this CPU's own)")
-    parser.add_argument("--min-seconds", type=float, default=0.05,
+    parser.add_argument("--min-seconds", type=positive, default=0.05,
                         help="time per measurement; the best of --repeats is kept")
-    parser.add_argument("--repeats", type=int, default=5, help="measurements per case (best kept)")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="measurements per case (best kept)")
     parser.add_argument("--cold", action="store_true",
                         help="rotate over weight copies filling --cold-mb (from memory, not cache)")
-    parser.add_argument("--cold-mb", type=float, default=128.0, help="bytes of copies with --cold")
-    parser.add_argument("--threads", type=number_in(int, low=1), default=1,
+    parser.add_argument("--cold-mb", type=positive, default=128.0, help="bytes of copies with --cold")
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="threads of each call (the engine's linears run on all its threads)")
     parser.add_argument("--baseline-lib", default=None,
                         help="a .so of the C kernels built from other sources, timed beside")
@@ -50,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the dequantized weight; bf16 with --bf16-rows)")
     parser.add_argument("--bf16-rows", action="store_true",
                         help="bf16 weights: bf16 rows in and out (a bf16 engine's calls); others keep fp32 rows")
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="write the JSON result here (an existing file is replaced)")
 
 
 def _parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -200,7 +203,7 @@ def run(args) -> int:
             QuantScheme.parse(fmt, "--formats")
         except QuantSchemeError as err:
             raise GraftConfigError(str(err)) from None
-    rows = [int(r) for r in args.rows.split(",") if r.strip()]
+    rows = args.rows
     lib = cpu_ops._lib()
     baseline = _baseline(args.baseline_lib)
     gen = torch.Generator().manual_seed(0)

@@ -15,14 +15,19 @@ import json
 import time
 from pathlib import Path
 
+from graft.benchmarks.cli_args import int_list, out_file, positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", nargs="?", default=None,
                         help="HF LLM dir whose shapes to use (default: SmolLM2-135M's)")
-    parser.add_argument("--rows", default="1,4,32,512", help="comma-separated row counts")
-    parser.add_argument("--repeats", type=int, default=20, help="timed passes per case (best kept)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--rows", type=int_list, default="1,4,32,512",
+                        help="comma-separated row counts")
+    parser.add_argument("--repeats", type=positive_int, default=20,
+                        help="timed passes per case (best kept)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="write the JSON result here (an existing file is replaced)")
 
 
 SMOLLM2 = {"hidden": 576, "intermediate": 1536, "q": 576, "kv": 192, "vocab": 49152}
@@ -32,11 +37,21 @@ def model_shapes(model_dir) -> list[tuple[int, int]]:
     """(out, in) of one layer's qkv, o, gate|up, down and the head."""
     d = dict(SMOLLM2)
     if model_dir is not None:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-        d = {"hidden": cfg["hidden_size"], "intermediate": cfg["intermediate_size"],
-             "q": cfg["num_attention_heads"] * head_dim, "vocab": cfg["vocab_size"],
-             "kv": cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim}
+        from graft.errors import GraftConfigError
+
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise GraftConfigError(f"MODEL_DIR {model_dir}: no config.json; give an HF LLM dir, "
+                                   "or leave it out for SmolLM2-135M's shapes")
+        try:
+            cfg = json.loads(path.read_text())
+            head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+            d = {"hidden": cfg["hidden_size"], "intermediate": cfg["intermediate_size"],
+                 "q": cfg["num_attention_heads"] * head_dim, "vocab": cfg["vocab_size"],
+                 "kv": cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise GraftConfigError(f"{path}: not a decoder LLM config ({type(err).__name__}: "
+                                   f"{err}); give an HF LLM dir") from None
     h = d["hidden"]
     return [(d["q"] + 2 * d["kv"], h), (h, d["q"]), (2 * d["intermediate"], h),
             (h, d["intermediate"]), (d["vocab"], h)]
@@ -112,7 +127,7 @@ def run(args) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    rows = [int(r) for r in args.rows.split(",") if r]
+    rows = args.rows
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(o, i, generator=g) * 0.05 for o, i in model_shapes(args.model_dir)]
     paths = _paths(weights)

@@ -16,6 +16,7 @@ import argparse
 import sys
 import time
 
+from graft.benchmarks.cli_args import out_file
 from graft.cli_types import number_in
 from graft.errors import GraftConfigError
 
@@ -35,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_count, default=2, help="torch / OpenMP threads")
     parser.add_argument("--repeats", type=_count, default=10,
                         help="timed calls of each (the fastest kept)")
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="write the JSON result here (an existing file is replaced)")
 
 
 def _heads(text: str) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from graft.benchmarks.cli_args import out_file, positive, positive_int
 from graft.benchmarks.linear_micro import _baseline, _time
 
 
@@ -24,12 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--intermediate", type=int, default=1536, help="silu_mul width")
     parser.add_argument("--vocab", type=int, default=49152, help="argmax width")
-    parser.add_argument("--min-seconds", type=float, default=0.05,
+    parser.add_argument("--min-seconds", type=positive, default=0.05,
                         help="time per measurement; the best of --repeats is kept")
-    parser.add_argument("--repeats", type=int, default=5, help="measurements per case (best kept)")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="measurements per case (best kept)")
     parser.add_argument("--baseline-lib", default=None,
                         help="a .so of the C kernels built from other sources, timed beside")
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="write the JSON result here (an existing file is replaced)")
 
 
 def _cases(args, torch):

@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from graft.benchmarks.cli_args import out_file
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a plain HF LLM dir (e.g. ~/.cache/graft/smollm2-135m-instruct)")
@@ -25,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a .jsonl of {\"question\"} lines, sent as user messages (default: the "
                              "quickstart's 28 text prompts)")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length")
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="write the JSON result here (an existing file is replaced)")
 
 
 def _prompts(path: str | None) -> list[str]:

@@ -15,52 +15,54 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from graft.benchmarks.cli_args import (count, fraction, http_url, non_negative, out_file, positive,
+                                      positive_int, server_model)
 from graft.benchmarks.prompt_words import random_prompt
 from graft.benchmarks.report import emit, percentiles
-from graft.cli_types import number_in
-
-_seconds = number_in(float, low=0.0, low_open=True)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("url", type=http_url, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
-    p.add_argument("--num-requests", type=int, default=None,
+    p.add_argument("--num-requests", type=positive_int, default=None,
                    help="requests to send (default: 64, or every record of --trace)")
-    p.add_argument("--rate", type=float, default=0.0,
+    p.add_argument("--rate", type=non_negative, default=0.0,
                    help="Poisson arrival rate in requests/s (0: use --concurrency)")
-    p.add_argument("--concurrency", type=int, default=8, help="closed-loop clients when rate=0")
+    p.add_argument("--concurrency", type=positive_int, default=8,
+                   help="closed-loop clients when rate=0")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--image-ratio", type=float, default=0.5, help="share of requests with an image")
-    p.add_argument("--repeat-ratio", type=float, default=0.5,
+    p.add_argument("--image-ratio", type=fraction, default=0.5,
+                   help="share of requests with an image (0..1)")
+    p.add_argument("--repeat-ratio", type=fraction, default=0.5,
                    help="share of image requests that reuse an image already sent")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--prompt-words", type=int, default=24)
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--ttft-budget-ms", type=float, default=None,
+    p.add_argument("--image-size", type=positive_int, default=224)
+    p.add_argument("--prompt-words", type=positive_int, default=24)
+    p.add_argument("--max-tokens", type=positive_int, default=32)
+    p.add_argument("--ttft-budget-ms", type=positive, default=None,
                    help="sent with each request (server admission control)")
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="goodput: TTFT bound")
-    p.add_argument("--slo-tpot-ms", type=float, default=500.0, help="goodput: TPOT bound")
-    p.add_argument("--cache-probe", type=int, default=3,
+    p.add_argument("--slo-ttft-ms", type=positive, default=2000.0, help="goodput: TTFT bound")
+    p.add_argument("--slo-tpot-ms", type=positive, default=500.0, help="goodput: TPOT bound")
+    p.add_argument("--cache-probe", type=count, default=3,
                    help="pairs of (new image, same image again) sent alone first; 0 skips")
     p.add_argument("--trace", default=None, metavar="TRACE",
                    help="send this trace's requests (graft serve --trace, graft tune synth) at "
                         "its arrival gaps, each forced to its recorded output length, instead "
                         "of the generated workload")
-    p.add_argument("--speed", type=_seconds, default=1.0,
+    p.add_argument("--speed", type=positive, default=1.0,
                    help="--trace: divide the arrival gaps by this (2: twice the load)")
-    p.add_argument("--warmup", type=number_in(int, low=0), default=0,
+    p.add_argument("--warmup", type=count, default=0,
                    help="short requests sent at once before the measured load and left out of "
                         "the report: the server's and this client's first-call costs (chat "
                         "template, one connection per client) then fall on no measured request")
-    p.add_argument("--timeout-s", type=float, default=600.0)
-    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--timeout-s", type=positive, default=600.0)
+    p.add_argument("--out", type=out_file, default=None,
+                   help="write the JSON report here (an existing file is replaced)")
     p.add_argument("--chaos", action="store_true",
                    help="soak instead: --concurrency clients mix good, malformed, hung-up, "
                         "given-up, huge-image and half-sent requests for --duration-s, then "
                         "check nothing is held (exit 1 when a check fails)")
-    p.add_argument("--duration-s", type=_seconds, default=60.0, help="--chaos: how long")
-    p.add_argument("--half-head-wait-s", type=_seconds, default=15.0,
+    p.add_argument("--duration-s", type=positive, default=60.0, help="--chaos: how long")
+    p.add_argument("--half-head-wait-s", type=positive, default=15.0,
                    help="--chaos: a half-sent head not answered (408) by then is a failure")
 
 
@@ -198,9 +200,7 @@ async def run_load(args: argparse.Namespace) -> dict:
     url = args.url.rstrip("/")
     records = _trace_records(args) if args.trace else None  # a bad trace fails before any send
     async with httpx.AsyncClient(timeout=args.timeout_s) as client:
-        model = args.model
-        if model is None:
-            model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        model = await server_model(client, url, args.model)
         if args.warmup > 0:
             body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}],
                     "max_tokens": 2, "temperature": 0.0, "stream": True, "ignore_eos": True}

@@ -18,6 +18,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from graft.benchmarks.cli_args import server_model
 from graft.benchmarks.report import emit, percentiles
 
 CHAT = "/v1/chat/completions"
@@ -247,7 +248,7 @@ async def run_chaos(args: argparse.Namespace) -> dict:
     url = args.url.rstrip("/")
     limits = httpx.Limits(max_connections=args.concurrency * 2)
     async with httpx.AsyncClient(timeout=args.timeout_s, limits=limits) as http:
-        model = args.model or (await http.get(url + "/v1/models")).json()["data"][0]["id"]
+        model = await server_model(http, url, args.model)
         probe = await http.post(url + CHAT, json={"model": model, "max_tokens": 1, "messages": [
             {"role": "user", "content": [{"type": "image_url", "image_url": {
                 "url": _image_url(random.Random(0), 32)}}, {"type": "text", "text": "hi"}]}]})

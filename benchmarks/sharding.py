@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from graft.benchmarks.cli_args import out_file
+
 VARIANTS = ("one", "ddp", "fsdp")
 
 
@@ -25,7 +27,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--steps", type=number_in(int, 1), default=10, help="optimizer steps per run")
     parser.add_argument("--repeats", type=number_in(int, 1), default=3, help="runs per variant")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="write the JSON result here (an existing file is replaced)")
 
 
 def _port() -> int:

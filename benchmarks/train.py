@@ -9,12 +9,15 @@ import multiprocessing as mp
 import tempfile
 from pathlib import Path
 
+from graft.benchmarks.cli_args import out_file, positive_int
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("config", help="GraftSpec YAML")
-    parser.add_argument("--steps", type=int, default=20, help="optimizer steps per variant")
+    parser.add_argument("--steps", type=positive_int, default=20, help="optimizer steps per variant")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--out", type=out_file, default=None,
+                        help="write the JSON result here (an existing file is replaced)")
 
 
 def _variant(config: str, overrides: list[str], queue) -> None:
@@ -38,20 +41,27 @@ def _variant(config: str, overrides: list[str], queue) -> None:
 
 
 def _run(config, overrides) -> dict:
+    from graft.errors import GraftError
+
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_variant, args=(config, overrides, queue))
     proc.start()
     proc.join()
-    if proc.exitcode != 0:
-        raise RuntimeError(f"benchmark variant failed (exit {proc.exitcode}): {overrides}")
+    if proc.exitcode != 0:  # its own error is printed above; the spec was checked already
+        raise GraftError(f"a training variant failed (exit {proc.exitcode}, its error is above) "
+                         f"with --set {' --set '.join(overrides)}")
     return queue.get()
 
 
 def run(args) -> int:
+    from graft.spec import GraftSpec
+
     with tempfile.TemporaryDirectory(prefix="graft-bench-train-") as tmp:
         base = list(args.overrides) + [f"train.max_steps={args.steps}", "train.log_every=1",
                                        "train.save_every=0"]
+        # a bad CONFIG or --set is one line here, not a traceback in each child process
+        GraftSpec.load(args.config, base + ["train.feature_cache=null", f"output_dir={tmp}/a"])
         cache = f"train.feature_cache={tmp}/features"
         results = {
             "no_cache": _run(args.config, base + ["train.feature_cache=null", f"output_dir={tmp}/a"]),

@@ -66,7 +66,7 @@ def test_bench_engine_formats_long_context(tiny_llama, tmp_path, capsys):
     assert main(["bench", "engine", str(tiny_llama), "--quantization", "int8", "--context", "100000"]) == 2
     assert "error: --context 100000: use 1 to" in capsys.readouterr().err
     assert main(["bench", "engine", str(tiny_llama), "--quantization", "int8", "--context", "0"]) == 2
-    assert "error: --context, --decode-tokens, --batch and --prefill-len must be positive" in capsys.readouterr().err
+    assert "error: argument --context: 0 is out of range: use >= 1" in capsys.readouterr().err
 
 
 def test_bench_engine_on_an_moe_model(tiny_llm_factory, tmp_path):
