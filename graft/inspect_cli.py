@@ -39,6 +39,9 @@ def run(args) -> int:
             w, h = (int(v) for v in s.lower().split("x"))
         except ValueError:
             raise GraftConfigError(f"--image-size {s!r}: expected WxH, e.g. 224x224") from None
+        if min(w, h) < 1:  # an encoder would report tokens for an image that cannot exist
+            raise GraftConfigError(f"--image-size {s!r}: width and height must be >= 1 pixel, "
+                                   "e.g. 224x224")
         sizes.append((w, h))
     info = inspect(args.target, sizes)
     if args.json:
