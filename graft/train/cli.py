@@ -80,9 +80,12 @@ def run(args) -> int:
     if args.dry_run:
         from graft.train.dry_run import dry_run, format_report
 
-        if not args.overwrite:  # the run dir check too; --overwrite would empty it
-            prepare_run_dir(spec, resume=args.resume)
+        from graft.train.run_guard import describe_run_dir, plan_run_dir
+
+        # what the real run would do with output_dir, said and not done (nothing is deleted)
+        where = describe_run_dir(*plan_run_dir(spec, args.resume, args.overwrite))
         print(format_report(dry_run(spec)))
+        print(where)
         return 0
     if main_process:
         prepare_run_dir(spec, resume=args.resume, overwrite=args.overwrite)

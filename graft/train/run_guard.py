@@ -24,6 +24,19 @@ RESUME_MAY_CHANGE = {"output_dir", "llm.path", "llm.sha256", "train.save_every",
 def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> Path:
     """The run dir, checked: refused when it holds a run that is neither resumed nor to be
     overwritten; emptied when `overwrite` (a run dir only); compared with the spec on resume."""
+    run_dir, action = plan_run_dir(spec, resume, overwrite)
+    if action == "occupied":
+        raise GraftConfigError(
+            f"output_dir {run_dir} already holds a run; --resume continues it, --overwrite "
+            "replaces it, --set output_dir=PATH trains into a new dir")
+    if action == "replace":
+        shutil.rmtree(run_dir)  # stale checkpoints would otherwise be found by a later --resume
+    return run_dir
+
+
+def plan_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> tuple[Path, str]:
+    """(run dir, what `graft train` would do with it: new | resume | replace | occupied),
+    deleting nothing; GraftConfigError where no flag could make the run go ahead."""
     run_dir = Path(GraftSpec.expand(spec.output_dir))
     if run_dir.exists() and not run_dir.is_dir():
         raise GraftConfigError(f"output_dir {run_dir} is a file; pick a folder with "
@@ -31,19 +44,27 @@ def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = Fal
     check_writable(run_dir)
     if resume:
         check_resume(spec, run_dir)
-        return run_dir
+        return run_dir, "resume"
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
-        return run_dir
+        return run_dir, "new"
     if not is_run_dir(run_dir):
         raise GraftConfigError(
             f"output_dir {run_dir} is not empty and is not a run dir (no {SPEC_FILE}); pick a "
             "new one with --set output_dir=PATH")
-    if not overwrite:
-        raise GraftConfigError(
-            f"output_dir {run_dir} already holds a run; --resume continues it, --overwrite "
-            "replaces it, --set output_dir=PATH trains into a new dir")
-    shutil.rmtree(run_dir)  # stale checkpoints would otherwise be found by a later --resume
-    return run_dir
+    return run_dir, "replace" if overwrite else "occupied"
+
+
+def describe_run_dir(run_dir: Path, action: str) -> str:
+    """One line for --dry-run: what the real run would do with output_dir."""
+    from graft.train.checkpoint import latest_checkpoint
+
+    return {"new": f"output_dir {run_dir}: a new run would be written there",
+            "resume": f"output_dir {run_dir}: --resume would continue from "
+                      f"{latest_checkpoint(run_dir)}",
+            "replace": f"output_dir {run_dir} holds a run: --overwrite would replace it",
+            "occupied": f"output_dir {run_dir} already holds a run: the real run needs --resume "
+                        "(continue it) or --overwrite (replace it), or --set output_dir=PATH",
+            }[action]
 
 
 PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")  # kernel views: files there are not files
