@@ -6,7 +6,7 @@ so the REPL's /set changes the next one."""
 
 from __future__ import annotations
 
-from graft.errors import GraftConfigError
+from graft.errors import GraftConfigError, GraftError
 
 
 class Answerer:
@@ -109,8 +109,8 @@ def _engine_backend(path: str, args):
         else:
             ids = encode_chat(engine.tokenizer, messages, [], add_generation_prompt=True).input_ids
             out = engine.generate(prompt_token_ids=[ids], sampling_params=params)[0]
-        if out.finish_reason in ("error", "internal_error"):
-            raise GraftConfigError(f"graft chat: {out.error}")
+        if out.finish_reason in ("error", "internal_error"):  # the CLI adds "graft chat: error:"
+            raise GraftError(out.error)
         return out.text, len(out.token_ids)
 
     return answer, engine.mm is not None

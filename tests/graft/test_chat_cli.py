@@ -305,3 +305,11 @@ def test_repl_in_a_terminal(tiny_llama, tmp_path):
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+def test_engine_errors_name_the_command_once(tiny_llama, capsys):
+    # the engine refuses a prompt past --max-model-len: its reason, after one "graft chat:"
+    err = _fails(capsys, ["chat", str(tiny_llama), "hello there, how are you doing today?",
+                          "--quantization", "int8", "--max-model-len", "4"],
+                 "graft chat: error: request", "is 4; shorten the prompt")
+    assert err.count("graft chat:") == 1 and len(err.strip().splitlines()) == 1
