@@ -20,7 +20,16 @@ from graft.errors import GraftConfigError
 
 class OutputPathError(GraftConfigError, OSError):
     """An output path graft cannot write: the message names it and the problem. Also an
-    OSError, so code that caught the raw OSError of a failed write still catches it."""
+    OSError carrying the original errno/strerror/filename, so code that catches the raw
+    OSError of a failed write (graft train's full-disk message) still recognizes it."""
+
+    def __init__(self, message: str, cause: OSError | None = None):
+        super().__init__(message)
+        if cause is not None:
+            self.errno, self.strerror, self.filename = cause.errno, cause.strerror, cause.filename
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno N] ..." form
+        return self.args[0]
 
 
 # errnos that say "this output cannot be written here" (not a bug): each gets one line
@@ -42,11 +51,12 @@ def _output_error(path: Path, err: OSError) -> OSError:
     if err.errno in _NOT_A_FOLDER:
         where = Path(err.filename) if err.filename else path
         if where == path:
-            return OutputPathError(f"output {path} is a file, not a folder; give a folder path")
+            return OutputPathError(f"output {path} is a file, not a folder; give a folder path",
+                                   err)
         return OutputPathError(f"output {path}: {where} is a file, not a folder; give a path "
-                               "under a folder")
+                               "under a folder", err)
     problem = _WRITE_PROBLEMS.get(err.errno)
-    return err if problem is None else OutputPathError(f"output {path} {problem}")
+    return err if problem is None else OutputPathError(f"output {path} {problem}", err)
 
 
 def _refuse(path: Path, code: int, where: Path | None = None) -> OutputPathError:

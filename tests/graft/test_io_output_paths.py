@@ -81,8 +81,10 @@ def test_a_full_disk_is_one_line_and_leaves_no_temp(layout):
     def full(tmp):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    with pytest.raises(OutputPathError, match=r"out.json could not be written: no space left"):
+    with pytest.raises(OutputPathError, match=r"out.json could not be written: no space left") as info:
         atomic_write(layout / "out.json", full)
+    assert info.value.errno == errno.ENOSPC  # callers that tell a full disk apart still can
+    assert str(info.value).startswith("output ")  # not OSError's "[Errno 28] ..." form
     with pytest.raises(OutputPathError, match=r"outdir could not be written: no space left"):
         atomic_write_dir(layout / "outdir", full)
     assert sorted(p.name for p in layout.iterdir()) == ["adir", "afile"]
