@@ -126,11 +126,28 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], suffix: str = 
     try:
         with _writing(path, Path(tmp)):
             write(Path(tmp))
+            os.chmod(tmp, _mode_for(path))  # mkstemp's 0600 would hide it from everyone else
             os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions a plain open() would give `path`: the replaced file's, else 0666 less
+    the umask (read from /proc, since os.umask can only be read by setting it)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        pass
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o644
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

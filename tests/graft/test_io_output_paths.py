@@ -102,3 +102,21 @@ def test_errors_about_inputs_keep_their_type(layout):
     with pytest.raises(PermissionError) as info:
         atomic_write_dir(layout / "outdir", input_denied)
     assert not isinstance(info.value, OutputPathError)
+
+
+def test_written_files_get_a_plain_open_s_permissions(tmp_path):
+    """Not mkstemp's 0600: a result another user (or a container's other uid) must read."""
+    old = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh.json"
+        atomic_write_json(fresh, {"a": 1})
+        assert fresh.stat().st_mode & 0o777 == 0o644
+        os.umask(0o027)
+        other = tmp_path / "other.json"
+        atomic_write_json(other, {"a": 1})
+        assert other.stat().st_mode & 0o777 == 0o640
+        fresh.chmod(0o664)  # a replaced file keeps the mode its owner gave it
+        atomic_write_json(fresh, {"a": 2})
+        assert fresh.stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(old)
