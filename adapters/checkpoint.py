@@ -68,7 +68,11 @@ def load_adapter(in_dir: str | os.PathLike, d_vision: int | None = None, d_model
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         if isinstance(err, GraftConfigError):
             raise
-        raise GraftConfigError(f"{root / CONFIG_NAME} is not a valid adapter config ({type(err).__name__}: {err})") from err
+        why = (f"no {err.args[0]!r} field" if isinstance(err, KeyError)
+               else f"{type(err).__name__}: {err}")
+        raise GraftConfigError(f"{root / CONFIG_NAME} is not a valid adapter config ({why}); "
+                               "it must hold config, d_vision and d_model as save_adapter "
+                               "writes them") from err
     for name, want, have in (("d_vision", d_vision, saved_vision), ("d_model", d_model, saved_model)):
         if want is not None and want != have:
             raise GraftConfigError(

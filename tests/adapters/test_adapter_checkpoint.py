@@ -43,6 +43,9 @@ def test_load_errors(tmp_path):
     (tmp_path / "adapter.json").write_text("{not json")
     with pytest.raises(GraftConfigError, match="not a valid adapter config"):
         load_adapter(tmp_path)
+    (tmp_path / "adapter.json").write_text(json.dumps({"d_vision": 12, "d_model": 16}))
+    with pytest.raises(GraftConfigError, match="no 'config' field.*config, d_vision and d_model"):
+        load_adapter(tmp_path)
     (tmp_path / "adapter.safetensors").unlink()
     with pytest.raises(GraftConfigError, match="has no adapter.safetensors"):
         load_adapter(tmp_path)
