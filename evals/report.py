@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from graft.errors import GraftConfigError, GraftDataError
-from graft.io import atomic_write_json, atomic_write_text, check_writable_dir
+from graft.io import OutputPathError, atomic_write_json, atomic_write_text, check_output_path
 from graft.loads import json_loads
 
 _PACKAGES = ("graft-vlm", "torch", "transformers", "timm", "numpy", "pillow", "httpx", "safetensors", "peft")
@@ -61,14 +61,10 @@ def now_utc() -> str:
 def check_out_dir(path: str | Path, flag: str = "--out") -> None:
     """Before any work: `path` must be a folder, or creatable as one, that this process can
     write (probed in its nearest existing folder). Creates nothing."""
-    path = Path(path)
-    probe = path
-    while not probe.exists() and probe != probe.parent:  # exists() is False under a file, too
-        probe = probe.parent
-    if not probe.is_dir():
-        under = "" if probe == path else f" ({probe} is a file)"
-        raise GraftConfigError(f"{flag} {path} is not a folder{under}; give a folder path")
-    check_writable_dir(probe, f"{flag} {path}: folder", f"give {flag} a folder you can write")
+    try:
+        check_output_path(path, "dir")
+    except OutputPathError as err:
+        raise GraftConfigError(f"{flag}: {err}") from None
 
 
 def write_samples(out_dir: Path, task: str, rows: list[dict]) -> Path:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from pathlib import Path
 
 
 def number_in(kind=float, low=None, high=None, low_open: bool = False):
@@ -44,21 +43,6 @@ def env_int(name: str, default: int, low: int = 1, env=None) -> int:
     except argparse.ArgumentTypeError as err:
         raise GraftConfigError(f"environment variable {name}: {err}; set it to an integer "
                                f">= {low} or unset it") from None
-
-
-def unwritable_reason(path: str | Path) -> str | None:
-    """Why nothing can be made at `path` (None: it can), found without creating anything, so a
-    dry run or a check before a long job leaves the disk as it was: the nearest existing
-    folder on the way must be a folder this user may write in."""
-    path = Path(path).expanduser().absolute()
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                return f"{parent} is a file, not a folder"
-            if not os.access(parent, os.W_OK | os.X_OK):
-                return f"{parent} is not writable"
-            return None
-    return None
 
 
 def _wording(low, high, low_open: bool) -> str:

@@ -91,9 +91,11 @@ def check_output_path(path: str | Path, kind: str = "file") -> Path:
     """Raise OutputPathError (one line naming `path` and the fix) unless `path` can be written
     as a `kind` ("file" or "dir"): a file path must not be an existing folder, a dir path not
     an existing file, no part of the way there may be a file, and the nearest existing folder
-    on the way (or the dir itself) must be writable by this process. Creates nothing; call it
-    before long work so a bad --out fails in a second, not after the work. Whether the dir is
-    empty, or an existing file may be replaced, is the caller's rule (--force/--overwrite)."""
+    on the way (or the dir itself) must take a new file from this process (tried with a temp
+    file, removed at once: permissions do not stop root, a read-only mount or /sys do). Leaves
+    nothing behind; call it before long work so a bad --out fails in a second, not after the
+    work. Whether the dir is empty, or an existing file may be replaced, is the caller's rule
+    (--force/--overwrite)."""
     if kind not in ("file", "dir"):
         raise ValueError(f"kind={kind!r}: use 'file' or 'dir'")
     path = Path(path)
@@ -106,8 +108,12 @@ def check_output_path(path: str | Path, kind: str = "file") -> Path:
         probe = probe.parent
     if not probe.is_dir():
         raise _refuse(path, errno.ENOTDIR, probe)
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise _refuse(path, errno.EACCES)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".graft-write-probe.", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        raise _refuse(path, err.errno if err.errno in _WRITE_PROBLEMS else errno.EACCES) from None
     return path
 
 

@@ -18,15 +18,14 @@ from graft.io import atomic_write
 def check_cache_root(root: str | Path) -> Path:
     """GraftConfigError naming train.feature_cache unless it is (or can become) a folder this
     user writes in; creates nothing, so `graft train --dry-run` can call it."""
-    from graft.cli_types import unwritable_reason
     from graft.errors import GraftConfigError
+    from graft.io import OutputPathError, check_output_path
 
-    root = Path(root)
-    why = f"{root} is a file" if root.exists() and not root.is_dir() else unwritable_reason(root / "x")
-    if why:
-        raise GraftConfigError(f"train.feature_cache={str(root)!r} cannot hold the cache ({why}); "
-                               "point it at a folder you can write, or drop it (no cache)")
-    return root
+    try:
+        return check_output_path(root, "dir")
+    except OutputPathError as err:
+        raise GraftConfigError(f"train.feature_cache={str(root)!r} cannot hold the cache ({err}); "
+                               "point it at a folder you can write, or drop it (no cache)") from None
 
 
 class FeatureCache:

@@ -12,7 +12,7 @@ from graft.errors import GraftConfigError
 def check_out_file(path: str | Path, force: bool, example: str) -> Path:
     """`path` as a Path, or GraftConfigError naming --out and the fix; `example`: a file name
     to suggest when `path` is a folder."""
-    from graft.cli_types import unwritable_reason
+    from graft.io import OutputPathError, check_output_path
 
     path = Path(path)
     if path.is_dir():
@@ -20,7 +20,7 @@ def check_out_file(path: str | Path, force: bool, example: str) -> Path:
     if path.exists() and not force:
         raise GraftConfigError(f"--out {path} exists; pass --force to overwrite it or choose "
                                "another name")
-    why = unwritable_reason(path)
-    if why:
-        raise GraftConfigError(f"--out {path} cannot be written ({why}); choose another path")
-    return path
+    try:
+        return check_output_path(path, "file")
+    except OutputPathError as err:
+        raise GraftConfigError(f"--out: {err}") from None

@@ -27,11 +27,12 @@ def test_eval_out_checked_before_any_task(dead_url, tmp_path, capsys):
     blocker.write_text('{"precious": 1}')
     args = ["eval", "--endpoint", dead_url, "--endpoint-model", "m", "--retries", "0", "--tasks",
             "example_pope", "--limit", "1", "--no-cache", "--bootstrap", "5", "--out"]
-    assert "--out " + str(blocker) + " is not a folder; give a folder path" in \
+    assert f"--out: output {blocker} is a file, not a folder; give a folder path" in \
         _one_line_error(main, args + [str(blocker)], capsys)
-    assert f"({blocker} is a file)" in _one_line_error(main, args + [str(blocker / "sub")], capsys)
+    assert f"{blocker} is a file, not a folder; give a path under a folder" in \
+        _one_line_error(main, args + [str(blocker / "sub")], capsys)
     assert blocker.read_text() == '{"precious": 1}'
-    with pytest.raises(GraftConfigError, match="is not a folder"):  # the python API checks too
+    with pytest.raises(GraftConfigError, match="is a file, not a folder"):  # the python API too
         run_eval(dead_url, tasks=["nope_not_a_task"], out_dir=blocker)
     check_out_dir(tmp_path / "new" / "deeper")  # fine, and creates nothing
     assert not (tmp_path / "new").exists()
@@ -63,7 +64,7 @@ def test_unwritable_out_folder(dead_url, tmp_path, capsys):
     out = place / "eval"
     err = _one_line_error(main, ["eval", "--endpoint", dead_url, "--endpoint-model", "m", "--retries", "0",
                                  "--tasks", "example_pope", "--limit", "1", "--out", str(out)], capsys)
-    assert f"--out {out}: folder {place} is not writable" in err
+    assert f"--out: output {out} is not writable" in err
     (tmp_path / "locked").chmod(0o700)
 
 
@@ -98,7 +99,7 @@ def test_compare_out_refuses_files_and_overwrites(two_runs, tmp_path, capsys):
     a, b = two_runs
     blocker = tmp_path / "file.json"
     blocker.write_text("mine")
-    assert f"--out {blocker} is not a folder" in _one_line_error(
+    assert f"--out: output {blocker} is a file, not a folder" in _one_line_error(
         main, ["eval", "compare", str(a), str(b), "--out", str(blocker)], capsys)
     out = tmp_path / "cmp"
     out.mkdir()

@@ -48,8 +48,8 @@ def test_check_output_path_and_writers_refuse_a_folder_without_write_permission(
         raise PermissionError(errno.EACCES, "Permission denied", str(where))
 
     monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != ro and real_access(p, mode))
-    monkeypatch.setattr(tempfile, "mkstemp", lambda prefix, suffix, dir: denied(
-        Path(dir) / f"{prefix}x{suffix}") if Path(dir) == ro else real_mkstemp(prefix, suffix, dir))
+    monkeypatch.setattr(tempfile, "mkstemp", lambda prefix="", suffix="", dir=None: denied(
+        Path(dir) / f"{prefix}x{suffix}") if Path(dir) == ro else real_mkstemp(suffix, prefix, dir))
     monkeypatch.setattr(Path, "mkdir", lambda self, *a, **k: denied(self) if self.parent == ro
                         else real_mkdir(self, *a, **k))
     for call in (lambda: check_output_path(ro / "a.json"), lambda: check_output_path(ro, "dir"),

@@ -17,8 +17,8 @@ def test_feature_cache_on_a_file_is_refused_first(make_spec, tmp_path, capsys, d
     cache = blocker / under if under else blocker
     cfg = _config(tmp_path, make_spec(), **{"train.feature_cache": str(cache)})
     fails(capsys, ["train", cfg, *(["--dry-run"] if dry_run else [])],
-          f"train.feature_cache='{cache}' cannot hold the cache ({blocker} is a file",
-          "point it at a folder you can write")
+          f"train.feature_cache='{cache}' cannot hold the cache (output {cache}",
+          f"{blocker} is a file, not a folder", "point it at a folder you can write")
     assert blocker.read_text() == "mine" and not (tmp_path / "run").exists()
 
 

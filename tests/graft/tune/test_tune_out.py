@@ -35,5 +35,5 @@ def test_out_a_folder_or_under_a_file_is_refused_first(tmp_path, capsys, command
     blocker = tmp_path / "afile"
     blocker.write_text("x")
     fails(capsys, argv(blocker / "out.yaml"),
-          f"--out {blocker / 'out.yaml'} cannot be written ({blocker} is a file, not a folder)")
+          f"--out: output {blocker / 'out.yaml'}: {blocker} is a file, not a folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
