@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from graft.benchmarks.cli_args import out_file
+from graft.benchmarks.cli_args import out_file, positive
 
 WORKLOADS = ("prefix", "images", "pd")
 EXAMPLES = """examples:
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router", default=None, help="vllm-router binary (as graft fleet)")
     p.add_argument("--out", type=out_file, default=None,
                    help="write the JSON report here (an existing file is replaced)")
-    p.add_argument("--startup-timeout-s", type=float, default=900.0)
+    p.add_argument("--startup-timeout-s", type=positive, default=900.0)
     p.epilog = (p.epilog or "") + "\n\nOptions after -- go to every graft serve worker."
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from graft.cli_types import number_in
 from graft.serving.engine.engine_args import add_engine_args
 
 
@@ -37,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint-model", default=None, help="model name sent to the endpoint")
     parser.add_argument("--concurrency", type=int, default=4, help="parallel endpoint requests")
     parser.add_argument("--retries", type=int, default=2, help="retries per failed endpoint request")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per endpoint request")
+    parser.add_argument("--timeout", type=number_in(float, low=0.0, low_open=True), default=60.0,
+                        help="seconds per endpoint request")
 
 
 def _list() -> int:

@@ -39,6 +39,10 @@ def test_number_in_refuses_non_finite_whatever_its_range(bounds, text):
      "--target-speedup"),
     (["quantize", "RUN", "--tasks", "t", "--out", "q", "--heldout-fraction", "{v}"],
      "--heldout-fraction"),
+    (["eval", "--endpoint", "http://127.0.0.1:1/v1", "--tasks", "t", "--timeout", "{v}"],
+     "--timeout"),
+    (["fleet", "M", "--startup-timeout-s", "{v}"], "--startup-timeout-s"),
+    (["bench", "fleet", "M", "--startup-timeout-s", "{v}"], "--startup-timeout-s"),
 ])
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_flags_refuse_non_finite(capsys, argv, flag, value):

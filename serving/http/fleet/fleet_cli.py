@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "embeddings before encoding (they do by default; docs/fleet.md)")
     p.add_argument("--router", default=None, metavar="PATH",
                    help="the vllm-router binary (default: $GRAFT_VLLM_ROUTER, then PATH)")
-    p.add_argument("--startup-timeout-s", type=float, default=900.0,
+    p.add_argument("--startup-timeout-s", type=number_in(float, low=0.0, low_open=True),
+                   default=900.0,
                    help="how long workers and router may take to answer /health")
     p.epilog = (p.epilog or "") + "\n\nOptions after -- go to every graft serve worker."
 
