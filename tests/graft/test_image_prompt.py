@@ -26,7 +26,7 @@ def _eval(n, tmp_path):
     for name in names:
         Image.new("RGB", (4, 4)).save(tmp_path / name)
     record = {"id": "a", "image": names, "question": QUESTION, "answer": "x"}
-    return _build(record, TaskSpec(), tmp_path, "t.jsonl:1")[0].prompt
+    return _build(record, TaskSpec(), tmp_path, "t.jsonl:1", set())[0].prompt
 
 
 def _parts(n):
