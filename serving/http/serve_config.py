@@ -1,10 +1,12 @@
 """`graft serve --config serve.yaml`: every serve option from a YAML file (keys are the flags'
-names, `max_num_seqs` or `max-num-seqs`); flags given on the command line win over the file."""
+names, `max_num_seqs` or `max-num-seqs`); flags given on the command line win over the file. A
+flag that takes JSON (--kv-transfer-config, --kv-events-config) takes a YAML mapping too."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import json
 from pathlib import Path
 
 from graft.errors import GraftConfigError
@@ -58,7 +60,10 @@ def _checked(action: argparse.Action, value, where: str):
     if action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction):
         items = value if isinstance(value, list) else [value]
         return [_one(action, item, where) for item in items]
-    if isinstance(value, (list, dict)) and action.dest != "quantization":
+    if isinstance(value, dict) and action.metavar == "JSON":
+        # a flag that takes JSON text (--kv-transfer-config): the file may write it as YAML
+        value = json.dumps(value)
+    elif isinstance(value, (list, dict)) and action.dest != "quantization":
         raise GraftConfigError(f"{where}: must be a single value, got {value!r}")
     return _one(action, value, where)
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from graft.errors import GraftConfigError
 from graft.tune.synth import synth_trace
 from tests.graft.cli_asserts import fails
 
@@ -141,3 +142,24 @@ def test_world_size_not_a_number(capsys, make_spec, tmp_path, monkeypatch):
 
     with pytest.raises(GraftConfigError, match="WORLD_SIZE: 'x1' is not an integer"):
         check_launch(None, {"WORLD_SIZE": "x1"})
+
+
+def test_serve_config_takes_json_flags_as_yaml_mappings(tiny_llama, tmp_path):
+    """--kv-transfer-config is JSON text on the command line; in serve.yaml a mapping reads
+    naturally, and is checked as the flag's JSON is."""
+    import argparse
+
+    from graft.serving.http import serve_cli
+    from graft.serving.http.fleet.pd import parse_kv_transfer_config
+    from graft.serving.http.serve_config import parse_args
+
+    config = tmp_path / "serve.yaml"
+    config.write_text(f"path: {tiny_llama}\nkv_transfer_config:\n  kv_role: kv_consumer\n"
+                      "  kv_connector_extra_config:\n    prefill_peers: ['10.0.0.2:8001']\n")
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    args = parse_args(parser, ["--config", str(config)])
+    assert parse_kv_transfer_config(args.kv_transfer_config).prefill_peers == (("10.0.0.2", 8001),)
+    config.write_text(f"path: {tiny_llama}\nmax_num_seqs:\n  a: 1\n")  # not a JSON flag
+    with pytest.raises(GraftConfigError, match="must be a single value"):
+        parse_args(parser, ["--config", str(config)])
