@@ -104,16 +104,15 @@ def _runs(args, router: str, logs: Path, one_run, policy: str, replicas: int = 2
           pd: str | None = None, peers: bool = True) -> dict:
     """`args.runs` runs of one workload on a fresh fleet; each run's numbers and their
     min/median/max."""
-    from graft.serving.http.fleet.fleet_cli import (Running, free_port, free_port_run,
-                                                    parse_cpus, plan)
+    from graft.serving.http.fleet.fleet_cli import Running, free_port_run, parse_cpus, plan
 
+    base = free_port_run(replicas + 1)  # the router's port, then the workers'
     fleet_args = argparse.Namespace(
         path=args.model, replicas=replicas, pd=pd, policy=policy, host="127.0.0.1",
         encoder_cache_peers=peers,
-        port=free_port(), worker_port=None, cpus=None, router=router,
+        port=base, worker_port=base + 1, cpus=None, router=router,
         startup_timeout_s=args.startup_timeout_s,
         serve_args=["--served-model-name", "m", *args.serve_args])
-    fleet_args.worker_port = free_port_run(replicas)
     fleet = plan(fleet_args, parse_cpus(None), router)
     for w in fleet.workers:  # one thread each, whatever the CPU split gave
         w.env["OMP_NUM_THREADS"] = "1"

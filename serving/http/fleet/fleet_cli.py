@@ -330,9 +330,13 @@ def free_port() -> int:
 
 def free_port_run(n: int) -> int:
     """The first of n consecutive free ports (a router's, then its workers': --port + 1 on),
-    where one free port's neighbours may be taken by any process's outgoing connections."""
+    taken below the kernel's range for outgoing connections: a port there, free when checked,
+    could be some connection's own by the time a worker that loads for seconds binds it."""
+    import random
+
+    low = _ephemeral_low()
     for _ in range(100):
-        base = free_port()
+        base = random.randint(10000, max(10000, low - n - 1)) if low > 10000 + n else free_port()
         socks = [socket.socket() for _ in range(n)]
         try:
             for k, s in enumerate(socks):
@@ -344,6 +348,14 @@ def free_port_run(n: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _ranges(cpus: list[int]) -> str:

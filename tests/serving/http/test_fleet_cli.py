@@ -122,3 +122,21 @@ def test_a_fleet_serves_through_the_router_and_ctrl_c_stops_all(tiny_llama, tmp_
     for url in workers:  # every worker is gone with it
         with pytest.raises(httpx.HTTPError):
             httpx.get(url + "/health", timeout=2)
+
+
+def test_a_port_run_is_taken_below_the_outgoing_connections_range():
+    """Ports a worker binds seconds after they were checked must not be ones the kernel hands
+    to outgoing connections meanwhile (a bench fleet's worker once lost its port that way)."""
+    import socket
+
+    from graft.serving.http.fleet.fleet_cli import _ephemeral_low, free_port_run
+
+    base = free_port_run(4)
+    assert base + 3 < _ephemeral_low()
+    socks = [socket.socket() for _ in range(4)]
+    try:
+        for k, s in enumerate(socks):
+            s.bind(("127.0.0.1", base + k))
+    finally:
+        for s in socks:
+            s.close()
