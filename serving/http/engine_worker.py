@@ -299,7 +299,7 @@ class EngineWorker:
         job.failed = True
         self._release(job.request_id)
         if isinstance(err, GraftError):  # a domain refusal: the message is for the client
-            job.sink("error", APIError(str(err), param=_prompt_param(job), code="invalid_prompt"))
+            job.sink("error", APIError(str(err), param=job.prompt_param(), code="invalid_prompt"))
         else:
             log.error("request %r failed before the engine", job.request_id, exc_info=err)
             job.sink("error", _internal_error())
@@ -349,7 +349,7 @@ class EngineWorker:
                                       guided_by_tools(job.request), job.request))
         elif out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
             job.sink("error", APIError(out.error or "the engine rejected this prompt",
-                                       param=_prompt_param(job), code="invalid_prompt"))
+                                       param=job.prompt_param(), code="invalid_prompt"))
         else:
             job.sink("output", out)
 
@@ -398,12 +398,3 @@ def _internal_error() -> APIError:
     # The details go to the server log, never to a client (they may name internals).
     return APIError("the server failed while generating this response; the server log has "
                     "the details", status=500, type="server_error", code="engine_error")
-
-
-def _prompt_param(job: Job) -> str:
-    """Where the job's prompt is in its request: `prompt` (or `prompt[i]`) of a completion,
-    `input` of embeddings and of the Responses API, a chat's `messages`."""
-    param = getattr(job.request, "_param", None)
-    if param is None and type(job.request).__name__ == "ResponsesChat":
-        return "input"
-    return param or "messages"

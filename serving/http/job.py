@@ -36,6 +36,14 @@ class Job:
         return QueueItem(self.deadline if self.deadline is not None else float("inf"),
                          len(self.prompt_token_ids), self.encode_tokens)
 
+    def prompt_param(self) -> str:
+        """Where the prompt is in its request: `prompt` (or `prompt[i]`) of a completion,
+        `input` of embeddings and of the Responses API, a chat's `messages`."""
+        param = getattr(self.request, "_param", None)
+        if param is None and type(self.request).__name__ == "ResponsesChat":
+            return "input"
+        return param or "messages"
+
     def images_to_encode(self) -> list:
         """The images whose embeddings this job's prefill needs: not those whose positions all
         came with KV from a prefill worker (they are encoded on demand if a preemption drops
