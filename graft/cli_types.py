@@ -1,6 +1,5 @@
 """argparse value types with ranges, so a bad flag is one argparse error line naming the flag,
-the value and the allowed range (never a traceback from deep inside the model); and the
-check that an output path can be written, made before the work that would write it."""
+the value and the allowed range (never a traceback from deep inside the model)."""
 
 from __future__ import annotations
 
