@@ -256,6 +256,12 @@ def _refusal(answer: dict, field: str, what: str) -> tuple[str, str | None]:
     elif head == "NoExtensionBias":
         head = ("no JSON value satisfies it (the grammar has nothing to continue with; a $ref "
                 "that leads only back to itself never ends)")
+    elif (forced := re.match(r"parser error: Too many items \(limit (\d+); ff_tokens\)", head)):
+        # the tokens it forces from the start never run out: nothing it allows can end
+        fix = ("take the property that leads back into itself out of \"required\"" if what == "schema"
+               else "give the rule that always recurses an alternative that ends")
+        head = (f"it forces an output of over {forced.group(1)} tokens from the start, so no "
+                f"answer can end (a required part that contains itself); {fix}")
     usable = "JSON schema" if what == "schema" else what
     return f"{field} is not a usable {usable}: {head[:300]}", None
 

@@ -121,7 +121,9 @@ def test_a_wide_object_is_refused_at_compile_time():
     ({"$ref": "#"}, "no JSON value satisfies it"),
     ({"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]},
      "no JSON value satisfies it"),
-    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "Too many items"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+     'no answer can end (a required part that contains itself); take the property that leads '
+     'back into itself out of "required"'),
 ])
 def test_a_schema_with_no_end_is_one_line_without_the_parser_state(schema, words):
     with pytest.raises(GraftConfigError) as err:
@@ -129,6 +131,16 @@ def test_a_schema_with_no_end_is_one_line_without_the_parser_state(schema, words
     message = str(err.value)
     assert words in message and "not a usable JSON schema" in message, message
     assert "<state>" not in message and "grammars" not in message and len(message) < 400, message
+
+
+def test_a_grammar_that_always_recurses_names_the_fix():
+    with pytest.raises(GraftConfigError) as err:
+        SamplingParams(guided_cfg='root ::= a\na ::= "x" a')
+    assert str(err.value) == (
+        "SamplingParams.guided_cfg is not a usable grammar: it forces an output of over 50000 "
+        "tokens from the start, so no answer can end (a required part that contains itself); "
+        "give the rule that always recurses an alternative that ends")
+    assert SamplingParams(guided_cfg='root ::= a\na ::= "x" a | "y"').guided_grammar
 
 
 @pytest.fixture(scope="module")
