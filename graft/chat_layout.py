@@ -44,8 +44,9 @@ def assistant_spans(render: Render, messages: list[dict], full: str,
                     offsets: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
     """The label spans `graft.template` defines (from after the generation prompt that opens
     an assistant turn to the end of its end-of-turn text), measured exactly on the last
-    assistant turn and carried to the others by their content offsets when every other turn
-    is framed by the same text; None otherwise."""
+    assistant turn and carried to the others by their content offsets when they end with the
+    same text; None otherwise. A turn that opens differently from the last one (Qwen3 writes
+    its empty think block in the last turn only) is measured on its own prefix render."""
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         return []
@@ -64,9 +65,17 @@ def assistant_spans(render: Render, messages: list[dict], full: str,
     spans = []
     for i in turns:
         a, b = offsets[i]
-        if full[a - len(opening):a] != opening or full[b:b + len(closing)] != closing:
+        if full[b:b + len(closing)] != closing:
             return None
-        spans.append((a - len(opening), b + len(closing)))
+        start = a - len(opening)
+        if full[start:a] != opening:
+            if i == 0:
+                return None
+            prefix = render(messages[:i], True)
+            if not full.startswith(prefix) or len(prefix) > a:
+                return None
+            start = len(prefix)
+        spans.append((start, b + len(closing)))
     if any(prev[1] > nxt[0] for prev, nxt in zip(spans, spans[1:])):
         return None
     return spans

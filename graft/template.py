@@ -8,6 +8,7 @@ Serving can keep special-token text typed inside messages as plain text.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -139,6 +140,7 @@ def encode_chat(
     tools: list[dict] | None = None,
     continue_final_message: bool = False,
     template_kwargs: dict | None = None,
+    training: bool = False,
 ) -> EncodedChat:
     """Token ids + labels for `messages`; the k-th `<image>` becomes a run of
     image_token_counts[k] placeholders. Marker/image count mismatch -> GraftDataError.
@@ -146,7 +148,11 @@ def encode_chat(
     `<|im_start|>system`) as plain text; the template's own control tokens stay special.
     `tools` (OpenAI function tools) go to the template as `apply_chat_template(tools=...)`,
     `template_kwargs` as its variables (`enable_thinking`); continue_final_message ends the
-    prompt inside the last message (its end-of-turn text left out), as HF's does."""
+    prompt inside the last message (its end-of-turn text left out), as HF's does.
+    Where the template writes no end-of-turn text after an assistant turn (GLM: the next
+    role token ends it), the token that follows the turn carries loss too; `training`
+    appends the tokenizer's eos token after such a turn that ends the chat, so that
+    stopping is learned (GLM's own fine-tuning does the same)."""
     n_markers = count_markers(messages)
     if n_markers != len(image_token_counts):
         raise GraftDataError(
@@ -177,6 +183,8 @@ def encode_chat(
         cuts.update((pos, pos + len(IMAGE_MARKER)))
         start = pos + len(IMAGE_MARKER)
     bounds = sorted(c for c in cuts if c <= end)
+    answers = [m for m in messages if m["role"] == "assistant"]
+    open_ends = {b for (a, b), m in zip(spans, answers) if _left_open(full[a:b], m)}
     ids: list[int] = []
     labels: list[int] = []
     image_spans: list[tuple[int, int]] = []
@@ -196,7 +204,19 @@ def encode_chat(
         in_label = span < len(spans) and spans[span][0] <= a and b <= spans[span][1]
         ids.extend(toks)
         labels.extend(toks if in_label else [IGNORE_INDEX] * len(toks))
+        if a in open_ends and toks:  # the token that ends an open assistant turn
+            labels[-len(toks)] = toks[0]
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if training and end in open_ends and eos is not None:
+        ids.append(eos)
+        labels.append(eos)
     return EncodedChat(ids, labels, image_spans)
+
+
+def _left_open(span_text: str, message: dict) -> bool:
+    """Whether an assistant turn's label text ends with its answer (no end-of-turn token)."""
+    answer = str(message.get("content") or "").strip()
+    return bool(answer) and span_text.rstrip().endswith(answer)
 
 
 def _continued(tokenizer, messages: list[dict], full: str, extra: dict) -> str:
@@ -226,5 +246,10 @@ def llava_to_messages(conversations: list[dict], system_prompt: str | None = Non
         if role is None:
             raise GraftDataError(
                 f"conversations[{j}].from={turn['from']!r}: use human, gpt or system")
-        messages.append({"role": role, "content": str(turn["value"])})
+        value = turn["value"]
+        # str() would turn null into the text "None" and a list into its Python repr
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise GraftDataError(f"conversations[{j}].value is {json.dumps(value)[:40]}; "
+                                 "it must be the turn's text (a string)")
+        messages.append({"role": role, "content": str(value)})
     return messages

@@ -1,8 +1,9 @@
 """LLaVA-format training data: load, validate every sample up front, report bad ones.
 
-A sample is `{"id"?, "image": path | "images": [paths], "conversations": [...]}`.
-Validation happens once before training so that step counts are known and a bad sample
-is reported with its index (or skipped and counted, with `on_bad_sample: skip`).
+A sample is `{"id"?, "image": path | "images": [paths], "conversations": [...]}`, in a JSON
+list or one per line (JSON Lines). Validation happens once before training so that step
+counts are known and a bad sample is reported with its index or line (or skipped and
+counted, with `on_bad_sample: skip`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from PIL import Image, UnidentifiedImageError
 
 from graft.digests import pixel_hash
 from graft.errors import GraftDataError
-from graft.template import EncodedChat, encode_chat, llava_to_messages
+from graft.template import IGNORE_INDEX, EncodedChat, encode_chat, llava_to_messages
 
 
 @dataclass
@@ -33,6 +34,9 @@ def load_image(path: str | Path) -> Image.Image:
             return im.convert("RGB")
     except FileNotFoundError:
         raise GraftDataError(f"image file {path} does not exist") from None
+    except Image.DecompressionBombError as err:  # not an OSError: PIL's guard on huge images
+        raise GraftDataError(f"image file {path} is too large to decode ({err}); resize it"
+                             ) from None
     except (UnidentifiedImageError, OSError, ValueError) as err:
         raise GraftDataError(f"image file {path} cannot be decoded: {err}") from None
 
@@ -43,16 +47,40 @@ image_content_hash = pixel_hash
 
 
 def read_json_samples(path: str | Path) -> list[dict]:
+    """The samples of a JSON list or a JSON Lines file (a file that starts with `{`)."""
+    return [raw for _, raw in _read_samples(path)]
+
+
+def _read_samples(path: str | Path) -> list[tuple[str, object]]:
+    """(where, sample) pairs; `where` names the sample in errors: `sample 3` in a JSON list,
+    `line 4` in JSON Lines."""
     path = Path(path)
     if not path.is_file():
         raise GraftDataError(f"data file {path} does not exist (data.train / data.val)")
     try:
-        raw = json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no error
+    except UnicodeDecodeError as err:
+        raise GraftDataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                             "save it as UTF-8") from None
+    if text.lstrip().startswith("{"):
+        out = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    out.append((f"line {lineno}", json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise GraftDataError(f"{path} line {lineno}: not valid JSON ({err}); write "
+                                         "a JSON list of samples, or JSON Lines with one whole "
+                                         "sample per line") from None
+        return out
+    try:
+        raw = json.loads(text)
     except json.JSONDecodeError as err:
         raise GraftDataError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(raw, list):
-        raise GraftDataError(f"{path}: expected a JSON list of samples")
-    return raw
+        raise GraftDataError(f"{path}: expected a JSON list of samples (or JSON Lines: one "
+                             "sample object per line)")
+    return [(f"sample {i}", r) for i, r in enumerate(raw)]
 
 
 def sample_image_paths(raw: dict, image_root: Path) -> list[Path]:
@@ -74,17 +102,19 @@ def prepare_samples(
     max_length: int,
     on_bad_sample: str = "error",
     system_prompt: str | None = None,
+    llm_context: int | None = None,  # the LLM's max_position_embeddings, when it has one
 ) -> tuple[list[Sample], list[str]]:
     """Validated samples and the list of skip reasons (empty unless on_bad_sample=skip)."""
     image_root = Path(image_root)
     samples: list[Sample] = []
     skipped: list[str] = []
-    for i, raw in enumerate(read_json_samples(path)):
+    limit = _length_limit(max_length, llm_context)
+    for i, (where, raw) in enumerate(_read_samples(path)):
         try:
             samples.append(_prepare_one(i, raw, image_root, tokenizer, image_token_count,
-                                        max_length, system_prompt))
+                                        limit, system_prompt))
         except GraftDataError as err:
-            reason = f"{path} sample {i}: {err}"
+            reason = f"{path} {where}: {err}"
             if on_bad_sample == "error":
                 raise GraftDataError(reason + " (set data.on_bad_sample: skip to skip it)") from None
             skipped.append(reason)
@@ -93,7 +123,15 @@ def prepare_samples(
     return samples, skipped
 
 
-def _prepare_one(i, raw, image_root, tokenizer, image_token_count, max_length, system_prompt):
+def _length_limit(max_length: int, llm_context: int | None) -> tuple[int, str]:
+    """The longest sample allowed and how to say which setting limits it."""
+    if llm_context and llm_context < max_length:
+        return llm_context, (f"the LLM's context of {llm_context} tokens "
+                             f"(max_position_embeddings; data.max_length={max_length}); shorten it")
+    return max_length, f"data.max_length={max_length}; shorten it or raise max_length"
+
+
+def _prepare_one(i, raw, image_root, tokenizer, image_token_count, limit, system_prompt):
     if not isinstance(raw, dict) or not isinstance(raw.get("conversations"), list):
         raise GraftDataError("needs a 'conversations' list")
     paths = sample_image_paths(raw, image_root)
@@ -104,9 +142,17 @@ def _prepare_one(i, raw, image_root, tokenizer, image_token_count, max_length, s
     messages = llava_to_messages(raw["conversations"], system_prompt)
     if not any(m["role"] == "assistant" for m in messages):
         raise GraftDataError("has no assistant ('gpt') turn, so nothing to learn")
-    chat = encode_chat(tokenizer, messages, counts)
-    if len(chat.input_ids) > max_length:
+    turns = [j for j, t in enumerate(raw["conversations"]) if t["from"] in ("gpt", "assistant")]
+    empty = [j for j in turns if not str(raw["conversations"][j]["value"]).strip()]
+    if empty:  # it would teach the model to end its turn at once
+        raise GraftDataError(f"conversations[{empty[0]}] is an empty answer; write the answer "
+                             "or drop the turn")
+    chat = encode_chat(tokenizer, messages, counts, training=True)
+    if len(chat.input_ids) > limit[0]:
         raise GraftDataError(
-            f"is {len(chat.input_ids)} tokens (images included), longer than "
-            f"data.max_length={max_length}; shorten it or raise max_length")
+            f"is {len(chat.input_ids)} tokens (images included), longer than {limit[1]}")
+    # the first token is predicted by nothing: a label there alone trains nothing
+    if all(label == IGNORE_INDEX for label in chat.labels[1:]):
+        raise GraftDataError("has no answer token that carries loss (the chat template "
+                             "renders no assistant text for it)")
     return Sample(i, str(raw.get("id", i)), chat, paths)

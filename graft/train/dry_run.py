@@ -7,6 +7,8 @@ import yaml
 
 from graft.spec import GraftSpec
 
+SHOWN_SKIPS = 5  # skipped samples whose reason --dry-run prints (the rest are counted)
+
 
 def dry_run(spec: GraftSpec) -> dict:
     """The report (also printed by the CLI); builds only the image path (encoder, projector,
@@ -20,7 +22,6 @@ def dry_run(spec: GraftSpec) -> dict:
     llm_cfg = AutoConfig.from_pretrained(llm_dir)
     image_path = ImagePath.from_spec(spec, llm_cfg.hidden_size)
     tokenizer = AutoTokenizer.from_pretrained(llm_dir)
-    max_len = min(spec.data.max_length, getattr(llm_cfg, "max_position_embeddings", None) or 10**9)
     data = {}
     for split in ("train", "val"):
         path = getattr(spec.data, split)
@@ -28,10 +29,12 @@ def dry_run(spec: GraftSpec) -> dict:
             continue
         samples, skipped = prepare_samples(
             GraftSpec.expand(path), GraftSpec.expand(spec.data.image_root), tokenizer,
-            image_path.image_token_count, max_len, spec.data.on_bad_sample, spec.data.system_prompt)
+            image_path.image_token_count, spec.data.max_length, spec.data.on_bad_sample,
+            spec.data.system_prompt, getattr(llm_cfg, "max_position_embeddings", None))
         per_image = sorted({n for s in samples for _, n in s.chat.image_spans})
         lengths = [len(s.chat.input_ids) for s in samples]
         data[split] = {"samples": len(samples), "skipped": len(skipped),
+                       "skip_reasons": skipped[:SHOWN_SKIPS],
                        "images": sum(len(s.image_paths) for s in samples),
                        "image_tokens_per_image": per_image,
                        "tokens_max": max(lengths), "tokens_mean": round(sum(lengths) / len(lengths), 1)}
@@ -60,6 +63,9 @@ def format_report(report: dict) -> str:
         lines.append(f"data.{split}: {d['samples']} samples ({d['skipped']} skipped), "
                      f"{d['images']} images, image tokens per image {d['image_tokens_per_image']}, "
                      f"tokens per sample max {d['tokens_max']} mean {d['tokens_mean']}")
+        lines += [f"  skipped: {reason}" for reason in d["skip_reasons"]]
+        if d["skipped"] > len(d["skip_reasons"]):
+            lines.append(f"  ... and {d['skipped'] - len(d['skip_reasons'])} more skipped")
     m = report["memory_gib"]
     lines.append(f"memory estimate: {m['total']:.2f} GiB (frozen weights {m['frozen_weights']:.2f}, "
                  f"trainable + AdamW {m['trainable_and_optimizer']:.3f}, activations "
