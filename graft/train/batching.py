@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from graft.train.data import image_content_hash, load_image, prepare_samples
+from graft.train.distributed import label_tokens
 from graft.errors import GraftConfigError
 from graft.train.feature_cache import FeatureCache
 from graft.spec import GraftSpec
@@ -20,19 +21,16 @@ class Batcher:
         self.spec = spec
         self.model = model
         self.rank, self.world = rank, world
-        max_len = spec.data.max_length
         ctx = getattr(model.llm.config, "max_position_embeddings", None)
-        if ctx:
-            max_len = min(max_len, ctx)
         root = GraftSpec.expand(spec.data.image_root)
         self.samples, self.skipped = prepare_samples(
             GraftSpec.expand(spec.data.train), root, model.tokenizer, model.image_token_count,
-            max_len, spec.data.on_bad_sample, spec.data.system_prompt)
+            spec.data.max_length, spec.data.on_bad_sample, spec.data.system_prompt, ctx)
         self.val_samples = []
         if spec.data.val:
             self.val_samples, _ = prepare_samples(
                 GraftSpec.expand(spec.data.val), root, model.tokenizer, model.image_token_count,
-                max_len, spec.data.on_bad_sample, spec.data.system_prompt)
+                spec.data.max_length, spec.data.on_bad_sample, spec.data.system_prompt, ctx)
         self.cache = None
         if spec.train.feature_cache:
             self.cache = FeatureCache(GraftSpec.expand(spec.train.feature_cache),
@@ -41,6 +39,10 @@ class Batcher:
         if self.pad_id is None:
             self.pad_id = model.tokenizer.eos_token_id or 0
         self._encoded = 0  # images run through the encoder (cache misses, or no cache)
+        self._epoch_order: tuple[int | None, list[int]] = (None, [])
+        # per sample, the tokens that carry loss (the first token is predicted by nothing)
+        self._label_tokens = [sum(lab != IGNORE_INDEX for lab in s.chat.labels[1:])
+                              for s in self.samples]
 
     @property
     def num_samples(self) -> int:
@@ -62,14 +64,33 @@ class Batcher:
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """Sample indices of this rank's micro-batches; a pure function of (seed, epoch).
         Micro-batch k of every rank together is global batch k of a one-process run."""
-        g = torch.Generator().manual_seed(self.spec.train.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(self.samples), generator=g).tolist()
-        mine = order[self.rank::self.world]
+        mine = self._order(epoch)[self.rank::self.world]
         bs = self.spec.train.batch_size
         batches = [mine[i:i + bs] for i in range(0, len(mine), bs)]
         # every process must take part in every step; one left without samples in the last
         # global batch gets an empty micro-batch, which the loop runs with zero weight
         return batches + [[] for _ in range(self.batches_per_epoch - len(batches))]
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._epoch_order[0] != epoch:  # asked once per micro-batch: kept for the epoch
+            g = torch.Generator().manual_seed(self.spec.train.seed * 1_000_003 + epoch)
+            self._epoch_order = (epoch, torch.randperm(len(self.samples), generator=g).tolist())
+        return self._epoch_order[1]
+
+    def step_share(self, epoch: int, micro: int) -> float:
+        """Micro-batch `micro`'s share of the label tokens of its optimizer step, all ranks
+        counted: weighted by it, the step's loss is the mean over every token of its global
+        batch (train.grad_accum micro-batches, fewer in an epoch's last step), as one batch
+        holding them all would give. Known from the data alone: no rank has to ask another."""
+        order, bs, accum = self._order(epoch), self.spec.train.batch_size, self.spec.train.grad_accum
+        size = bs * self.world  # global micro-batch k is order[k * size:(k + 1) * size]
+
+        def tokens(k: int) -> int:
+            return sum(self._label_tokens[i] for i in order[k * size:(k + 1) * size])
+
+        first = micro - micro % accum
+        window = range(first, min(first + accum, self.batches_per_epoch))
+        return tokens(micro) / max(sum(tokens(k) for k in window), 1)
 
     def features(self, images) -> list[torch.Tensor]:
         """Frozen-encoder features per image, through the cache when configured."""
@@ -135,8 +156,9 @@ class Batcher:
 
     @torch.no_grad()
     def val_loss(self, model, accel) -> float:
-        """Mean loss over the validation samples (token-weighted per batch), in eval mode
-        (no LoRA dropout), leaving each module's train/eval mode as it was."""
+        """Mean loss over every answer token of the validation samples (so it does not depend
+        on how they are batched), in eval mode (no LoRA dropout), leaving each module's
+        train/eval mode as it was."""
         modes = [(m, m.training) for m in model.modules()]
         model.eval()
         total, n = 0.0, 0
@@ -147,8 +169,9 @@ class Batcher:
                 batch = self.collate(idx, accel.device, samples=self.val_samples)
                 with accel.autocast():
                     loss = model(**batch).loss
-                total += loss.item() * len(idx)
-                n += len(idx)
+                tokens = int(label_tokens(batch["labels"]))
+                total += loss.item() * tokens
+                n += tokens
         finally:
             for m, training in modes:
                 m.train(training)

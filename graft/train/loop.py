@@ -178,12 +178,15 @@ class Trainer:
         self.micro += 1
         last_micro = self.micro % spec.train.grad_accum == 0 or self.micro == len(batches)
         ctx = accel.no_sync(self.model) if not last_micro else contextlib.nullcontext()
+        share = self.batcher.step_share(self.epoch, self.micro - 1)
         with ctx, accel.autocast():
             loss = self.model(**batch).loss
-            # several processes: the mean over the global batch's label tokens
+            # several processes: the mean over the global micro-batch's label tokens
             loss, value = global_token_loss(loss, batch["labels"], accel, weight=0.0 if empty else 1.0)
-            accel.backward(loss / spec.train.grad_accum)
-        self.progress.add_micro(value, len(indices))
+            # gradient accumulation: weighted by tokens, so the step's loss is the mean over
+            # all of its tokens, not a mean of per-micro-batch means
+            accel.backward(loss * share)
+        self.progress.add_micro(value * share, len(indices))
         return last_micro
 
     def _optimizer_step(self, bar, n_batches: int) -> None:

@@ -1,5 +1,5 @@
-"""A run's running counters: the loss of each optimizer step (the mean over its micro-batches),
-samples seen, and the training time with validation left out."""
+"""A run's running counters: the loss of each optimizer step (the sum of its micro-batches'
+token-weighted shares), samples seen, and the training time with validation left out."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ class Progress:
         self.val_loss: float | None = None
         self.val_step: int | None = None
         self.step_loss: float | None = None
-        self._loss, self._n = 0.0, 0
+        self._loss = 0.0
 
-    def add_micro(self, loss: float, samples: int) -> None:
-        self._loss += loss
-        self._n += 1
+    def add_micro(self, loss_share: float, samples: int) -> None:
+        """`loss_share`: the micro-batch's loss times its share of the step's label tokens."""
+        self._loss += loss_share
         self.seen += samples
 
     def end_step(self) -> None:
-        self.step_loss = self._loss / self._n
-        self._loss, self._n = 0.0, 0
+        self.step_loss = self._loss
+        self._loss = 0.0
 
     def train_seconds(self) -> float:
         return time.perf_counter() - self.t0 - self.val_seconds
