@@ -78,13 +78,19 @@ class GraftedModel(nn.Module):
     # ---- construction --------------------------------------------------------------
     @classmethod
     def from_spec(cls, spec: GraftSpec, adapter_dir: str | Path | None = None,
-                  llm_weights: bool = True) -> "GraftedModel":
+                  llm_weights: bool = True, image_path: ImagePath | None = None) -> "GraftedModel":
         """Build from a spec: the LLM from spec.llm.path (on the meta device when not
         llm_weights), the projector from adapter_dir (else spec.adapter_init, else freshly
-        initialised). For the image path alone (no LLM weights), use `ImagePath.from_spec`."""
+        initialised), or `image_path` as built already (`ImagePath.from_spec`, which needs no
+        LLM weights)."""
         llm, tokenizer = load_llm(spec.llm.path, spec.llm.dtype, weights=llm_weights)
         d_model = llm.get_input_embeddings().embedding_dim
-        return cls(spec, ImagePath.from_spec(spec, d_model, adapter_dir), llm, tokenizer)
+        if image_path is None:
+            image_path = ImagePath.from_spec(spec, d_model, adapter_dir)
+        elif image_path.d_model != d_model:
+            raise GraftConfigError(f"the projector gives {image_path.d_model}-wide tokens but the "
+                                   f"LLM in {spec.llm.path} embeds {d_model}-wide ones")
+        return cls(spec, image_path, llm, tokenizer)
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: str = "cpu") -> "GraftedModel":

@@ -8,29 +8,23 @@ from __future__ import annotations
 
 import torch
 
-from graft.train.data import image_content_hash, load_image, prepare_samples
+from graft.train.data import image_content_hash, load_image
 from graft.train.distributed import label_tokens
 from graft.errors import GraftConfigError
 from graft.train.feature_cache import FeatureCache
+from graft.train.inputs import TrainInputs
 from graft.spec import GraftSpec
 from graft.template import IGNORE_INDEX
 
 
 class Batcher:
-    def __init__(self, spec: GraftSpec, model, rank: int = 0, world: int = 1):
+    def __init__(self, spec: GraftSpec, model, inputs: TrainInputs, rank: int = 0, world: int = 1):
+        """`inputs`: the validated samples (`read_inputs`), tokenized as `model` takes them."""
         self.spec = spec
         self.model = model
         self.rank, self.world = rank, world
-        ctx = getattr(model.llm.config, "max_position_embeddings", None)
-        root = GraftSpec.expand(spec.data.image_root)
-        self.samples, self.skipped = prepare_samples(
-            GraftSpec.expand(spec.data.train), root, model.tokenizer, model.image_token_count,
-            spec.data.max_length, spec.data.on_bad_sample, spec.data.system_prompt, ctx)
-        self.val_samples = []
-        if spec.data.val:
-            self.val_samples, _ = prepare_samples(
-                GraftSpec.expand(spec.data.val), root, model.tokenizer, model.image_token_count,
-                spec.data.max_length, spec.data.on_bad_sample, spec.data.system_prompt, ctx)
+        self.samples, self.skipped = inputs.samples, inputs.skipped
+        self.val_samples = inputs.val_samples
         self.cache = None
         if spec.train.feature_cache:
             self.cache = FeatureCache(GraftSpec.expand(spec.train.feature_cache),

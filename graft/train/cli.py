@@ -58,7 +58,7 @@ def run(args) -> int:
 
     from graft.spec import GraftSpec
     from graft.spec_paths import check_paths
-    from graft.train.run_guard import prepare_run_dir
+    from graft.train.run_guard import check_run_dir, prepare_run_dir
     from graft.train.tracking import check_report_to
 
     # under `accelerate launch` every process runs this: the run dir is checked (and emptied
@@ -87,14 +87,18 @@ def run(args) -> int:
         print(format_report(dry_run(spec)))
         print(where)
         return 0
+    replace = None
     if main_process:
-        prepare_run_dir(spec, resume=args.resume, overwrite=args.overwrite)
+        check_run_dir(spec, resume=args.resume, overwrite=args.overwrite)
+
+        def replace():  # --overwrite: only once every sample has passed its checks
+            prepare_run_dir(spec, resume=args.resume, overwrite=args.overwrite)
     from graft.train.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     start = time.perf_counter()
     try:
-        run_dir = train(spec, resume=args.resume)
+        run_dir = train(spec, resume=args.resume, before_write=replace)
     except KeyboardInterrupt:  # Ctrl-C: where the run stands, not a traceback
         if main_process:
             print(interrupted_message(spec, args.config, args.overrides), file=sys.stderr)

@@ -11,26 +11,16 @@ SHOWN_SKIPS = 5  # skipped samples whose reason --dry-run prints (the rest are c
 
 
 def dry_run(spec: GraftSpec) -> dict:
-    """The report (also printed by the CLI); builds only the image path (encoder, projector,
-    tokenizer) and reads the data, never the LLM's weights."""
-    from transformers import AutoConfig, AutoTokenizer
+    """The report (also printed by the CLI); reads what `graft train` reads before the LLM's
+    weights (`read_inputs`: the image path, the tokenizer, the data), never the weights."""
+    from graft.train.inputs import read_inputs
 
-    from graft.image_path import ImagePath, llm_dir as checked_llm_dir
-    from graft.train.data import prepare_samples
-
-    llm_dir = checked_llm_dir(spec.llm.path)
-    llm_cfg = AutoConfig.from_pretrained(llm_dir)
-    image_path = ImagePath.from_spec(spec, llm_cfg.hidden_size)
-    tokenizer = AutoTokenizer.from_pretrained(llm_dir)
+    inputs = read_inputs(spec)
     data = {}
-    for split in ("train", "val"):
-        path = getattr(spec.data, split)
-        if not path:
+    for split, samples, skipped in (("train", inputs.samples, inputs.skipped),
+                                    ("val", inputs.val_samples, inputs.val_skipped)):
+        if not samples:  # no data.val
             continue
-        samples, skipped = prepare_samples(
-            GraftSpec.expand(path), GraftSpec.expand(spec.data.image_root), tokenizer,
-            image_path.image_token_count, spec.data.max_length, spec.data.on_bad_sample,
-            spec.data.system_prompt, getattr(llm_cfg, "max_position_embeddings", None))
         per_image = sorted({n for s in samples for _, n in s.chat.image_spans})
         lengths = [len(s.chat.input_ids) for s in samples]
         data[split] = {"samples": len(samples), "skipped": len(skipped),

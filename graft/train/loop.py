@@ -27,6 +27,7 @@ from graft.train.batching import Batcher
 from graft.train.checkpoint import (latest_checkpoint, load_newest_intact, prune_checkpoints,
                                     save_checkpoint, save_trainable)
 from graft.train.distributed import check_launch, global_token_loss
+from graft.train.inputs import read_inputs
 from graft.train.plan import check_fits
 from graft.train.progress import Progress
 from graft.train.tracking import Reporter, accelerator_kwargs, check_report_to, plot_run, trim_rows
@@ -34,10 +35,10 @@ from graft.train.tracking import Reporter, accelerator_kwargs, check_report_to, 
 log = logging.getLogger("graft.train.loop")
 
 
-def _build_model(spec: GraftSpec, llm_weights: bool = True):
+def _build_model(spec: GraftSpec, image_path, llm_weights: bool = True):
     from graft.model import GraftedModel
 
-    model = GraftedModel.from_spec(spec, llm_weights=llm_weights)
+    model = GraftedModel.from_spec(spec, llm_weights=llm_weights, image_path=image_path)
     torch.manual_seed(spec.train.seed)
     if spec.train.stage == "finetune":
         from peft import LoraConfig, get_peft_model
@@ -66,7 +67,10 @@ def _checked_llm_sha(spec: GraftSpec, llm_path: str) -> str:
 class Trainer:
     """One run: built (and resumed) by the constructor, trained by `fit`."""
 
-    def __init__(self, spec: GraftSpec, resume: bool = False):
+    def __init__(self, spec: GraftSpec, resume: bool = False, before_write=None):
+        """`before_write()` runs once the launch, the fit and every sample have passed their
+        checks, before the LLM is hashed and loaded and before anything is written (graft
+        train lets --overwrite remove the old run there)."""
         check_report_to(spec.train.report_to)
         self.spec, self.run_dir = spec, Path(GraftSpec.expand(spec.output_dir))
         self.run = RunDir(self.run_dir)
@@ -75,6 +79,10 @@ class Trainer:
         check_launch(self.accel)
         self.sharded = sharding.is_sharded(self.accel)
         check_fits(spec, self.accel.num_processes)  # config.json only: before any weight loads
+        self.rss_before_model = sharding.peak_rss()  # what the plan's bytes add to
+        self.inputs = read_inputs(spec)  # a bad sample is named before the LLM loads
+        if before_write is not None:
+            before_write()
         self.llm_path = GraftSpec.expand(spec.llm.path)
         spec.llm.sha256 = self.sha = _checked_llm_sha(spec, self.llm_path)
         self._build(resume)
@@ -89,12 +97,11 @@ class Trainer:
 
         spec, accel = self.spec, self.accel
         self.read_llm_weights = sharding.reads_llm_weights(accel)
-        self.rss_before_model = sharding.peak_rss()  # what the plan's bytes add to
         broadcast = sharding.broadcasts_llm(accel)
-        model = _build_model(spec, llm_weights=self.read_llm_weights)
+        model = _build_model(spec, self.inputs.image_path, llm_weights=self.read_llm_weights)
         # rank 0 holds the whole LLM until its shards reach every rank
         llm_state = model.llm.state_dict() if broadcast and accel.is_main_process else None
-        self.batcher = Batcher(spec, model, accel.process_index, accel.num_processes)
+        self.batcher = Batcher(spec, model, self.inputs, accel.process_index, accel.num_processes)
         # a resumed run, or one started from a trained adapter, keeps the stats it loaded (the
         # projector's weights were fitted to them)
         if model.projector.config.standardize and not resume and not spec.adapter_init:
@@ -293,6 +300,7 @@ class Trainer:
         accel.wait_for_everyone()
 
 
-def train(spec: GraftSpec, resume: bool = False, on_step=None) -> Path:
-    """Train and return the run dir. `on_step(step, loss)` is called after each optimizer step."""
-    return Trainer(spec, resume).fit(on_step)
+def train(spec: GraftSpec, resume: bool = False, on_step=None, before_write=None) -> Path:
+    """Train and return the run dir. `on_step(step, loss)` is called after each optimizer step;
+    `before_write()` as in `Trainer`."""
+    return Trainer(spec, resume, before_write).fit(on_step)

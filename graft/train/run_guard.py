@@ -22,16 +22,23 @@ RESUME_MAY_CHANGE = {"output_dir", "llm.path", "llm.sha256", "train.save_every",
 
 
 def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> Path:
-    """The run dir, checked: refused when it holds a run that is neither resumed nor to be
-    overwritten; emptied when `overwrite` (a run dir only); compared with the spec on resume."""
+    """The run dir, checked (`check_run_dir`) and emptied when `overwrite` (a run dir only)."""
+    run_dir, action = check_run_dir(spec, resume, overwrite)
+    if action == "replace":
+        shutil.rmtree(run_dir)  # stale checkpoints would otherwise be found by a later --resume
+    return run_dir
+
+
+def check_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False
+                  ) -> tuple[Path, str]:
+    """`plan_run_dir`, refused when the dir holds a run that is neither resumed nor to be
+    overwritten (compared with the spec on resume); deletes nothing."""
     run_dir, action = plan_run_dir(spec, resume, overwrite)
     if action == "occupied":
         raise GraftConfigError(
             f"output_dir {run_dir} already holds a run; --resume continues it, --overwrite "
             "replaces it, --set output_dir=PATH trains into a new dir")
-    if action == "replace":
-        shutil.rmtree(run_dir)  # stale checkpoints would otherwise be found by a later --resume
-    return run_dir
+    return run_dir, action
 
 
 def plan_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> tuple[Path, str]:

@@ -120,14 +120,16 @@ def test_training_loss_matches_hf(make_spec, tiny_llm_factory, family, system_pr
     equal HF's full-sequence loss."""
     from graft.answer_loss import shared_prefix_length
     from graft.train.batching import Batcher
+    from graft.train.inputs import read_inputs
 
     spec = make_spec("siglip", llm=tiny_llm_factory(family))
     spec.data.system_prompt = system_prompt
-    model = GraftedModel.from_spec(spec)
+    inputs = read_inputs(spec)
+    model = GraftedModel.from_spec(spec, image_path=inputs.image_path)
     if checkpointing:  # the prefix must not be shared: recomputation would re-append its cache
         model.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.llm.train()
-    batch = Batcher(spec, model).collate([0, 1, 2, 3], "cpu")
+    batch = Batcher(spec, model, inputs).collate([0, 1, 2, 3], "cpu")
     # ragged rows, so padding positions are part of what must be ignored
     batch["labels"][1, -3:] = -100
     batch["attention_mask"][1, -2:] = 0

@@ -50,6 +50,24 @@ def test_run_dir_is_never_replaced_silently(make_spec, tmp_path, capsys):
     assert main(["train", cfg, "--resume", "--set", "train.max_steps=1"]) == 0
 
 
+def test_bad_data_is_named_before_the_llm_loads_or_overwrite_deletes(make_spec, tmp_path, capsys):
+    import shutil
+
+    spec = make_spec(max_steps=1)
+    assert main(["train", _config(tmp_path, spec)]) == 0
+    kept = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run").rglob("*"))
+    rows = json.loads(open(spec.data.train).read())
+    rows[3]["conversations"][1]["value"] = None
+    (tmp_path / "bad.json").write_text(json.dumps(rows))
+    # an LLM dir whose weights cannot be read: the data's problem is still the one named
+    llm = tmp_path / "llm"
+    shutil.copytree(spec.llm.path, llm)
+    (llm / "model.safetensors").write_bytes(b"not safetensors")
+    cfg = _config(tmp_path, spec, **{"data.train": str(tmp_path / "bad.json"), "llm.path": str(llm)})
+    _fails(capsys, ["train", cfg, "--overwrite"], "bad.json sample 3: conversations[1].value is null")
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "run").rglob("*")) == kept
+
+
 def test_non_run_dir_and_missing_checkpoint(make_spec, tmp_path, capsys):
     spec = make_spec(max_steps=1)
     (tmp_path / "run").mkdir()
@@ -137,11 +155,11 @@ def test_ctrl_c_keeps_the_periodic_checkpoint_and_says_how_to_resume(make_spec, 
     assert GraftSpec().train.save_every > 0  # an interrupted run keeps something by default
     real_train = loop.train
 
-    def interrupted(spec, resume=False):
+    def interrupted(spec, resume=False, before_write=None):
         def ctrl_c(step, loss):
             if step == 3:
                 raise KeyboardInterrupt
-        return real_train(spec, resume, on_step=ctrl_c)
+        return real_train(spec, resume, on_step=ctrl_c, before_write=before_write)
 
     monkeypatch.setattr(loop, "train", interrupted)
     cfg = _config(tmp_path, make_spec(max_steps=5, save_every=2))
@@ -162,10 +180,10 @@ def test_resume_without_a_checkpoint_names_what_is_missing(make_spec, tmp_path, 
 
     real_train = loop.train
 
-    def interrupted(spec, resume=False):
+    def interrupted(spec, resume=False, before_write=None):
         def ctrl_c(step, loss):
             raise KeyboardInterrupt
-        return real_train(spec, resume, on_step=ctrl_c)
+        return real_train(spec, resume, on_step=ctrl_c, before_write=before_write)
 
     monkeypatch.setattr(loop, "train", interrupted)
     cfg = _config(tmp_path, make_spec(max_steps=5, save_every=4))

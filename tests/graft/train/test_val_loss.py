@@ -7,6 +7,7 @@ from accelerate import Accelerator
 
 from graft.model import GraftedModel
 from graft.train.batching import Batcher
+from graft.train.inputs import read_inputs
 
 
 def test_val_loss_does_not_depend_on_batching(make_spec, tiny_dataset, tmp_path):
@@ -16,10 +17,11 @@ def test_val_loss_does_not_depend_on_batching(make_spec, tiny_dataset, tmp_path)
     val.write_text(json.dumps(rows))  # answers of 8 words and of 1
     spec = make_spec()
     spec.data.val = str(val)
-    model = GraftedModel.from_spec(spec)
+    inputs = read_inputs(spec)
+    model = GraftedModel.from_spec(spec, image_path=inputs.image_path)
     accel = Accelerator(cpu=True)
     got = []
     for batch_size in (1, 3):
         spec.train.batch_size = batch_size
-        got.append(Batcher(spec, model).val_loss(model, accel))
+        got.append(Batcher(spec, model, inputs).val_loss(model, accel))
     assert got[0] == pytest.approx(got[1], rel=1e-5)
