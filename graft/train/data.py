@@ -84,9 +84,12 @@ def _read_samples(path: str | Path) -> list[tuple[str, object]]:
 
 
 def sample_image_paths(raw: dict, image_root: Path) -> list[Path]:
-    images = raw.get("images", raw.get("image"))
-    if images is None:
+    given = [key for key in ("image", "images") if raw.get(key) is not None]  # null: not given
+    if len(given) > 1:
+        raise GraftDataError("has both 'image' and 'images'; keep one (a path, or a list of paths)")
+    if not given:
         return []
+    images = raw[given[0]]
     if isinstance(images, str):
         images = [images]
     if not isinstance(images, list) or not all(isinstance(p, str) for p in images):

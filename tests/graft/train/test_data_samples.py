@@ -41,6 +41,7 @@ def _prepare(tok, path, **kw):
     (_answer(""), r"conversations\[1\] is an empty answer"),
     (_answer(" \n "), r"conversations\[1\] is an empty answer"),
     (_answer(None), r"conversations\[1\]\.value is null"),  # not the text "None"
+    ({**GOOD, "images": ["a.png"]}, "has both 'image' and 'images'; keep one"),
     ({"image": "a.png", "conversations": [{"from": "human", "value": ["<image>", "Q"]},
                                           {"from": "gpt", "value": "x"}]},
      r"conversations\[0\]\.value is \["),
@@ -52,6 +53,14 @@ def test_bad_answers_are_refused_or_skipped(tok, data_dir, bad, words):
         _prepare(tok, path)
     samples, skipped = _prepare(tok, path, on_bad_sample="skip")
     assert len(samples) == 1 and len(skipped) == 1
+
+
+def test_a_null_images_key_is_not_given(tok, data_dir):
+    path = data_dir / "train.json"
+    path.write_text(json.dumps([{**GOOD, "images": None}, {**_answer("blue"), "image": None,
+                                                          "images": ["a.png"]}]))
+    samples, _ = _prepare(tok, path)
+    assert [len(s.image_paths) for s in samples] == [1, 1]
 
 
 def test_json_lines_name_the_line(tok, data_dir):
