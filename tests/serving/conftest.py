@@ -79,3 +79,36 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def drain(engine, add=lambda: None, after_step=lambda: None) -> dict:
+    """Step `engine` until nothing is left: `add()` before each step (new arrivals),
+    `after_step()` after it; {request id: final output}."""
+    done = {}
+    while True:
+        add()
+        if not engine.has_unfinished_requests():
+            return done
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        after_step()
+
+
+def mixed_arrivals(engine, submit, n: int, rng) -> tuple[dict, set]:
+    """Requests r0..r{n-1} (`submit(i)` adds request i as `f"r{i}"`), about half arriving
+    between steps and about one step in 20 aborting a running one, all drained:
+    ({request id: final output}, aborted ids)."""
+    waiting, aborted = list(range(n)), set()
+
+    def add():
+        while waiting and (rng.random() < 0.5 or not engine.has_unfinished_requests()):
+            submit(waiting.pop(0))
+
+    def maybe_abort():
+        if engine.seqs and rng.random() < 0.05:
+            victim = rng.choice(sorted(engine.seqs))
+            assert engine.abort(victim)
+            aborted.add(victim)
+
+    return drain(engine, add, maybe_abort), aborted

@@ -12,6 +12,7 @@ import random
 import pytest
 
 from graft.serving import Engine, EngineConfig, SamplingParams
+from tests.serving.conftest import drain, mixed_arrivals
 
 VOCAB = 384
 
@@ -72,22 +73,10 @@ def _config(rng: random.Random) -> EngineConfig:
                         dtype=rng.choice(["float32", "float32", "bfloat16"]))
 
 
-def _finish(engine: Engine, add=lambda: None, after_step=lambda: None) -> dict[str, object]:
-    done = {}
-    while True:
-        add()
-        if not engine.has_unfinished_requests():
-            return done
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-        after_step()
-
-
 def _alone(model_dir, config, prompt, params):
     engine = Engine.from_pretrained(model_dir, config)
     engine.add_request("alone", prompt_token_ids=prompt, sampling_params=params)
-    return _finish(engine)["alone"]
+    return drain(engine)["alone"]
 
 
 @pytest.mark.parametrize("seed", range(24))  # pools of 48 to 1024 tokens, 4 to 12 requests
@@ -97,20 +86,11 @@ def test_each_request_answers_as_alone_and_no_block_stays_used(tiny_llama, seed)
     n = rng.randrange(4, 13)
     prompts, params = _prompts(rng, n), [_params(rng) for _ in range(n)]
     engine = Engine.from_pretrained(tiny_llama, config)
-    waiting, aborted = list(range(n)), set()
 
-    def add():  # about half the requests arrive between steps
-        while waiting and (arrivals.random() < 0.5 or not engine.has_unfinished_requests()):
-            i = waiting.pop(0)
-            engine.add_request(f"r{i}", prompt_token_ids=prompts[i], sampling_params=params[i])
+    def submit(i):
+        engine.add_request(f"r{i}", prompt_token_ids=prompts[i], sampling_params=params[i])
 
-    def maybe_abort():
-        if engine.seqs and arrivals.random() < 0.05:
-            victim = arrivals.choice(sorted(engine.seqs))
-            assert engine.abort(victim)
-            aborted.add(victim)
-
-    done = _finish(engine, add, maybe_abort)
+    done, aborted = mixed_arrivals(engine, submit, n, arrivals)
     assert engine.kv_usage()[0] == 0, (config, engine.kv_usage())
     assert set(done) | aborted == {f"r{i}" for i in range(n)}
     for rid, out in done.items():

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from graft.serving import Engine, EngineConfig, SamplingParams
+from tests.serving.conftest import drain, mixed_arrivals
 
 IMAGES = [Image.new("RGB", (32, 32), color) for color in
           ((220, 20, 20), (20, 20, 220), (20, 200, 40), (240, 240, 240))]
@@ -44,18 +45,6 @@ def _config(rng: random.Random) -> EngineConfig:
                         kv_cache_dtype=rng.choice(["auto", "auto", "int8"]))
 
 
-def _drain(engine, add=lambda: None, after_step=lambda: None) -> dict:
-    done = {}
-    while True:
-        add()
-        if not engine.has_unfinished_requests():
-            return done
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-        after_step()
-
-
 def _submit(engine, rid, graft, chat, params):
     messages, images = chat
     ids, mm = engine.grafts.front(graft).prepare_chat(messages, images, owner=rid)
@@ -71,20 +60,8 @@ def test_each_request_answers_as_alone_and_nothing_stays_used(graft_runs, seed):
     n = rng.randrange(4, 11)
     requests = [(rng.choice(GRAFTS), _chat(rng, shared), _params(rng)) for _ in range(n)]
     engine = Engine.from_grafts(graft_runs, config)
-    waiting, aborted = list(range(n)), set()
-
-    def add():
-        while waiting and (arrivals.random() < 0.5 or not engine.has_unfinished_requests()):
-            i = waiting.pop(0)
-            _submit(engine, f"r{i}", *requests[i])
-
-    def maybe_abort():
-        if engine.seqs and arrivals.random() < 0.05:
-            victim = arrivals.choice(sorted(engine.seqs))
-            assert engine.abort(victim)
-            aborted.add(victim)
-
-    done = _drain(engine, add, maybe_abort)
+    done, aborted = mixed_arrivals(engine, lambda i: _submit(engine, f"r{i}", *requests[i]), n,
+                                   arrivals)
     for i in range(n):
         engine.grafts.front(requests[i][0]).cache.release(f"r{i}")
     assert engine.kv_usage()[0] == 0 and engine.grafts.cache.pinned_bytes == 0, config
@@ -93,6 +70,6 @@ def test_each_request_answers_as_alone_and_nothing_stays_used(graft_runs, seed):
         graft, chat, params = requests[int(rid[1:])]
         alone = Engine.from_grafts(graft_runs, config)
         _submit(alone, "alone", graft, chat, params)
-        want = _drain(alone)["alone"]
+        want = drain(alone)["alone"]
         assert (out.finish_reason, out.token_ids, out.error) == (
             want.finish_reason, want.token_ids, want.error), (config, graft, chat, params)
