@@ -19,6 +19,7 @@ from graft.serving.http.serve_config import parse_args  # noqa: F401  (graft.cli
 _at_least_1 = number_in(int, low=1)
 _count = number_in(int, low=0)
 _positive_float = number_in(float, low=0.0, low_open=True)
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's names
 
 EXAMPLES = """examples:
   graft serve runs/quickstart                       # chat page at http://127.0.0.1:8000/
@@ -60,9 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remote-media-timeout-s", type=_positive_float, default=10.0,
                    help="deadline for all of a request's remote image fetches, redirects and "
                    "time queued for a fetch thread included")
-    p.add_argument("--limit-images-per-prompt", type=_count, default=4)
-    p.add_argument("--max-image-bytes", type=_at_least_1, default=20 * 1024 * 1024)
-    p.add_argument("--max-image-pixels", type=_at_least_1, default=4096 * 4096)
+    p.add_argument("--limit-images-per-prompt", type=_count, default=4,
+                   help="most images in one request (more: 400)")
+    p.add_argument("--max-image-bytes", type=_at_least_1, default=20 * 1024 * 1024,
+                   help="largest encoded image accepted, in bytes (more: 413)")
+    p.add_argument("--max-image-pixels", type=_at_least_1, default=4096 * 4096,
+                   help="largest image accepted, width x height, checked from its header "
+                   "before decoding (more: 413)")
     p.add_argument("--encoder-cache-mb", type=number_in(float, low=0.0), default=256.0,
                    help="byte budget of the encoder (image embedding) cache")
     p.add_argument("--encoder-cache-peers", nargs="+", default=[], metavar="URL",
@@ -126,7 +131,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                    help="take part in a prefill/decode split (vLLM's flag), e.g. "
                         "'{\"kv_role\":\"kv_both\"}'; docs/fleet.md")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning", type=str.lower, choices=LOG_LEVELS,
+                   help="uvicorn's log level (the stats line shows at any level)")
     stats_log.add_arguments(p)  # --log-interval, --log-format
     p.add_argument("--header-timeout-s", type=_positive_float, default=10.0,
                    help="close a connection whose request headers are not complete in this "
@@ -263,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     check_port_free(args.host, args.port)  # before minutes of loading, not after
+    if args.trace:
+        check_trace_path(args.trace)
     log_config = stats_log.configure(args.log_format, args.log_level)
     app = build(args)
     names = ", ".join(map(repr, app.state.ctx.models))
@@ -277,6 +285,18 @@ def run(args: argparse.Namespace) -> int:
     if app.state.kv_events is not None:
         app.state.kv_events.shutdown()
     return 0
+
+
+def check_trace_path(path: str) -> None:
+    """GraftConfigError naming --trace when FILE cannot be written (a folder, no permission),
+    so it fails at once instead of after the model has loaded."""
+    from graft.errors import GraftConfigError
+    from graft.io import OutputPathError, check_output_path
+
+    try:
+        check_output_path(path, "file")
+    except OutputPathError as err:
+        raise GraftConfigError(f"--trace: {err}") from None
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -116,6 +116,19 @@ def test_flags_are_checked():
             _args("x", *bad)
 
 
+def test_log_level_is_one_of_uvicorns_in_one_line(capsys):
+    """A level uvicorn does not know was a KeyError traceback once the model had loaded."""
+    from uvicorn.config import LOG_LEVELS
+
+    from graft.cli import main
+
+    assert set(serve_cli.LOG_LEVELS) == set(LOG_LEVELS)
+    assert _args("x", "--log-level", "INFO").log_level == "info"
+    assert main(["serve", "no-such-dir", "--log-level", "verbose"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --log-level: invalid choice: 'verbose'" in err
+
+
 @pytest.fixture
 def restore_loggers():
     """configure() sets handlers on graft's serving loggers: undo it for the other tests."""

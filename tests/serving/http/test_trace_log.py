@@ -97,3 +97,16 @@ def test_a_completions_request_is_traced_without_messages(tiny_run_dir, tmp_path
     (record,) = read_trace(trace)
     assert record.status == "ok" and record.output_tokens == 2 and record.messages is None
     assert record.prompt_tokens == resp.json()["usage"]["prompt_tokens"] and record.max_tokens == 2
+
+
+def test_an_unwritable_trace_path_fails_before_the_model_loads(tmp_path, capsys):
+    """A folder given as FILE was an error naming no flag, after the model had loaded."""
+    from graft.cli import main
+    from tests.serving.http.conftest import _free_port
+
+    # the PATH is checked only when the model loads: its error would mean the trace was not
+    assert main(["serve", str(tmp_path / "no-model"), "--port", str(_free_port()),
+                 "--trace", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"--trace: output {tmp_path} is a directory; give a file path" in err
