@@ -88,6 +88,20 @@ def _install_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
     async def _http_error(request: Request, err: StarletteHTTPException):
         ctx.metrics.errors_4xx.inc()
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        message, code = _routing_message(request, err)
         # keep Starlette's headers: a 405 carries Allow
-        return error_response(P.APIError(str(err.detail), status=err.status_code, type=kind,
+        return error_response(P.APIError(message, status=err.status_code, type=kind, code=code,
                                          headers=dict(err.headers or {})))
+
+
+def _routing_message(request: Request, err: StarletteHTTPException) -> tuple[str, str | None]:
+    """Starlette's bare "Not Found" / "Method Not Allowed" say neither what was asked nor
+    what to do; name the method and path, and the fix (OpenAI's own 404 names them too)."""
+    asked = f"{request.method} {request.url.path}"
+    if err.status_code == 404:
+        return (f"no route {asked}; check the path (e.g. /v1/chat/completions; "
+                "/openapi.json lists the routes)", "route_not_found")
+    if err.status_code == 405:
+        allowed = (err.headers or {}).get("Allow", "")
+        return f"{asked} is not allowed; use {allowed or 'another method'}", "method_not_allowed"
+    return str(err.detail), None

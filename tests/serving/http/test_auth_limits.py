@@ -1,5 +1,6 @@
 """API keys (--api-key, $GRAFT_API_KEY) on /v1 and optionally /metrics, --max-queued-requests
-as a 429 with Retry-After, 405 with Allow, and the chat models in /openapi.json."""
+as a 429 with Retry-After, 405 with Allow, 404 naming the path, and the chat models in
+/openapi.json."""
 
 import threading
 
@@ -106,7 +107,17 @@ def test_full_queue_is_a_429_with_retry_after(server, monkeypatch):
 def test_405_carries_allow(server):
     resp = httpx.get(server.url + URL, headers=_auth("key-one"))
     assert resp.status_code == 405 and resp.headers["allow"] == "POST"
-    assert resp.json()["error"]["message"]
+    error = resp.json()["error"]
+    assert error["code"] == "method_not_allowed"
+    assert error["message"] == f"GET {URL} is not allowed; use POST"
+
+
+def test_unknown_route_names_the_path_and_where_routes_are_listed(server):
+    resp = httpx.post(server.url + "/v1/chat/completion", json=BODY, headers=_auth("key-one"))
+    assert resp.status_code == 404
+    error = resp.json()["error"]
+    assert error["code"] == "route_not_found" and error["type"] == "not_found_error"
+    assert "POST /v1/chat/completion;" in error["message"] and "/openapi.json" in error["message"]
 
 
 def test_openapi_describes_the_chat_route(server):
