@@ -102,7 +102,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
     (examples) keep their line breaks."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False or action.default in ([], "") \
+        # a switch (nargs 0) says what it does; "(default: True)" after --no-prefix-caching
+        # would read as if the switch were on by default
+        if action.default is None or action.nargs == 0 or action.default in ([], "") \
                 or "%(default)" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)

@@ -163,6 +163,7 @@ def test_each_default_is_shown_once(module, capsys):
     importlib.import_module(module).add_arguments(parser)
     text = " ".join(parser.format_help().split())
     assert "(default: 4) (default" not in text and "(default: auto)" in text
+    assert "(default: True)" not in text  # not after --no-prefix-caching, a switch that turns it off
 
 
 def test_declared_ranges_are_argparse_errors_naming_the_flag(capsys):
