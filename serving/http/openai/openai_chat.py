@@ -368,12 +368,13 @@ def to_chat_messages(messages: list[ChatMessage]) -> tuple[list[dict], list[tupl
             if piece is not None:
                 if IMAGE_MARKER in piece:
                     raise APIError(f"{where}: text must not contain the literal {IMAGE_MARKER}; "
-                                   "send images as image_url parts", param=where)
+                                   "send images as image_url parts", param=where,
+                                   code="invalid_value")
                 text.append(piece)
             else:
                 if msg.role != "user":
                     raise APIError(f"{where}: images are only accepted in user messages",
-                                   param=where)
+                                   param=where, code="invalid_value")
                 images.append((f"{where}.image_url.url", part.image_url.url))
                 text.append(IMAGE_MARKER)
         out.append({"role": "system" if msg.role == "developer" else msg.role,

@@ -58,8 +58,14 @@ def test_messages_become_markers_in_order():
     assert [u for _, u in refs] == ["data:a", "data:b"]
     assert refs[1][0] == "messages[1].content[2].image_url.url"
     literal = parse_chat_request(_body(messages=[{"role": "user", "content": "a <image> b"}]))
-    with pytest.raises(APIError, match="literal"):
+    with pytest.raises(APIError, match="literal") as err:
         to_chat_messages(literal.messages)
+    assert (err.value.param, err.value.code) == ("messages[0].content", "invalid_value")
+    shown = parse_chat_request(_body(messages=[{"role": "assistant", "content": [
+        {"type": "image_url", "image_url": {"url": "data:a"}}]}]))
+    with pytest.raises(APIError, match="images are only accepted in user messages") as err:
+        to_chat_messages(shown.messages)
+    assert (err.value.param, err.value.code) == ("messages[0].content[0]", "invalid_value")
 
 
 def test_data_url_roundtrip_and_hash_ignores_encoding():
