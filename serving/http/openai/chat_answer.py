@@ -29,8 +29,9 @@ class ChatAnswer(AnswerShape):
                             logprobs)
 
     def _reason(self, reason: str | None) -> str | None:
-        # OpenAI says "tool_calls" when the model stopped after calling; "length" stays
-        called = self.reader is not None and self.reader.called
+        # OpenAI says "tool_calls" when the model stopped after calling ("auto", "required")
+        # but "stop" for a function tool_choice named (vLLM follows it); "length" stays
+        called = self.reader is not None and self.reader.called and self.plan.mode != "named"
         return "tool_calls" if called and reason == "stop" else reason
 
     def logprobs(self, out, start: int) -> tuple[dict | None, int]:
