@@ -315,16 +315,18 @@ class Engine(OfflineRuns):
         grammar_done = seq.matcher is not None and advance(seq.matcher, token)
         if seq.waiting_matcher is not None and token == params.guided_after_token:
             seq.matcher, seq.waiting_matcher = seq.waiting_matcher, None  # from the next token
-        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+        eos = not params.ignore_eos and token in self.eos_token_ids
+        if eos or token in params.stop_token_ids:
             reason = "stop"  # the stop token's text is not added
+            seq.stop_reason = None if eos else token  # vLLM's: eos says None
         else:
             old_len = len(seq.text)
             self.detokenizer.append(seq)
             if params.stop and seq.num_output_tokens >= params.min_tokens:  # as vLLM
-                cut = find_stop_string(seq, old_len)
-                if cut is not None:
-                    seq.text = seq.text[:cut]
-                    reason = "stop"
+                found = find_stop_string(seq, old_len)
+                if found is not None:
+                    seq.text = seq.text[:found[0]]
+                    seq.stop_reason, reason = found[1], "stop"
         if reason is None and grammar_done:
             reason = "stop"
         if reason is None and (seq.num_output_tokens >= params.max_tokens

@@ -19,6 +19,7 @@ class RequestOutput:
     new_text: str = ""  # since the previous step()
     finished: bool = False
     finish_reason: str | None = None  # stop | length | deadline | error | abort | internal_error
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it
     error: str | None = None  # what went wrong, for finish_reason "error" / "internal_error"
     logprobs: list[dict[int, float]] | None = None  # per output token: {token id: logprob}
     # per prompt token (the first None), once the prompt is computed; SamplingParams.prompt_logprobs
@@ -60,17 +61,19 @@ class Detokenizer:
         seq.detok_state = (context, prefix, read)
 
 
-def find_stop_string(seq: Sequence, old_len: int) -> int | None:
-    """Where seq.text ends at the first stop string in the text added since old_len: where it
-    starts, or where it ends with params.include_stop_str_in_output; None if there is none."""
+def find_stop_string(seq: Sequence, old_len: int) -> tuple[int, str] | None:
+    """(where seq.text ends, the stop string) at the first stop string in the text added
+    since old_len: it ends where the string starts, or where it ends with
+    params.include_stop_str_in_output; None if there is none."""
     best = None
     for stop in seq.params.stop:
         idx = seq.text.find(stop, max(0, old_len - len(stop) + 1))
         if idx != -1 and (best is None or idx < best[0]):
-            best = (idx, len(stop))
+            best = (idx, stop)
     if best is None:
         return None
-    return best[0] + (best[1] if seq.params.include_stop_str_in_output else 0)
+    idx, stop = best
+    return idx + (len(stop) if seq.params.include_stop_str_in_output else 0), stop
 
 
 def make_output(seq: Sequence, final: bool) -> RequestOutput:
@@ -89,6 +92,7 @@ def make_output(seq: Sequence, final: bool) -> RequestOutput:
         new_text=text[seq.sent_text:visible],
         finished=final,
         finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
         error=seq.error,
         logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         prompt_logprobs=seq.prompt_logprobs if seq.num_output_tokens else None,

@@ -47,6 +47,8 @@ class Sequence:
         self.num_transferred_tokens = 0  # prompt tokens whose KV came from another engine
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        # vLLM's: the stop token id or stop string that ended it (None: eos, length, ...)
+        self.stop_reason: int | str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[int, float]] = []
         # by prompt position (prompt_logprobs.py), with the prompt token's rank; the first has none

@@ -157,6 +157,8 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     stream_options: StreamOptions | None = None
     # vLLM's: each prompt token's logprob and this many likeliest alternatives
     prompt_logprobs: Int | None = Field(default=None, ge=0, le=20)
+    # vLLM's: the prompt's and the answer's token ids beside the text (responses.py)
+    return_token_ids: bool | None = None
     # graft extension (pass with the openai client's extra_body): time to first token budget
     ttft_budget_ms: float | None = Field(default=None, gt=0.0)
     # graft extension: on a budget refusal, downscale native-resolution images and retry

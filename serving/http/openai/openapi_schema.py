@@ -72,6 +72,9 @@ class Choice(BaseModel):
     logprobs: dict[str, Any] | None = None
     # stop | length | tool_calls | deadline (graft: the TTFT budget ran out)
     finish_reason: str | None
+    # vLLM's: the stop token id or stop string that ended it (null: eos, a length cut, ...)
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's, with the request's return_token_ids
 
 
 class ChatCompletion(BaseModel):
@@ -85,6 +88,7 @@ class ChatCompletion(BaseModel):
     # vLLM's, with the request's prompt_logprobs: per prompt token None (the first) or
     # {token id: {logprob, rank, decoded_token}}
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's, with the request's return_token_ids
 
 
 class TextChoice(BaseModel):
@@ -93,6 +97,9 @@ class TextChoice(BaseModel):
     logprobs: dict[str, Any] | None = None  # tokens, token_logprobs, top_logprobs, text_offset
     finish_reason: str | None
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # as ChatCompletion's
+    stop_reason: int | str | None = None  # as Choice's
+    token_ids: list[int] | None = None  # with return_token_ids, as Choice's
+    prompt_token_ids: list[int] | None = None  # with return_token_ids: this choice's prompt
 
 
 class TextCompletion(BaseModel):

@@ -66,6 +66,23 @@ class AnswerShape:
         self.job = job
         self.model = req.model
         self.created = int(time.time())
+        self.token_ids = bool(getattr(req, "return_token_ids", None))  # vLLM's field
+
+    def token_fields(self, body: dict, ids: list[int], last=None, prompt: bool = False) -> dict:
+        """vLLM's fields beside the choice of `body`: `stop_reason` once it finished (the stop
+        token id or string; None after eos or a length cut), and with return_token_ids the
+        answer's token ids `ids` (a chunk's: those since the last chunk) and, with `prompt`
+        (a whole answer, a stream's first chunk), the prompt's: a chat's at the top level, a
+        text completion's in its choice, where vLLM puts them."""
+        choice = body["choices"][0]
+        if choice.get("finish_reason") is not None:
+            choice["stop_reason"] = last.stop_reason if last is not None else None
+        if self.token_ids:
+            choice["token_ids"] = ids
+            if prompt:
+                target = body if body["object"].startswith("chat.") else choice
+                target["prompt_token_ids"] = list(self.job.prompt_token_ids)
+        return body
 
     def first(self, out) -> list[dict]:
         """Chunks to send before the first output's (completions: a scored echo)."""
@@ -123,6 +140,8 @@ async def whole(ctx, job: Job, queue: asyncio.Queue, shape) -> dict | Response:
         ctx.worker.abort(job.request_id)
         raise
     body = shape.whole(last, reason)
+    if "choices" in body:  # a chat or text completion (not a Responses API answer)
+        shape.token_fields(body, list(last.token_ids) if last is not None else [], last, True)
     if job.kv_export and reason in ("stop", "length"):  # P/D: where the prompt's KV waits
         from graft.serving.http.fleet.pd import answer_params
 
@@ -159,14 +178,18 @@ async def chunks(ctx, job: Job, queue: asyncio.Queue, shape, options, progress: 
     writes them; `progress` follows it."""
     sent, sent_lp = 0, 0  # characters, and output tokens whose logprobs went out already
     continuous = bool(options and options.continuous_usage_stats)
+    ids = {"pending": [], "sent": 0, "first": True}  # return_token_ids: tokens not yet sent
 
-    def counted(body: dict) -> dict:  # continuous_usage_stats: every chunk says the usage so far
+    def annotated(body: dict) -> dict:  # continuous_usage_stats: the usage so far on every chunk
         if continuous:
             body["usage"] = R.usage(*shape.counts(progress.last), progress.last)
+        if body.get("choices"):  # token ids ride with the next chunk that has a choice
+            shape.token_fields(body, ids["pending"], progress.last, ids["first"])
+            ids["pending"], ids["first"] = [], False
         return body
 
     for body in shape.head():
-        yield counted(body)
+        yield annotated(body)
     while True:
         kind, out = await next_event(ctx, job, queue)
         if kind == "error":
@@ -176,21 +199,23 @@ async def chunks(ctx, job: Job, queue: asyncio.Queue, shape, options, progress: 
         if kind == "deadline":
             progress.done = True
             for body in shape.tail("deadline"):
-                yield counted(body)
+                yield annotated(body)
             return
         if progress.last is None:
             for body in shape.first(out):
-                yield counted(body)
+                yield annotated(body)
         progress.last = out
+        ids["pending"] += out.token_ids[ids["sent"]:]
+        ids["sent"] = len(out.token_ids)
         delta = out.text[sent:]
         sent = len(out.text)
         # logprobs ride with the text they belong to (stop-string hold-back delays both)
         logprobs, n_lp = shape.logprobs(out, sent_lp) if delta or out.finished else (None, 0)
         sent_lp += n_lp
         for body in shape.piece(delta, logprobs, n_lp):
-            yield counted(body)
+            yield annotated(body)
         if out.finished:
             progress.done = True
             for body in shape.tail(out.finish_reason):
-                yield counted(body)
+                yield annotated(body)
             return

@@ -133,3 +133,54 @@ def test_continuous_usage_stats_count_every_chunk(server, path):
     assert counts[-1] == N and (counts[0] == 0 or "chat" not in path)  # the role chunk: 0
     (prompt,) = {e["usage"]["prompt_tokens"] for e in events}
     assert all(e["usage"]["total_tokens"] == prompt + c for e, c in zip(events, counts))
+
+
+def _events(resp) -> list[dict]:
+    import json
+
+    return [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+
+
+def test_stop_reason_names_the_stop_token_or_string(server):
+    """vLLM's stop_reason: the stop token id, the stop string, None after eos or a length cut;
+    on the finishing chunk of a stream too."""
+    tokens, text = server.greedy.token_ids, server.greedy.text
+    k = next(i for i, t in enumerate(tokens) if t not in tokens[:i] and i > 0)
+    stop = text[1:3]
+    eos_first = {"ignore_eos": False, "logit_bias": {str(server.eos): 100}}
+    for fields, want in (({"stop_token_ids": [tokens[k]]}, tokens[k]), ({"stop": stop}, stop),
+                         ({}, None), (eos_first, None)):
+        choice = _chat(server, **fields).json()["choices"][0]
+        assert (choice["finish_reason"], choice["stop_reason"]) == \
+            ("length" if not fields else "stop", want), fields
+        last = _events(_chat(server, stream=True, **fields))[-1]["choices"][0]
+        assert last["finish_reason"] is not None and last["stop_reason"] == want, fields
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_return_token_ids_gives_the_prompt_and_answer_ids(server, path):
+    """vLLM's return_token_ids: the answer's ids in each choice (a stream: each chunk the ids
+    since the last), the prompt's at the top (chat) or in the choice (text completions);
+    without it, neither."""
+    ask = {"messages": ASK} if "chat" in path else {"prompt": "hello"}
+    body = {"model": "plain", "max_tokens": N, "temperature": 0, "ignore_eos": True, **ask}
+    plain = httpx.post(server.url + path, json=body, timeout=60).json()
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain
+    whole = httpx.post(server.url + path, json={**body, "return_token_ids": True}, timeout=60).json()
+    choice = whole["choices"][0]
+    prompt = whole["prompt_token_ids"] if "chat" in path else choice["prompt_token_ids"]
+    assert len(choice["token_ids"]) == N and prompt and len(prompt) == whole["usage"]["prompt_tokens"]
+    if "chat" in path:
+        assert choice["token_ids"] == server.greedy.token_ids
+    events = _events(httpx.post(server.url + path, timeout=60,
+                                json={**body, "return_token_ids": True, "stream": True}))
+    streamed = [t for e in events for c in e["choices"] for t in c["token_ids"]]
+    first = events[0] if "chat" in path else events[0]["choices"][0]
+    assert streamed == choice["token_ids"] and first["prompt_token_ids"] == prompt
+    assert sum("prompt_token_ids" in e or "prompt_token_ids" in e["choices"][0]
+               for e in events) == 1
+    two = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": "plain", "max_tokens": 2, "prompt": ["hello", "hi there"],
+        "return_token_ids": True}).json()
+    assert [len(c["prompt_token_ids"]) for c in two["choices"]] == \
+        [len(server.app.state.ctx.tokenizer(p)["input_ids"]) for p in ("hello", "hi there")]
