@@ -136,10 +136,12 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     try:
         text = encode_chat(ctx.tokenizer, messages, [0] * len(refs),  # images: empty runs
                            parse_special_tokens=parse, **template)
-        check_room(ctx, len(text.input_ids), req.output_limit())
         if front is None:
-            return EngineRequest(text.input_ids, None, messages,
-                                 sampling_params_for(ctx, req, len(text.input_ids)), template)
+            ids = truncated(ctx, text.input_ids, req.truncate_prompt_tokens, "messages")
+            check_room(ctx, len(ids), req.output_limit())
+            return EngineRequest(ids, None, messages, sampling_params_for(ctx, req, len(ids)),
+                                 template)
+        check_room(ctx, len(text.input_ids), req.output_limit())
         images = [front.prepare_image(load_image(url, ctx.settings.media, param))
                   for param, url in refs]
         front.check_cache_room(images)
@@ -152,8 +154,26 @@ def to_engine_request(ctx, req: P.ChatCompletionRequest, front) -> EngineRequest
     except GraftError as err:
         raise P.APIError(str(err), param="messages", code="invalid_prompt") from None
     ids = prepared.prompt_token_ids
+    if len(truncated(ctx, ids, req.truncate_prompt_tokens, "messages")) < len(ids):
+        raise P.APIError(f"truncate_prompt_tokens={req.truncate_prompt_tokens} would cut this "
+                         f"chat of {len(ids)} tokens, images included, and only text-only "
+                         "prompts are cut; send fewer turns or raise it",
+                         param="truncate_prompt_tokens", code="invalid_value")
     return EngineRequest(ids, prepared, messages, sampling_params_for(ctx, req, len(ids)),
                          template)
+
+
+def truncated(ctx, ids: list[int], keep: int | None, where: str, side: str = "left") -> list[int]:
+    """vLLM's truncate_prompt_tokens: `keep` of the prompt's tokens (-1: the context's
+    length), the last ones (side "left", what vLLM keeps of a prompt to continue) or the
+    first; None: all of them. A 400 naming `where` when none is left."""
+    if keep is not None:
+        keep = ctx.max_model_len if keep == -1 else keep
+        ids = ids[max(len(ids) - keep, 0):] if side == "left" else ids[:keep]
+    if not ids:
+        raise P.APIError(f"{where} has no tokens left (truncate_prompt_tokens=0, or text with "
+                         "no tokens); send some text", param=where, code="invalid_value")
+    return ids
 
 
 def _shrunk(ctx, req: P.ChatCompletionRequest, er: EngineRequest, front) -> EngineRequest | None:

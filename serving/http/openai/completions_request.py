@@ -12,7 +12,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from graft.serving.http.openai import openai_chat as P
 from graft.serving.http.openai.chat_request import (EngineRequest, check_room, check_text_length,
-                                               sampling_params_for)
+                                               sampling_params_for, truncated)
 
 Int = P.Int
 Prompt = Union[str, list[Int], list[str], list[list[Int]]]
@@ -103,6 +103,7 @@ def prompt_ids(ctx, prompt: str | list[int], where: str, add_special_tokens: boo
 
 def to_completion_request(ctx, req: CompletionRequest) -> EngineRequest:
     """The EngineRequest of a text completion of one prompt (ServerContext.prepare calls it)."""
-    ids = prompt_ids(ctx, req.prompt, req._param)
+    ids = truncated(ctx, prompt_ids(ctx, req.prompt, req._param), req.truncate_prompt_tokens,
+                    req._param)
     check_room(ctx, len(ids), req.output_limit(), req._param)
     return EngineRequest(ids, None, [], sampling_params_for(ctx, req, len(ids)))

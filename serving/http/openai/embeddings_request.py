@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal, Union
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from graft.serving.http.openai import openai_chat as P
-from graft.serving.http.openai.chat_request import EngineRequest, to_engine_request
+from graft.serving.http.openai.chat_request import EngineRequest, to_engine_request, truncated
 from graft.serving.http.openai.completions_request import (no_empty_prompt, one_per_prompt,
                                                            prompt_ids)
 
@@ -103,14 +103,8 @@ def to_embedding_request(ctx, req: EmbeddingRequest, front) -> EngineRequest:
         er.params = pool
         return er
     ids = prompt_ids(ctx, req.input, req._param, req.add_special_tokens)
-    k = req.truncate_prompt_tokens
-    if k is not None:
-        k = ctx.max_model_len if k == -1 else k
-        side = req.truncation_side or getattr(ctx.tokenizer, "truncation_side", "right")
-        ids = ids[max(len(ids) - k, 0):] if side == "left" else ids[:k]
-    if not ids:
-        raise P.APIError(f"{req._param} has no tokens left (truncate_prompt_tokens=0, or text "
-                         "with no tokens); send some text", param=req._param, code="invalid_value")
+    side = req.truncation_side or getattr(ctx.tokenizer, "truncation_side", "right")
+    ids = truncated(ctx, ids, req.truncate_prompt_tokens, req._param, side)
     if len(ids) > ctx.max_model_len:
         raise P.APIError(f"{req._param} is {len(ids)} tokens, over the model's context of "
                          f"{ctx.max_model_len} tokens; shorten it or set truncate_prompt_tokens",

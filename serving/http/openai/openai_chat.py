@@ -159,6 +159,8 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     prompt_logprobs: Int | None = Field(default=None, ge=0, le=20)
     # vLLM's: the prompt's and the answer's token ids beside the text (responses.py)
     return_token_ids: bool | None = None
+    # vLLM's: keep only the prompt's last k tokens (-1: the context's length); text-only
+    truncate_prompt_tokens: Int | None = Field(default=None, ge=-1)
     # graft extension (pass with the openai client's extra_body): time to first token budget
     ttft_budget_ms: float | None = Field(default=None, gt=0.0)
     # graft extension: on a budget refusal, downscale native-resolution images and retry

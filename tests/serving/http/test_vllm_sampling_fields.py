@@ -184,3 +184,40 @@ def test_return_token_ids_gives_the_prompt_and_answer_ids(server, path):
         "return_token_ids": True}).json()
     assert [len(c["prompt_token_ids"]) for c in two["choices"]] == \
         [len(server.app.state.ctx.tokenizer(p)["input_ids"]) for p in ("hello", "hi there")]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_truncate_prompt_tokens_keeps_the_last_k(server, path):
+    ask = {"messages": ASK} if "chat" in path else {"prompt": "hello there, my good friend"}
+    body = {"model": "plain", "max_tokens": 2, "return_token_ids": True, **ask}
+
+    def prompt_ids(reply: dict) -> list[int]:
+        return reply["prompt_token_ids"] if "chat" in path else \
+            reply["choices"][0]["prompt_token_ids"]
+
+    whole = prompt_ids(httpx.post(server.url + path, json=body, timeout=60).json())
+    cut = httpx.post(server.url + path, json={**body, "truncate_prompt_tokens": 3}, timeout=60)
+    assert cut.status_code == 200, cut.text
+    assert prompt_ids(cut.json()) == whole[-3:] and cut.json()["usage"]["prompt_tokens"] == 3
+    kept = httpx.post(server.url + path, json={**body, "truncate_prompt_tokens": -1}, timeout=60)
+    assert prompt_ids(kept.json()) == whole  # -1: the context's length, more than it has
+    none = httpx.post(server.url + path, json={**body, "truncate_prompt_tokens": 0}, timeout=60)
+    assert none.status_code == 400 and "has no tokens left" in none.json()["error"]["message"]
+
+
+def test_truncate_prompt_tokens_never_cuts_an_image_prompt(live_server):
+    from PIL import Image
+
+    from graft.serving.multimodal.media import to_data_url
+
+    url = to_data_url(Image.new("RGB", (32, 32), (220, 20, 20)))
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Color?"}]}]}
+    reply = httpx.post(live_server.url + "/v1/chat/completions", timeout=60,
+                       json={**body, "truncate_prompt_tokens": 5})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == "truncate_prompt_tokens", reply.text
+    assert "only text-only prompts are cut" in error["message"]
+    room = httpx.post(live_server.url + "/v1/chat/completions", timeout=60,
+                      json={**body, "truncate_prompt_tokens": 200})  # no cut needed: answered
+    assert room.status_code == 200, room.text
