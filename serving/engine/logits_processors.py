@@ -1,7 +1,9 @@
-"""What a request changes in its logits before sampling: logit_bias, min_tokens, the
-repetition / frequency / presence penalties and the guided-decoding grammar mask.
+"""What a request changes in its logits before sampling: allowed_token_ids, bad words,
+logit_bias, min_tokens, the repetition / frequency / presence penalties and the
+guided-decoding grammar mask.
 
-The order is HF transformers' and vLLM's: bias, then min_tokens, then the penalties (so a
+The order is HF transformers' and vLLM's: the allowed set and bad words (masks: nothing
+after them brings a masked token back), bias, then min_tokens, then the penalties (so a
 biased logit is then penalized), then the grammar, which is a hard constraint and so comes
 last. Each row is a sequence plus the proposals before its position in a verify step
 (spec_decode), so a row sees exactly the tokens it would see without speculation.
@@ -20,7 +22,8 @@ Row = tuple[Sequence, list[int]]  # (sequence, proposals that precede this row's
 def changes_logits(seq: Sequence) -> bool:
     p = seq.params
     return bool(p.logit_bias or p.min_tokens or p.presence_penalty or p.frequency_penalty
-                or p.repetition_penalty != 1.0 or seq.matcher is not None)
+                or p.repetition_penalty != 1.0 or seq.matcher is not None
+                or p.allowed_token_ids is not None or p.bad_words_token_ids)
 
 
 def process_logits(logits: torch.Tensor, rows: list[Row], eos_token_ids: set[int]) -> torch.Tensor:
@@ -35,6 +38,13 @@ def process_logits(logits: torch.Tensor, rows: list[Row], eos_token_ids: set[int
         seq, extra = rows[i]
         p = seq.params
         row = logits[i]  # a view: edits land in `logits`
+        if p.allowed_token_ids is not None:
+            blocked = torch.ones(vocab, dtype=torch.bool, device=row.device)
+            blocked[p.allowed_token_ids] = False
+            row.masked_fill_(blocked, -float("inf"))
+        if p.bad_words_token_ids:
+            row[_bad_words(p.bad_words_token_ids, seq.output_token_ids + list(extra))] = \
+                -float("inf")
         if p.logit_bias:
             ids = torch.tensor(list(p.logit_bias), device=row.device)
             row.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), device=row.device,
@@ -61,6 +71,13 @@ def process_logits(logits: torch.Tensor, rows: list[Row], eos_token_ids: set[int
                                                                         -float("inf"))
         logits[idx] = masked
     return logits
+
+
+def _bad_words(words: list[list[int]], output: list[int]) -> list[int]:
+    """The tokens that would complete a bad word now: each word's last token where the
+    output ends with the tokens before it (a one-token word: always), as vLLM masks them."""
+    return [w[-1] for w in words
+            if len(w) == 1 or output[len(output) - len(w) + 1:] == w[:-1]]
 
 
 def _penalize(row: torch.Tensor, seq: Sequence, extra: list[int], vocab: int) -> None:

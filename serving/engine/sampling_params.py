@@ -37,6 +37,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # minus this times its count in the output, [-2, 2]
     repetition_penalty: float = 1.0  # > 1 discourages prompt + output tokens (HF, vLLM)
     min_tokens: int = 0  # eos, stop_token_ids and stop strings wait for this many tokens
+    allowed_token_ids: list[int] | None = None  # vLLM's: sample only among these (None: all)
+    # vLLM's bad_words, as token id sequences (the server tokenizes the words): a sequence's
+    # last token is masked wherever the output ends with the ones before it
+    bad_words_token_ids: list[list[int]] | None = None
     # constrained decoding (serving/engine/guided.py): True = any JSON object, a dict = a JSON
     # schema the output validates against, None (or False) = free text; never speculates
     guided_json: dict | bool | None = None
@@ -151,6 +155,16 @@ class SamplingParams:
         if not _number(self.repetition_penalty) or not self.repetition_penalty > 0:
             raise GraftConfigError(f"SamplingParams.repetition_penalty must be > 0 (1 = off), "
                                    f"got {self.repetition_penalty!r}")
+        allowed = self.allowed_token_ids
+        if allowed is not None and not (isinstance(allowed, list) and allowed
+                                        and all(map(_token_id, allowed))):
+            raise GraftConfigError(f"SamplingParams.allowed_token_ids must be a non-empty list of "
+                                   f"token ids >= 0, got {allowed!r}")
+        words = self.bad_words_token_ids
+        if words is not None and not (isinstance(words, list) and all(
+                isinstance(w, list) and w and all(map(_token_id, w)) for w in words)):
+            raise GraftConfigError(f"SamplingParams.bad_words_token_ids must be a list of "
+                                   f"non-empty lists of token ids >= 0, got {words!r}")
         if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) \
                 or not 0 <= self.min_tokens <= self.max_tokens:
             raise GraftConfigError(f"SamplingParams.min_tokens must be an int in [0, max_tokens="
@@ -162,10 +176,11 @@ class SamplingParams:
         if bad:
             raise GraftConfigError(f"SamplingParams.logit_bias names token id {bad[0]}, outside "
                                    f"the model's vocabulary [0, {vocab_size})")
-        bad = [t for t in self.stop_token_ids if t >= vocab_size]
-        if bad:
-            raise GraftConfigError(f"SamplingParams.stop_token_ids names token id {bad[0]}, "
-                                   f"outside the model's vocabulary [0, {vocab_size})")
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            bad = [t for t in getattr(self, name) or () if t >= vocab_size]
+            if bad:
+                raise GraftConfigError(f"SamplingParams.{name} names token id {bad[0]}, "
+                                       f"outside the model's vocabulary [0, {vocab_size})")
         if self.guided_after_token is not None and self.guided_after_token >= vocab_size:
             raise GraftConfigError(f"SamplingParams.guided_after_token {self.guided_after_token} "
                                    f"is outside the model's vocabulary [0, {vocab_size})")
@@ -173,6 +188,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+
+def _token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _number(value) -> bool:

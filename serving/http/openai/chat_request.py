@@ -20,6 +20,7 @@ from graft.serving.http.fleet.encoder_peers import fetch_missing
 from graft.serving.http.fleet.pd import pull, transfer_for
 from graft.serving.http.openai.reasoning import end_token, thinking_format
 from graft.serving.http.openai.responses import sink
+from graft.serving.http.openai.sampling_knobs import bad_words_token_ids
 from graft.serving.http.openai.tool_prompt import check_outside_text, tool_prompt
 from graft.serving.http.openai.tool_plan import (check_output_schema, guide, guided_by_tools,
                                                  plan_tools, refusal)
@@ -230,6 +231,7 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
             prompt_logprobs=req.num_prompt_logprobs(),
             stop_token_ids=req.stop_token_ids or [], skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
+            bad_words_token_ids=bad_words_token_ids(ctx.tokenizer, req.bad_words),
             speculative=req.speculative, **req.sampling_kwargs())
         params.check_vocab(ctx.engine.runner.vocab_size)
     except RequestError as err:  # the grammar compiler cannot run

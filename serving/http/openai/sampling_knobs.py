@@ -104,6 +104,9 @@ class SamplingKnobs(_Fields):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)  # vLLM-style extension
     min_tokens: int | None = Field(default=None, ge=0)  # vLLM-style extension
+    # vLLM's: sample only among these token ids; never write these words
+    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's; not with response_format
     grammar: str | None = Field(default=None, min_length=1)  # llama.cpp's: GBNF (or Lark) text
@@ -159,7 +162,7 @@ class SamplingKnobs(_Fields):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            min_tokens=self.min_tokens or 0, **grammar)
+            min_tokens=self.min_tokens or 0, allowed_token_ids=self.allowed_token_ids, **grammar)
 
     def request_fields(self) -> dict[str, str]:
         """SamplingParams field -> the request field the client sent it as."""
@@ -168,6 +171,22 @@ class SamplingKnobs(_Fields):
                 "guided_regex": "structured_outputs.regex",
                 "guided_choice": "structured_outputs.choice",
                 "guided_cfg": f"{so}.grammar" if so else "grammar"}
+
+
+def bad_words_token_ids(tokenizer, words: list[str] | None) -> list[list[int]] | None:
+    """vLLM's bad_words as token id sequences: each word as written (its leading spaces
+    dropped) and, where the tokenizer spells it differently after a space with as many tokens,
+    that spelling too, so a word is kept out at the start of the text and after a space."""
+    if not words:
+        return None
+    out: list[list[int]] = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out += [bare] if bare else []
+        if spaced and (not bare or (spaced[0] != bare[0] and len(spaced) == len(bare))):
+            out.append(spaced)
+    return out or None
 
 
 def request_param(message: str, fields: dict[str, str] | None = None

@@ -1,5 +1,5 @@
-"""logit_bias, min_tokens and the repetition / frequency / presence penalties: greedy tokens
-equal HF generate with the same logits processor, batched with other settings, with and
+"""logit_bias, min_tokens, the repetition / frequency / presence penalties, allowed_token_ids
+and bad words: greedy tokens equal HF generate with the same logits processor, batched with other settings, with and
 without speculative decoding."""
 
 import json
@@ -69,14 +69,21 @@ def _case(engine, prompt, kind):
     if kind == "presence":
         return (dict(presence_penalty=1.5, frequency_penalty=-0.3),
                 dict(processors=[OpenAIPenalties(len(prompt), -0.3, 1.5)]))
+    if kind == "allowed":  # every third id, the plain answer's first token left out
+        allowed = [t for t in range(0, 384, 3) if t != plain[0]]
+        return dict(allowed_token_ids=allowed), dict(prefix_allowed_tokens_fn=lambda b, i: allowed)
+    if kind == "bad_words":  # the plain answer's opening pair, and a later token anywhere
+        words = [[plain[0], plain[1]], [plain[3]]]
+        return dict(bad_words_token_ids=words), dict(bad_words_ids=words)
     raise ValueError(kind)
 
 
-KINDS = ("repetition", "repetition_below_one", "bias", "frequency", "presence")
+KINDS = ("repetition", "repetition_below_one", "bias", "frequency", "presence", "allowed",
+         "bad_words")
 
 
 def test_batched_processors_match_hf_generate(engine, hf_model):
-    prompts = make_prompts((9, 23, 14, 31, 6), seed=21)
+    prompts = make_prompts((9, 23, 14, 31, 6, 17, 11), seed=21)
     cases = [_case(engine, p, kind) for p, kind in zip(prompts, KINDS)]
     plain = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
     # one batch: every processor plus a plain row, each row with its own settings
@@ -148,6 +155,10 @@ def test_processors_are_identical_under_speculation(tiny_llama, engine):
     ("repetition_penalty", dict(repetition_penalty=True)),
     ("min_tokens", dict(min_tokens=-1)),
     ("min_tokens", dict(min_tokens=17, max_tokens=16)),
+    ("allowed_token_ids", dict(allowed_token_ids=[])),
+    ("allowed_token_ids", dict(allowed_token_ids=[-1])),
+    ("bad_words_token_ids", dict(bad_words_token_ids=[[]])),
+    ("bad_words_token_ids", dict(bad_words_token_ids=[3])),
 ])
 def test_bad_processor_settings_name_the_field(field, kwargs):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}") as err:

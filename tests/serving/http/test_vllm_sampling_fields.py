@@ -221,3 +221,22 @@ def test_truncate_prompt_tokens_never_cuts_an_image_prompt(live_server):
     room = httpx.post(live_server.url + "/v1/chat/completions", timeout=60,
                       json={**body, "truncate_prompt_tokens": 200})  # no cut needed: answered
     assert room.status_code == 200, room.text
+
+
+def test_allowed_token_ids_and_bad_words(server):
+    from graft.serving.http.openai.sampling_knobs import bad_words_token_ids
+
+    allowed = list(range(0, 384, 5))
+    reply = _chat(server, allowed_token_ids=allowed, return_token_ids=True).json()
+    assert set(reply["choices"][0]["token_ids"]) <= set(allowed)
+    tok = server.app.state.ctx.tokenizer
+    words = [tok.decode(server.greedy.token_ids[1:3]).strip()]
+    banned = bad_words_token_ids(tok, words)
+    ids = _chat(server, bad_words=words, return_token_ids=True).json()["choices"][0]["token_ids"]
+    assert ids != server.greedy.token_ids and banned
+    assert not any(ids[i:i + len(w)] == w for w in banned for i in range(len(ids)))
+    for bad, param in (({"allowed_token_ids": []}, "allowed_token_ids"),
+                       ({"allowed_token_ids": [10 ** 6]}, "allowed_token_ids"),
+                       ({"bad_words": [""]}, "bad_words[0]")):
+        resp = _chat(server, **bad)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
