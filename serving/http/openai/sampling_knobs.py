@@ -97,6 +97,15 @@ class StructuredOutputs(_Fields):
                 "guided_cfg": self.grammar}
 
 
+NOT_SERVED = {
+    "use_beam_search": "beam search is not implemented here; ask for several samples with n",
+    "best_of": "best_of is not implemented here (vLLM's V1 engine dropped it too); ask for n "
+               "samples and pick with logprobs",
+    "prompt_embeds": "prompt embeddings are not taken; send the prompt as text or token ids",
+    "logits_processors": "custom logits processors are not taken; use logit_bias, "
+                         "allowed_token_ids, bad_words or a grammar (structured_outputs)"}
+
+
 class SamplingKnobs(_Fields):
     # OpenAI: token id (as a JSON key, a string) -> bias added to its logit, -100..100
     logit_bias: dict[str, float] | None = None
@@ -107,6 +116,19 @@ class SamplingKnobs(_Fields):
     # vLLM's: sample only among these token ids; never write these words
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1)
     bad_words: list[Annotated[str, Field(min_length=1)]] | None = None
+    # vLLM's fields this server cannot honour: refused when they ask for something, not
+    # ignored (an answer that silently is not what was asked for)
+    use_beam_search: bool | None = None
+    best_of: int | None = Field(default=None, ge=1)
+    prompt_embeds: Any = None
+    logits_processors: Any = None
+
+    @field_validator("use_beam_search", "best_of", "prompt_embeds", "logits_processors")
+    @classmethod
+    def _not_served(cls, value: Any, info) -> Any:
+        if value not in (None, False, [], "") and not (info.field_name == "best_of" and value == 1):
+            raise ValueError(NOT_SERVED[info.field_name])
+        return value
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's; not with response_format
     grammar: str | None = Field(default=None, min_length=1)  # llama.cpp's: GBNF (or Lark) text

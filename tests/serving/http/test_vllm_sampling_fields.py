@@ -240,3 +240,20 @@ def test_allowed_token_ids_and_bad_words(server):
                        ({"bad_words": [""]}, "bad_words[0]")):
         resp = _chat(server, **bad)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("field,value,words", [
+    ("use_beam_search", True, "beam search is not implemented"),
+    ("best_of", 3, "best_of is not implemented"),
+    ("prompt_embeds", "AAAA", "prompt embeddings are not taken"),
+    ("logits_processors", ["my.module:Proc"], "custom logits processors are not taken")])
+def test_vllm_fields_not_served_are_refused_not_ignored(server, path, field, value, words):
+    ask = {"messages": ASK} if "chat" in path else {"prompt": "hello"}
+    body = {"model": "plain", "max_tokens": 2, **ask}
+    resp = httpx.post(server.url + path, json={**body, field: value}, timeout=60)
+    error = resp.json()["error"]
+    assert resp.status_code == 400 and error["param"] == field and words in error["message"]
+    harmless = {"use_beam_search": False, "best_of": 1}.get(field)  # asks for nothing
+    resp = httpx.post(server.url + path, json={**body, field: harmless}, timeout=60)
+    assert resp.status_code == 200, resp.text
