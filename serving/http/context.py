@@ -170,10 +170,11 @@ class ServerContext:
         """vLLM's prompt_logprobs of out's prompt tokens (None when off)."""
         return R.prompt_logprobs_body(out, lambda t: self.tokenizer.decode([t]))
 
-    def logprobs(self, out, start: int, top: int) -> dict | None:
-        """OpenAI logprobs of out's output tokens from index `start` on (None when off)."""
+    def logprobs(self, out, start: int, top: int, as_ids: bool = False) -> dict | None:
+        """OpenAI logprobs of out's output tokens from index `start` on (None when off);
+        `as_ids`: each token written `token_id:N` (vLLM's return_tokens_as_token_ids)."""
         if out.logprobs is None:
             return None
         ids = out.token_ids[start:len(out.logprobs)]
         return R.logprobs_body(ids, out.logprobs[start:start + len(ids)], top,
-                               lambda t: self.tokenizer.decode([t]))
+                               R.token_id_text if as_ids else lambda t: self.tokenizer.decode([t]))

@@ -16,6 +16,7 @@ class ChatAnswer(AnswerShape):
     def __init__(self, ctx, job, req):
         super().__init__(ctx, job, req)
         self.top = req.top_logprobs or 0
+        self.as_ids = bool(req.return_tokens_as_token_ids)
         self.plan = plan_tools(req)
         self.reader = reader_for(self.plan, ctx.settings.tool_call_parser)  # None: no tools
         fmt = thinking_format(ctx.settings.reasoning_parser, ctx.tokenizer, req,
@@ -35,7 +36,7 @@ class ChatAnswer(AnswerShape):
         return "tool_calls" if called and reason == "stop" else reason
 
     def logprobs(self, out, start: int) -> tuple[dict | None, int]:
-        body = self.ctx.logprobs(out, start, self.top)
+        body = self.ctx.logprobs(out, start, self.top, self.as_ids)
         return body, len(body["content"]) if body else 0
 
     def head(self) -> list[dict]:
@@ -72,7 +73,7 @@ class ChatAnswer(AnswerShape):
 
     def whole(self, last, reason: str | None) -> dict:
         text = last.text if last is not None else ""
-        logprobs = self.ctx.logprobs(last, 0, self.top) if last is not None else None
+        logprobs = self.ctx.logprobs(last, 0, self.top, self.as_ids) if last is not None else None
         reasoning, content = self._split_whole(text)
         deltas = None  # fed before _reason, which asks the reader whether the model called
         if self.reader is not None or self.splitter is not None:

@@ -11,21 +11,22 @@ from graft.serving.http.openai.responses import AnswerShape
 
 
 def completion_logprobs(ids: list[int], entries: list[dict[int, float]], top: int, tokenizer,
-                        offset: int) -> tuple[dict[str, Any], int]:
+                        offset: int, as_ids: bool = False) -> tuple[dict[str, Any], int]:
     """(OpenAI completions `logprobs` for tokens `ids`, the offset after them);
     text_offset counts characters of the answer's text from `offset` on, token by token as
     vLLM counts them, with special tokens adding nothing (the text skips them)."""
     def decode(t: int, skip: bool = False) -> str:
         return tokenizer.decode([t], skip_special_tokens=skip)
 
+    name = R.token_id_text if as_ids else decode  # vLLM's return_tokens_as_token_ids
+
     body: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                              "text_offset": []}
     for tid, entry in zip(ids, entries):  # entry None: the prompt's first token
-        text = decode(tid)
         best = sorted(entry.items(), key=lambda kv: -kv[1])[:top] if entry is not None else None
-        body["tokens"].append(text)
+        body["tokens"].append(name(tid))
         body["token_logprobs"].append(entry[tid] if entry is not None else None)
-        body["top_logprobs"].append({decode(t): lp for t, lp in best} if best is not None else None)
+        body["top_logprobs"].append({name(t): lp for t, lp in best} if best is not None else None)
         body["text_offset"].append(offset)
         offset += len(decode(tid, skip=True))
     return body, offset
@@ -35,6 +36,7 @@ class CompletionAnswer(AnswerShape):
     def __init__(self, ctx, job, req):
         super().__init__(ctx, job, req)
         self.top = req.logprobs or 0
+        self.as_ids = bool(req.return_tokens_as_token_ids)
         self.id = "cmpl-" + job.request_id.removeprefix("chatcmpl-")
         self.echo = ""
         if req.echo:
@@ -57,14 +59,14 @@ class CompletionAnswer(AnswerShape):
         if out is None or out.prompt_logprobs is None:
             return None, len(self.echo)
         return completion_logprobs(out.prompt_token_ids, out.prompt_logprobs, self.top,
-                                   self.ctx.tokenizer, 0)
+                                   self.ctx.tokenizer, 0, self.as_ids)
 
     def _logprobs(self, out, start: int, offset: int) -> tuple[dict[str, Any] | None, int]:
         if out is None or out.logprobs is None:
             return None, offset
         ids = out.token_ids[start:len(out.logprobs)]
         return completion_logprobs(ids, out.logprobs[start:start + len(ids)], self.top,
-                                   self.ctx.tokenizer, offset)
+                                   self.ctx.tokenizer, offset, self.as_ids)
 
     def logprobs(self, out, start: int) -> tuple[dict | None, int]:
         body, self.offset = self._logprobs(out, start, self.offset)

@@ -157,8 +157,10 @@ class SamplingFields(_Strict, SamplingKnobs):  # + logit_bias, penalties, respon
     stream_options: StreamOptions | None = None
     # vLLM's: each prompt token's logprob and this many likeliest alternatives
     prompt_logprobs: Int | None = Field(default=None, ge=0, le=20)
-    # vLLM's: the prompt's and the answer's token ids beside the text (responses.py)
+    # vLLM's: the prompt's and the answer's token ids beside the text (responses.py), and
+    # logprobs' tokens written `token_id:N`
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
     # vLLM's: keep only the prompt's last k tokens (-1: the context's length); text-only
     truncate_prompt_tokens: Int | None = Field(default=None, ge=-1)
     # graft extension (pass with the openai client's extra_body): time to first token budget

@@ -37,6 +37,12 @@ def usage(prompt_tokens: int, completion_tokens: int, out=None) -> dict[str, Any
     return body
 
 
+def token_id_text(token_id: int) -> str:
+    """vLLM's return_tokens_as_token_ids spelling of a token: `token_id:N`, for tokens whose
+    text alone does not say which token it was (byte pieces, merges)."""
+    return f"token_id:{token_id}"
+
+
 def logprobs_body(token_ids: list[int], entries: list[dict[int, float]], top: int,
                   decode) -> dict[str, Any]:
     """OpenAI `choices[].logprobs`: per output token its text, logprob, UTF-8 bytes and the

@@ -257,3 +257,20 @@ def test_vllm_fields_not_served_are_refused_not_ignored(server, path, field, val
     harmless = {"use_beam_search": False, "best_of": 1}.get(field)  # asks for nothing
     resp = httpx.post(server.url + path, json={**body, field: harmless}, timeout=60)
     assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server, path):
+    ask = {"messages": ASK, "logprobs": True, "top_logprobs": 2} if "chat" in path else \
+        {"prompt": "hello", "logprobs": 2}
+    body = {"model": "plain", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "return_tokens_as_token_ids": True, **ask}
+    choice = httpx.post(server.url + path, json=body, timeout=60).json()["choices"][0]
+    named = [f"token_id:{t}" for t in choice["token_ids"]]
+    if "chat" in path:
+        entries = choice["logprobs"]["content"]
+        assert [e["token"] for e in entries] == named
+        assert all(alt["token"].startswith("token_id:") for e in entries for alt in e["top_logprobs"])
+    else:
+        assert choice["logprobs"]["tokens"] == named
+        assert all(k.startswith("token_id:") for top in choice["logprobs"]["top_logprobs"] for k in top)
