@@ -14,6 +14,7 @@ from graft.serving.engine import pooling, prompt_logprobs
 from graft.serving.engine.block_manager import BlockManager
 from graft.serving.engine.config import EngineConfig
 from graft.serving.engine.grammar_check import GrammarLimitError
+from graft.serving.engine.logits_processors import NoTokenLeft
 from graft.serving.engine.guided import GrammarTokenizer, advance
 from graft.serving.engine.kv_transfer import KVExports, KVPayload, import_into
 from graft.serving.engine.mm_inputs import MultiModalInputs
@@ -246,10 +247,11 @@ class Engine(OfflineRuns):
 
     def _fail(self, seq: Sequence, err: Exception) -> None:
         """Finish seq with finish_reason "internal_error" (blocks freed); others go on. A
-        grammar over llguidance's limits met mid-generation is the request's own "error"."""
+        grammar over llguidance's limits met mid-generation, or allowed_token_ids and bad
+        words that leave no token, are the request's own "error"."""
         if seq.is_finished:
             return
-        if isinstance(err, GrammarLimitError):
+        if isinstance(err, (GrammarLimitError, NoTokenLeft)):
             log.warning("request %r: %s", seq.request_id, err)
             self.scheduler.finish(seq, "error", str(err))
             return

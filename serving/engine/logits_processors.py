@@ -13,10 +13,19 @@ from __future__ import annotations
 
 import torch
 
+from graft.errors import GraftConfigError
 from graft.serving.engine.guided import allowed_tokens
 from graft.serving.engine.sequence import Sequence
 
 Row = tuple[Sequence, list[int]]  # (sequence, proposals that precede this row's position)
+
+
+NO_TOKEN_LEFT = "allowed_token_ids and bad_words leave no token"  # how NoTokenLeft starts
+
+
+class NoTokenLeft(GraftConfigError):
+    """A request's allowed_token_ids and bad words exclude every token at some position: it
+    ends alone with finish_reason "error" (engine._fail)."""
 
 
 def changes_logits(seq: Sequence) -> bool:
@@ -45,6 +54,11 @@ def process_logits(logits: torch.Tensor, rows: list[Row], eos_token_ids: set[int
         if p.bad_words_token_ids:
             row[_bad_words(p.bad_words_token_ids, seq.output_token_ids + list(extra))] = \
                 -float("inf")
+        if (p.allowed_token_ids is not None or p.bad_words_token_ids) and \
+                bool(torch.isneginf(row).all()):
+            raise NoTokenLeft(f"{NO_TOKEN_LEFT} to sample after "
+                              f"{seq.num_output_tokens + len(extra)} output tokens; allow more "
+                              "tokens or ban fewer words")
         if p.logit_bias:
             ids = torch.tensor(list(p.logit_bias), device=row.device)
             row.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), device=row.device,
@@ -53,7 +67,10 @@ def process_logits(logits: torch.Tensor, rows: list[Row], eos_token_ids: set[int
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else eos_token_ids)
             stop_ids = [t for t in stops if t < vocab]
             if stop_ids:
+                held = row[stop_ids].clone()
                 row[stop_ids] = -float("inf")
+                if bool(torch.isneginf(row).all()):  # allowed_token_ids left only stops: they
+                    row[stop_ids] = held  # win over min_tokens, as a grammar does
         if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
             _penalize(row, seq, extra, vocab)
     guided = [i for i in todo if rows[i][0].matcher is not None]

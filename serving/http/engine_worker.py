@@ -14,11 +14,10 @@ from typing import Callable
 
 from graft.errors import GraftError
 from graft.kernels.omp_threads import release_thread_pool
-from graft.serving.engine.grammar_check import FIELD as GUIDED_FIELD, GrammarLimitError
 from graft.serving.http.job import Job
 from graft.serving.http.plumbing.admission import AdmissionController, QueueItem, QueueLimits
 from graft.serving.http.openai.openai_chat import APIError
-from graft.serving.http.openai.tool_plan import guided_by_tools, refusal
+from graft.serving.http.finish_errors import finish_error, internal_error
 
 log = logging.getLogger("graft.serving")
 
@@ -182,7 +181,7 @@ class EngineWorker:
             except Exception:  # noqa: BLE001 - a fault no single request explains: the
                 # engine isolates per-request failures itself; never let this kill the thread
                 log.exception("engine step failed")
-                self._fail_all(_internal_error())
+                self._fail_all(internal_error())
 
     def _run_once(self, aborts: list[str]) -> list:
         """Aborts, expiries, admissions and one engine step; returns the step's outputs."""
@@ -302,7 +301,7 @@ class EngineWorker:
             job.sink("error", APIError(str(err), param=job.prompt_param(), code="invalid_prompt"))
         else:
             log.error("request %r failed before the engine", job.request_id, exc_info=err)
-            job.sink("error", _internal_error())
+            job.sink("error", internal_error())
 
     def _deliver(self, out) -> None:
         job = self.active.get(out.request_id)
@@ -341,17 +340,8 @@ class EngineWorker:
                 self._record_finish(job, out, now)
             if self.tracer is not None:
                 self.tracer.record(job, out, _STATUS.get(out.finish_reason, "ok"), now)
-        if out.finish_reason == "internal_error":  # logged by the engine; no internals out
-            job.sink("error", _internal_error())
-        elif out.finish_reason == "error" and (out.error or "").startswith(GUIDED_FIELD):
-            # its grammar met llguidance's row limit mid-generation (guided.advance): a 400
-            job.sink("error", refusal(GrammarLimitError(out.error, "max_items_in_row"),
-                                      guided_by_tools(job.request), job.request))
-        elif out.finish_reason == "error" and not out.token_ids:  # engine refused the prompt
-            job.sink("error", APIError(out.error or "the engine rejected this prompt",
-                                       param=job.prompt_param(), code="invalid_prompt"))
-        else:
-            job.sink("output", out)
+        error = finish_error(job, out)
+        job.sink(*(("output", out) if error is None else ("error", error)))
 
     def _record_finish(self, job: Job, out, now: float) -> None:
         m = self.metrics
@@ -393,8 +383,3 @@ def _settle(future: asyncio.Future, result, error) -> None:
 # a finish reason -> the trace's status (stop, length: ok)
 _STATUS = {"deadline": "deadline", "abort": "abort", "error": "error", "internal_error": "error"}
 
-
-def _internal_error() -> APIError:
-    # The details go to the server log, never to a client (they may name internals).
-    return APIError("the server failed while generating this response; the server log has "
-                    "the details", status=500, type="server_error", code="engine_error")

@@ -186,3 +186,19 @@ def test_a_tiny_repetition_penalty_stays_finite():
     out = process_logits(logits, [(seq, [])], set())
     assert out[0, 3] == out[0, 5] == torch.finfo(torch.float32).max
     assert torch.isfinite(Sampler.probs(out, [seq])).all()
+
+
+def test_allowed_tokens_win_over_min_tokens_and_none_left_is_that_requests_error(engine):
+    eos = engine.tokenizer.eos_token_id
+    prompts = make_prompts((7, 9), seed=4)
+    only_eos = SamplingParams(temperature=0.0, max_tokens=4, allowed_token_ids=[eos], min_tokens=2)
+    nothing = SamplingParams(temperature=0.0, max_tokens=4, allowed_token_ids=[5, 6],
+                             bad_words_token_ids=[[5], [6]])
+    plain = SamplingParams(temperature=0.0, max_tokens=4)
+    outs = engine.generate(prompt_token_ids=prompts + [prompts[1]],
+                           sampling_params=[only_eos, nothing, plain])
+    assert (outs[0].token_ids, outs[0].finish_reason) == ([eos], "stop")
+    assert outs[1].finish_reason == "error" and outs[1].token_ids == []
+    assert outs[1].error.startswith("allowed_token_ids and bad_words leave no token to sample")
+    alone = engine.generate(prompt_token_ids=[prompts[1]], sampling_params=plain)[0]
+    assert outs[2].token_ids == alone.token_ids and engine.stats().free_kv_blocks == 64

@@ -274,3 +274,13 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server, path):
     else:
         assert choice["logprobs"]["tokens"] == named
         assert all(k.startswith("token_id:") for top in choice["logprobs"]["top_logprobs"] for k in top)
+
+
+def test_allowed_tokens_all_banned_is_a_400_naming_the_field(server):
+    tok = server.app.state.ctx.tokenizer
+    token = next(t for t in range(3, 384) if tok.encode(tok.decode([t]).lstrip(),
+                                                          add_special_tokens=False) == [t])
+    resp = _chat(server, allowed_token_ids=[token], bad_words=[tok.decode([token])])
+    error = resp.json()["error"]
+    assert resp.status_code == 400 and error["param"] == "allowed_token_ids", resp.text
+    assert error["message"].startswith("allowed_token_ids and bad_words leave no token")
