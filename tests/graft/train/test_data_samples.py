@@ -87,12 +87,16 @@ def test_file_encoding(tok, data_dir, raw, words):
             _prepare(tok, path)
 
 
-def test_huge_image_is_a_bad_sample(tok, data_dir, monkeypatch):
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # PIL refuses past twice this
+def _good_sample_refused(tok, data_dir, match):
     path = data_dir / "train.json"
     path.write_text(json.dumps([GOOD]))
-    with pytest.raises(GraftDataError, match="sample 0: image file .*a.png is too large"):
+    with pytest.raises(GraftDataError, match=match):
         _prepare(tok, path)
+
+
+def test_huge_image_is_a_bad_sample(tok, data_dir, monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # PIL refuses past twice this
+    _good_sample_refused(tok, data_dir, "sample 0: image file .*a.png is too large")
 
 
 def test_length_limit_names_the_llm_context(tok, data_dir):
@@ -109,10 +113,7 @@ def test_sample_with_no_trained_token_is_refused(tiny_llama, data_dir):
     # a template that drops assistant turns: the sample would train on nothing
     tok.chat_template = ("{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}"
                          "{% endif %}{% endfor %}")
-    path = data_dir / "train.json"
-    path.write_text(json.dumps([GOOD]))
-    with pytest.raises(GraftDataError, match="sample 0: has no answer token that carries loss"):
-        _prepare(tok, path)
+    _good_sample_refused(tok, data_dir, "sample 0: has no answer token that carries loss")
 
 
 def test_labels_cover_only_the_answers(tok, data_dir):
