@@ -15,6 +15,7 @@ memory of one rank stops with the plan in one line before anything loads.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -75,11 +76,13 @@ def _encoder_footprint(spec: GraftSpec) -> tuple[int, int]:
     """(parameters, output width) of the frozen encoder, from headers or a meta-device build."""
     cfg = spec.encoder_config()
     if cfg.kind == "timm":
-        from graft.encoders.timm_encoder import create_timm_model
+        from graft.encoders.timm_encoder import TimmEncoder
 
+        # The encoder as it runs, not timm's whole model: cnn_stage sets the width the projector
+        # sees and drops later stages, feature_layer prunes a ViT's later blocks.
         with torch.device("meta"):
-            model = create_timm_model(cfg)
-        return _numel(model), model.num_features
+            encoder = TimmEncoder(dataclasses.replace(cfg, path=None))
+        return _numel(encoder.model), encoder.hidden_size
     root = Path(cfg.path or "")
     if not (root / "config.json").is_file():
         raise GraftConfigError(f"encoder.path {cfg.path!r}: no config.json; the plan reads the "

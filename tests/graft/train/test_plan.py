@@ -9,6 +9,7 @@ import pytest
 
 from graft.cli import main
 from graft.errors import GraftConfigError
+from graft.spec import GraftSpec
 from graft.train.loop import train
 from graft.train.plan import make_plan, parse_bytes
 from tests.graft.cli_asserts import fails
@@ -54,6 +55,27 @@ def test_plan_counts_the_model_exactly_from_its_config(family, tiny_llm_factory,
         assert moe["experts"] == n and moe["experts_per_token"] == k and n > k
         assert moe["routed_params"] == experts
         assert moe["inactive_params_per_token"] == experts - experts * k // n
+
+
+@pytest.mark.parametrize("kind, encoder", [("timm_cnn", {"cnn_stage": [3, 0], "cnn_downsample": "global_max"}),
+                                           ("timm_vit", {"feature_layer": -2})])
+def test_plan_sizes_a_timm_encoder_as_it_runs(kind, encoder, make_spec, tiny_llama, tmp_path):
+    """cnn_stage sets the projector's input width and drops later stages; feature_layer prunes
+    later ViT blocks: the plan counts the encoder and projector that training builds."""
+    from transformers import AutoConfig
+
+    from graft.adapters.registry import build_adapter
+    from graft.encoders.timm_encoder import TimmEncoder
+
+    raw = make_spec(kind=kind).to_dict()
+    raw["encoder"].update(encoder)
+    spec = GraftSpec.from_dict(raw)
+    real = TimmEncoder(spec.encoder_config())
+    d_model = AutoConfig.from_pretrained(tiny_llama).hidden_size
+    projector = build_adapter(spec.adapter_config(), real.hidden_size, d_model)
+    plan = make_plan(spec, world_size=1, device_memory=10 ** 12)
+    assert plan["encoder"]["params"] == sum(p.numel() for p in real.model.parameters())
+    assert plan["trainable"]["params"] == sum(p.numel() for p in projector.parameters())
 
 
 def test_plan_cli_on_the_documented_example(capsys):
