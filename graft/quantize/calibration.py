@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from graft.errors import GraftConfigError
+from graft.errors import GraftConfigError, GraftError
 from graft.loads import json_loads
 
 
@@ -41,8 +41,11 @@ def load_calibration(qe, source: str | None, n_samples: int, max_tokens: int) ->
             raise GraftConfigError(f"--calibration {source}: no such file")
         records, image_root, system, where = _records(path), path.parent, None, f"--calibration {source}"
     seqs = []
-    for record in records[:n_samples]:
-        seq = _encode(qe, front, record, image_root, system, max_tokens)
+    for label, record in records[:n_samples]:
+        try:
+            seq = _encode(qe, front, record, image_root, system, max_tokens)
+        except GraftError as err:  # which record of which file, not only what is wrong with it
+            raise GraftConfigError(f"{where} {label}: {err}") from err
         if seq is not None and len(seq.ids) > 1:
             seqs.append(seq)
     if not seqs:
@@ -51,13 +54,14 @@ def load_calibration(qe, source: str | None, n_samples: int, max_tokens: int) ->
     return seqs
 
 
-def _llava(path: Path) -> list[dict]:
+def _llava(path: Path) -> list[tuple[str, dict]]:
     from graft.train.data import read_json_samples
 
-    return read_json_samples(path)
+    return [(f"sample {i}", r) for i, r in enumerate(read_json_samples(path))]
 
 
-def _records(path: Path) -> list[dict]:
+def _records(path: Path) -> list[tuple[str, dict]]:
+    """(where in the file, record) pairs: a .json's sample N, a .jsonl's line N, paragraph N."""
     text = path.read_text(encoding="utf-8-sig")
     if path.suffix == ".json":
         return _llava(path)
@@ -65,9 +69,10 @@ def _records(path: Path) -> list[dict]:
         out = []
         for lineno, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                out.append(json_loads(line, f"--calibration {path}:{lineno}"))
+                out.append((f"line {lineno}", json_loads(line, f"--calibration {path}:{lineno}")))
         return out
-    return [{"text": p.strip()} for p in text.split("\n\n") if p.strip()]
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    return [(f"paragraph {i}", {"text": p}) for i, p in enumerate(paragraphs, 1)]
 
 
 def _encode(qe, front, record, image_root: Path, system: str | None, max_tokens: int):
@@ -80,7 +85,10 @@ def _encode(qe, front, record, image_root: Path, system: str | None, max_tokens:
     if "text" in record:
         return CalibrationSeq(tokenizer(str(record["text"]))["input_ids"][:max_tokens], None)
     if "messages" in record:
-        messages = list(record["messages"])
+        messages = record["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise GraftConfigError("'messages' must be a list of {\"role\", \"content\"} objects")
+        messages = list(messages)
     elif "conversations" in record:
         messages = llava_to_messages(record["conversations"], system)
     else:
