@@ -1,7 +1,7 @@
 """`graft fleet PATH --replicas N`: N `graft serve` workers on this machine, the CPUs split
 between them, behind vllm-router on one port, with cache-aware routing (or another policy,
 or a prefill/decode split with --pd P:D). Ctrl-C stops everything. graft writes no router
-of its own: the router is vllm-router from PyPI (`pip install graft[fleet]`)."""
+of its own: the router is vllm-router from PyPI (`pip install 'graft-vlm[fleet]'`)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    action="store_false", help="workers do not ask each other for image "
                    "embeddings before encoding (they do by default; docs/fleet.md)")
     p.add_argument("--router", default=None, metavar="PATH",
-                   help="the vllm-router binary (default: $GRAFT_VLLM_ROUTER, then PATH)")
+                   help="the vllm-router binary (default: $GRAFT_VLLM_ROUTER, then the one "
+                        "beside this Python, then PATH)")
     p.add_argument("--startup-timeout-s", type=number_in(float, low=0.0, low_open=True),
                    default=900.0,
                    help="how long workers and router may take to answer /health")
@@ -95,7 +96,7 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
                                f"{base + n - 1}; pick a lower one")
     extra = list(args.serve_args or [])
     for flag in ("--port", "--kv-transfer-config", "--host"):
-        if flag in extra:
+        if any(a == flag or a.startswith(flag + "=") for a in extra):
             raise GraftConfigError(f"{flag} after --: graft fleet sets it for each worker; "
                                    "leave it out")
     workers = []
@@ -134,7 +135,8 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
                                                Path(args.path).resolve().name),
                    "--kv-event-block-size", _option(extra, "--block-size",
                                                     str(EngineConfig().block_size))]
-    return FleetPlan(workers, Process("router", f"http://{args.host}:{args.port}", router))
+    host = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
+    return FleetPlan(workers, Process("router", f"http://{host}:{args.port}", router))
 
 
 def _roles(args) -> list[str | None]:
@@ -189,12 +191,21 @@ def _endpoint(argv: list[str]) -> str:
 def find_router(given: str | None) -> str:
     from graft.errors import GraftConfigError
 
-    for candidate in (given, os.environ.get("GRAFT_VLLM_ROUTER"),
+    def runnable(path) -> bool:
+        return bool(path) and Path(path).is_file() and os.access(path, os.X_OK)
+
+    if given is not None:  # named by the user: never silently replaced by another router
+        given = given if runnable(given) else shutil.which(given) or given  # a bare name: PATH
+        if not runnable(given):
+            raise GraftConfigError(f"--router {given}: no executable file there; give the "
+                                   "vllm-router binary's path")
+        return given
+    for candidate in (os.environ.get("GRAFT_VLLM_ROUTER"),
                       str(Path(sys.executable).with_name("vllm-router")),
                       shutil.which("vllm-router")):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+        if runnable(candidate):
             return candidate
-    raise GraftConfigError("vllm-router not found: pip install 'graft[fleet]' (vllm-router "
+    raise GraftConfigError("vllm-router not found: pip install 'graft-vlm[fleet]' (vllm-router "
                            "0.1.17), or pass --router PATH")
 
 

@@ -25,7 +25,7 @@ try:
     import zmq
 except ImportError as err:  # the `fleet` extra
     raise GraftConfigError(f"{FLAG}: publishing KV events needs pyzmq and msgspec ({err}); "
-                           "install them: pip install 'graft[fleet]'") from None
+                           "install them: pip install 'graft-vlm[fleet]'") from None
 
 log = logging.getLogger("graft.serving")
 

@@ -87,11 +87,24 @@ def test_more_workers_than_cpus_share_them():
     (["--pd", "0:1"], "at least one of each"),
     (["--pd", "x"], "give P:D"),
     (["--", "--port", "1"], "--port after --"),
+    (["--", "--port=1"], "--port after --"),
+    (["--", "--host=0.0.0.0"], "--host after --"),
     (["--worker-port", "65535", "--replicas", "2"], "ports up to 65536"),
 ])
 def test_bad_layouts_are_one_line(argv, message):
     with pytest.raises(GraftConfigError, match=message):
         _plan(*argv)
+
+
+def test_an_ipv6_router_host_gives_a_url_the_fleet_can_reach():
+    url = _plan("--host", "::1", "--port", "9000").router.url
+    assert url == "http://[::1]:9000"
+    assert httpx.URL(url).port == 9000  # what the /health wait asks
+
+
+def test_a_router_path_that_is_not_there_is_named():
+    with pytest.raises(GraftConfigError, match="--router /nonexistent/vllm-router"):
+        fleet_cli.find_router("/nonexistent/vllm-router")
 
 
 def test_a_fleet_serves_through_the_router_and_ctrl_c_stops_all(tiny_llama, tmp_path):
