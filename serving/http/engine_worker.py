@@ -64,6 +64,10 @@ class EngineWorker:
                 for out in self._run_once([]):
                     if out.finish_reason == "internal_error":  # refuse to serve, loudly
                         raise GraftError(f"engine warmup failed: {out.error}")
+        # nobody will ask for the warmup's prompts: their blocks are no cache, and their
+        # lookups no queries in vllm:prefix_cache_* (a fresh worker starts at 0 of 0)
+        engine.block_manager.reset_prefix_cache()
+        engine.block_manager.hit_tokens = engine.block_manager.query_tokens = 0
         for front in self.fronts:
             image = Image.new("RGB", (224, 224), (128, 128, 128))
             n_tokens = front.image_path.image_token_count(224, 224)

@@ -129,3 +129,17 @@ def test_vllm_series_follow_the_answers(plain_server):
         buckets = [v for n, lab, v in after if n == name + "_bucket"]
         assert buckets == sorted(buckets)  # cumulative
         assert buckets[-1] == value(after, name + "_count")
+
+
+def test_a_fresh_server_has_queried_nothing(tiny_llama):
+    """The warmup's prompts are nobody's: no prefix-cache queries, no cached blocks."""
+    from graft.serving import Engine, EngineConfig
+    from graft.serving.http.server import ServerSettings, build_app
+    from tests.serving.http.conftest import LiveServer
+
+    engine = Engine.from_pretrained(tiny_llama, EngineConfig(num_kv_blocks=32))
+    with LiveServer(build_app(engine, ServerSettings(model_name="plain"))) as server:
+        _, samples = scrape(server)
+        assert value(samples, "vllm:prefix_cache_queries_total") == 0
+        assert value(samples, "vllm:prefix_cache_hits_total") == 0
+        assert not engine.block_manager.cache and engine.kv_usage()[0] == 0
