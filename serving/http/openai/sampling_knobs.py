@@ -122,6 +122,9 @@ class SamplingKnobs(_Fields):
     best_of: int | None = Field(default=None, ge=1)
     prompt_embeds: Any = None
     logits_processors: Any = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's; not with response_format
+    grammar: str | None = Field(default=None, min_length=1)  # llama.cpp's: GBNF (or Lark) text
 
     @field_validator("use_beam_search", "best_of", "prompt_embeds", "logits_processors")
     @classmethod
@@ -129,9 +132,6 @@ class SamplingKnobs(_Fields):
         if value not in (None, False, [], "") and not (info.field_name == "best_of" and value == 1):
             raise ValueError(NOT_SERVED[info.field_name])
         return value
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None  # vLLM's; not with response_format
-    grammar: str | None = Field(default=None, min_length=1)  # llama.cpp's: GBNF (or Lark) text
 
     @field_validator("response_format", mode="before")
     @classmethod
