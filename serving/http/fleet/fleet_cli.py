@@ -95,10 +95,14 @@ def plan(args: argparse.Namespace, cpus: list[int], router_bin: str,
         raise GraftConfigError(f"--worker-port {base}: {n} workers need ports up to "
                                f"{base + n - 1}; pick a lower one")
     extra = list(args.serve_args or [])
-    for flag in ("--port", "--kv-transfer-config", "--host"):
+    # one value for every worker would collide (ports, endpoints) or be overridden
+    for flag, how in (("--port", "--worker-port"), ("--host", "--host (the router's)"),
+                      ("--kv-transfer-config", "--pd P:D"),
+                      ("--kv-events-config", "--policy kv_aware"),
+                      ("--encoder-cache-peers", "--no-encoder-cache-peers to turn it off")):
         if any(a == flag or a.startswith(flag + "=") for a in extra):
-            raise GraftConfigError(f"{flag} after --: graft fleet sets it for each worker; "
-                                   "leave it out")
+            raise GraftConfigError(f"{flag} after --: graft fleet sets it for each worker "
+                                   f"(see {how}); leave it out")
     workers = []
     # decode workers pull KV only from the prefill workers named here (fleet/pd.py)
     peers = [f"127.0.0.1:{base + i}" for i, role in enumerate(roles) if role == "kv_producer"]

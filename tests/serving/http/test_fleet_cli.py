@@ -89,6 +89,9 @@ def test_more_workers_than_cpus_share_them():
     (["--", "--port", "1"], "--port after --"),
     (["--", "--port=1"], "--port after --"),
     (["--", "--host=0.0.0.0"], "--host after --"),
+    (["--", "--kv-events-config", '{"enable_kv_cache_events":true}'],
+     r"--kv-events-config after --: .*\(see --policy kv_aware\)"),
+    (["--", "--encoder-cache-peers", "http://x:1"], "--no-encoder-cache-peers to turn it off"),
     (["--worker-port", "65535", "--replicas", "2"], "ports up to 65536"),
 ])
 def test_bad_layouts_are_one_line(argv, message):
