@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from graft.digests import sha256_file
     from graft.serving.engine.config import engine_values
     from graft.tune.search import candidates, label, pareto_choices, parse_slo, search_space
+    from graft.run_dir import model_dir_kind
     from graft.tune.trace import read_trace
 
     from graft.tune.out_path import check_out_file
@@ -165,6 +166,13 @@ def run(args: argparse.Namespace) -> int:
     check_replay_span(records, args.speed, args.trace)
     quant = pareto_choices(args.quality, args.max_accuracy_drop) if args.quality else []
     images = any(r.images for r in records)
+    if images and model_dir_kind(model, "--model") == "llm":  # before the model loads
+        from graft.errors import GraftConfigError
+
+        first = next(i for i, r in enumerate(records) if r.images)
+        raise GraftConfigError(f"TRACE {args.trace}: request {first} has images but --model "
+                               f"{model} is an LLM dir (text only); tune a run dir, or a "
+                               "trace without images")
     space = search_space(fixed, images, fixed.get("device", "cpu"), quant)
     cands = candidates(space, args.candidates, args.search_seed)
     fingerprint = {"trace": sha256_file(args.trace), "requests": len(records),

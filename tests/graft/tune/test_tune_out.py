@@ -37,3 +37,15 @@ def test_out_a_folder_or_under_a_file_is_refused_first(tmp_path, capsys, command
     fails(capsys, argv(blocker / "out.yaml"),
           f"--out: output {blocker / 'out.yaml'}: {blocker} is a file, not a folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_an_image_trace_on_a_text_only_model_is_refused_before_it_loads(tiny_llama, tmp_path,
+                                                                       capsys):
+    from graft.cli import main
+
+    trace = tmp_path / "burst.jsonl"
+    assert main(["tune", "synth", "--profile", "image-burst", "--n", "4",
+                 "--out", str(trace)]) == 0
+    fails(capsys, ["tune", str(trace), "--model", str(tiny_llama), "--slo", "ttft_p99_ms=500",
+                   "--out", str(tmp_path / "tuned.yaml")],
+          f"TRACE {trace}: request 0 has images but --model {tiny_llama} is an LLM dir")
