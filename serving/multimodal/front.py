@@ -57,6 +57,7 @@ class MultimodalFront:
         self.image_path = image_path  # graft.image_path.ImagePath (the engine runs the LLM)
         self.tokenizer = tokenizer
         self.spec = spec  # the run's GraftSpec
+        self.run_dir = Path(run_dir) if run_dir else None  # /v1/models' root
         # several grafts over one engine share one cache (keys carry encoder + adapter identity)
         self.cache = cache if cache is not None else EncoderCache(cache_bytes)
         self.hits = 0  # this front's encoder-cache lookups (the cache's own counters sum all)

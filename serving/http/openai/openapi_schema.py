@@ -196,6 +196,9 @@ class Model(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    root: str  # vLLM's: the dir served (a graft's run dir, else the LLM's)
+    parent: str | None = None  # vLLM's: null (a graft is served whole, not as an adapter)
+    max_model_len: int  # vLLM's: the context length a request may fill
     # llama.cpp's names: "completion", and "multimodal" where the model takes images
     capabilities: list[Literal["completion", "multimodal"]]
 

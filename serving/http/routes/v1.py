@@ -34,11 +34,15 @@ router = APIRouter()
 async def models(request: Request):
     # capabilities as llama.cpp's server names them: "multimodal" where the model takes images
     # (a graft's vision encoder), so a client (the chat page) can hide image input elsewhere
-    fronts = request.app.state.ctx.models
+    # vLLM's fields too: root (the dir served: a graft's run dir, else the LLM's), parent
+    # (null: a graft is served whole, not as an adapter of another entry), max_model_len
+    ctx = request.app.state.ctx
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "graft",
+         "root": str(front.run_dir if front is not None and front.run_dir else ctx.engine.model_dir),
+         "parent": None, "max_model_len": ctx.max_model_len,
          "capabilities": ["completion", "multimodal"] if front else ["completion"]}
-        for name, front in fronts.items()]}
+        for name, front in ctx.models.items()]}
 
 
 @router.post(CHAT_PATH)

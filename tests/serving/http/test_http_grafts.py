@@ -43,11 +43,17 @@ def _chat(server, model, **body):
     return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
 
 
-def test_models_lists_grafts_and_bare_llm(server):
+def test_models_lists_grafts_and_bare_llm(server, graft_runs):
     from openai import OpenAI
 
     client = OpenAI(base_url=server.url + "/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == ["base", "sig", "clip"]
+    # vLLM's fields: the dir each entry serves, no parent, the context length
+    listed = {m["id"]: m for m in httpx.get(server.url + "/v1/models").json()["data"]}
+    ctx = server.app.state.ctx
+    assert [listed[k]["root"] for k in ("base", "sig", "clip")] == \
+        [str(ctx.engine.model_dir), str(graft_runs["sig"]), str(graft_runs["clip"])]
+    assert {(m["parent"], m["max_model_len"]) for m in listed.values()} == {(None, 256)}
     sig = client.chat.completions.create(model="sig", messages=_msgs(), max_tokens=5, temperature=0)
     clip = client.chat.completions.create(model="clip", messages=_msgs(), max_tokens=5,
                                           temperature=0)
