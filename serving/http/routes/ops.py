@@ -1,6 +1,6 @@
-"""What operators poll: /health (503 once the engine thread stopped), /version (as vLLM's) and
-Prometheus /metrics. Two routers, so server.py can put an API key on either alone
-(--auth-health, --auth-metrics)."""
+"""What operators poll: /health and vLLM's /ping (503 once the engine thread stopped),
+/version (as vLLM's) and Prometheus /metrics. Two routers, so server.py can put an API key on
+either alone (--auth-health, --auth-metrics)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ metrics_router = APIRouter()
 
 
 @health_router.get("/health")
+@health_router.get("/ping")  # vLLM's, what SageMaker polls
 async def health(request: Request):
     if not request.app.state.ctx.worker.alive:
         return JSONResponse({"status": "engine thread stopped"}, status_code=503)

@@ -200,6 +200,7 @@ def test_disconnect_frees_the_request(live_server):
 
 def test_health_and_metrics(live_server):
     assert httpx.get(live_server.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(live_server.url + "/ping").json() == {"status": "ok"}  # vLLM's, SageMaker's
     text = httpx.get(live_server.url + "/metrics").text
     for name in ("graft_time_to_first_token_seconds_bucket", "graft_time_per_output_token_seconds",
                  "graft_queue_depth", "graft_running_requests", "graft_kv_blocks_used",
