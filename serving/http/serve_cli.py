@@ -99,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how /v1/embeddings pools the prompt's final hidden states: last (the "
                         "last token: causal LLMs' choice and vLLM's default; default), mean, or "
                         "cls (the first token); llama.cpp's flag")
+    p.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                   help="a Jinja chat template, a file or the template's text, used instead of "
+                        "the LLM tokenizer's own (vLLM's flag)")
     p.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_FORMATS),
                    help="a reasoning model's thinking (<think> ... </think>) goes to the "
                         "message's `reasoning`, not its `content` (vLLM's flag; default: off)")
@@ -161,6 +164,7 @@ def build(args: argparse.Namespace):
     from graft.serving.http.fleet.pd import advertised_address, parse_kv_transfer_config
 
     keys = api_keys(args)  # a bad key is refused before minutes of loading
+    template = chat_template_text(getattr(args, "chat_template", None))  # and a missing file
     kv_transfer = (parse_kv_transfer_config(args.kv_transfer_config)
                    if getattr(args, "kv_transfer_config", None) else None)
     config = EngineConfig.for_serving(**engine_values(args))
@@ -179,6 +183,8 @@ def build(args: argparse.Namespace):
 
         model_dir_kind(path, "PATH")  # neither kind: the error names PATH
         engine = Engine.from_pretrained(path, config, cache_bytes)
+    if template is not None:
+        use_chat_template(engine.tokenizer, template)  # one tokenizer: every graft's too
     media = MediaConfig(allowed_local_media_path=args.allowed_local_media_path,
                         allow_remote_media=args.allow_remote_media,
                         max_image_bytes=args.max_image_bytes,
@@ -210,6 +216,40 @@ def build(args: argparse.Namespace):
         app.state.ctx.worker.tracer = TraceWriter(args.trace, args.trace_content,
                                                   args.trace_max_bytes)
     return app
+
+
+def chat_template_text(value: str | None) -> str | None:
+    """--chat-template's Jinja text: the file's, or the value itself when it is template text
+    (vLLM takes either); GraftConfigError for a file that is not there or not text."""
+    from graft.errors import GraftConfigError
+
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise GraftConfigError(f"--chat-template {value}: cannot read it ({err})") from None
+    if "{" not in value:  # no Jinja in it: meant as a file
+        raise GraftConfigError(f"--chat-template {value}: no such file; give a Jinja template "
+                               "file or the template's text")
+    return value
+
+
+def use_chat_template(tokenizer, template: str) -> None:
+    """Serve with `template`, rendered once here so a broken one stops the server in one line
+    instead of failing every chat."""
+    from graft.errors import GraftConfigError
+
+    tokenizer.chat_template = template
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                      add_generation_prompt=True)
+    except Exception as err:  # noqa: BLE001 - jinja2's syntax and runtime errors alike
+        raise GraftConfigError(f"--chat-template: the template does not render a one-message "
+                               f"chat: {type(err).__name__}: {' '.join(str(err).split())}"
+                               ) from None
 
 
 def _kv_event_publisher(engine, config):
