@@ -20,6 +20,8 @@ from graft.serving.multimodal.remote_media import RemoteFetchPool
 @dataclass
 class ServerSettings:
     model_name: str = "graft"  # the `model` clients must send (also listed by /v1/models)
+    # request field -> the model's default where a request leaves it unset (sampling_defaults.py)
+    sampling_defaults: dict = field(default_factory=dict)
     media: MediaConfig = field(default_factory=MediaConfig)  # image sources and limits
     limit_images_per_prompt: int = 4  # more image parts than this -> 400
     default_ttft_budget_ms: float | None = None  # budget for requests that give none

@@ -99,6 +99,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how /v1/embeddings pools the prompt's final hidden states: last (the "
                         "last token: causal LLMs' choice and vLLM's default; default), mean, or "
                         "cls (the first token); llama.cpp's flag")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                   help="where a request's unset sampling fields (temperature, top_p, top_k, "
+                        "min_p, penalties, max_tokens) take their defaults: auto, the model's "
+                        "generation_config.json; vllm, OpenAI's; or DIR's (vLLM's flag)")
     p.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
                    help="a Jinja chat template, a file or the template's text, used instead of "
                         "the LLM tokenizer's own (vLLM's flag)")
@@ -155,6 +159,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build(args: argparse.Namespace):
     """Engine + app from parsed arguments (also used by tests)."""
+    from graft.serving.http.openai.sampling_defaults import model_sampling_defaults
     from graft.serving import EngineConfig
     from graft.serving import Engine
     from graft.serving.engine.config import engine_values
@@ -165,6 +170,9 @@ def build(args: argparse.Namespace):
 
     keys = api_keys(args)  # a bad key is refused before minutes of loading
     template = chat_template_text(getattr(args, "chat_template", None))  # and a missing file
+    source = getattr(args, "generation_config", "auto")
+    if source not in ("auto", "vllm"):  # a folder of the user's: checked before loading too
+        model_sampling_defaults(source, ".")
     kv_transfer = (parse_kv_transfer_config(args.kv_transfer_config)
                    if getattr(args, "kv_transfer_config", None) else None)
     config = EngineConfig.for_serving(**engine_values(args))
@@ -193,6 +201,7 @@ def build(args: argparse.Namespace):
                         remote_domains=tuple(args.allowed_media_domains))
     settings = ServerSettings(
         model_name=args.served_model_name or path.resolve().name, media=media,
+        sampling_defaults=model_sampling_defaults(source, engine.model_dir),
         limit_images_per_prompt=args.limit_images_per_prompt,
         default_ttft_budget_ms=args.ttft_budget_ms,
         encoder_tokens_per_step=args.encoder_tokens_per_step,
@@ -317,6 +326,12 @@ def run(args: argparse.Namespace) -> int:
     stats_log.announce(f"graft serve: {args.path or 'grafts'} as {names} on "
                        f"http://{args.host}:{args.port}/v1 (chat page: "
                        f"http://{args.host}:{args.port}/)", args.log_format)
+    defaults = app.state.ctx.settings.sampling_defaults
+    if defaults:  # as vLLM says it: answers differ from OpenAI's defaults
+        where = "the model's" if args.generation_config == "auto" else args.generation_config
+        stats_log.announce(f"graft serve: requests that leave them unset sample with {where} "
+                           f"generation_config.json: {defaults} (--generation-config vllm: "
+                           "OpenAI's defaults)", args.log_format)
     with stats_log.periodic(app.state.ctx.metrics, args.log_interval):
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                     **({"log_config": log_config} if log_config else {}), **uvicorn_options(args))

@@ -221,18 +221,24 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
 
     limit = req.output_limit()
     room = check_room(ctx, n_prompt, limit)
+    model = ctx.settings.sampling_defaults  # the model's, for the fields the request left unset
+
+    def unset(name: str, openai_default):
+        value = getattr(req, name)
+        return model.get(name, openai_default) if value is None else value
+
     try:
         params = SamplingParams(
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0, min_p=req.min_p or 0.0, max_tokens=limit or room,
+            temperature=unset("temperature", 1.0), top_p=unset("top_p", 1.0),
+            top_k=unset("top_k", 0) or 0, min_p=unset("min_p", 0.0),
+            max_tokens=limit or min(model.get("max_tokens", room), room),
             seed=req.seed,
             stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),
             prompt_logprobs=req.num_prompt_logprobs(),
             stop_token_ids=req.stop_token_ids or [], skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             bad_words_token_ids=bad_words_token_ids(ctx.tokenizer, req.bad_words),
-            speculative=req.speculative, **req.sampling_kwargs())
+            speculative=req.speculative, **req.sampling_kwargs(model))
         params.check_vocab(ctx.engine.runner.vocab_size)
     except RequestError as err:  # the grammar compiler cannot run
         raise P.APIError.from_request(err) from None

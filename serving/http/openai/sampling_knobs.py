@@ -171,8 +171,15 @@ class SamplingKnobs(_Fields):
                              f"{info.field_name}, not both")
         return value
 
-    def sampling_kwargs(self) -> dict[str, Any]:
-        """These fields as SamplingParams keyword arguments (defaults where absent)."""
+    def sampling_kwargs(self, defaults: dict | None = None) -> dict[str, Any]:
+        """These fields as SamplingParams keyword arguments; where absent, `defaults` (the
+        model's, sampling_defaults.py), else the neutral values."""
+        model = defaults or {}
+
+        def unset(name: str, neutral: float) -> float:
+            value = getattr(self, name)
+            return model.get(name, neutral) if value is None else value
+
         fmt = self.response_format
         guided = (fmt.json_schema.schema_ if isinstance(fmt, JsonSchemaFormat)
                   else True if isinstance(fmt, JsonObjectFormat) else None)
@@ -181,9 +188,9 @@ class SamplingKnobs(_Fields):
                    else self.structured_outputs.sampling_kwargs())
         return dict(
             logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=unset("presence_penalty", 0.0),
+            frequency_penalty=unset("frequency_penalty", 0.0),
+            repetition_penalty=unset("repetition_penalty", 1.0),
             min_tokens=self.min_tokens or 0, allowed_token_ids=self.allowed_token_ids, **grammar)
 
     def request_fields(self) -> dict[str, str]:
