@@ -103,7 +103,10 @@ NOT_SERVED = {
                "samples and pick with logprobs",
     "prompt_embeds": "prompt embeddings are not taken; send the prompt as text or token ids",
     "logits_processors": "custom logits processors are not taken; use logit_bias, "
-                         "allowed_token_ids, bad_words or a grammar (structured_outputs)"}
+                         "allowed_token_ids, bad_words or a grammar (structured_outputs)",
+    # vLLM refuses it too unless started with --trust-request-chat-template
+    "chat_template": "a chat template in the request is not taken; start the server with "
+                     "--chat-template instead"}
 
 
 class SamplingKnobs(_Fields):
@@ -122,11 +125,13 @@ class SamplingKnobs(_Fields):
     best_of: int | None = Field(default=None, ge=1)
     prompt_embeds: Any = None
     logits_processors: Any = None
+    chat_template: Any = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's; not with response_format
     grammar: str | None = Field(default=None, min_length=1)  # llama.cpp's: GBNF (or Lark) text
 
-    @field_validator("use_beam_search", "best_of", "prompt_embeds", "logits_processors")
+    @field_validator("use_beam_search", "best_of", "prompt_embeds", "logits_processors",
+                     "chat_template")
     @classmethod
     def _not_served(cls, value: Any, info) -> Any:
         if value not in (None, False, [], "") and not (info.field_name == "best_of" and value == 1):

@@ -247,7 +247,8 @@ def test_allowed_token_ids_and_bad_words(server):
     ("use_beam_search", True, "beam search is not implemented"),
     ("best_of", 3, "best_of is not implemented"),
     ("prompt_embeds", "AAAA", "prompt embeddings are not taken"),
-    ("logits_processors", ["my.module:Proc"], "custom logits processors are not taken")])
+    ("logits_processors", ["my.module:Proc"], "custom logits processors are not taken"),
+    ("chat_template", "{{ messages }}", "start the server with --chat-template")])
 def test_vllm_fields_not_served_are_refused_not_ignored(server, path, field, value, words):
     ask = {"messages": ASK} if "chat" in path else {"prompt": "hello"}
     body = {"model": "plain", "max_tokens": 2, **ask}
