@@ -232,18 +232,16 @@ def chat_template_text(value: str | None) -> str | None:
     (vLLM takes either); GraftConfigError for a file that is not there or not text."""
     from graft.errors import GraftConfigError
 
-    if value is None:
-        return None
+    if value is None or any(c in value for c in "{}\n"):  # Jinja's marks: the text itself
+        return value  # (never a path: a long template is past a file name's length limit)
     path = Path(value).expanduser()
-    if path.is_file():
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise GraftConfigError(f"--chat-template {value}: cannot read it ({err})") from None
-    if "{" not in value:  # no Jinja in it: meant as a file
+    if not path.is_file():
         raise GraftConfigError(f"--chat-template {value}: no such file; give a Jinja template "
                                "file or the template's text")
-    return value
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise GraftConfigError(f"--chat-template {value}: cannot read it ({err})") from None
 
 
 def use_chat_template(tokenizer, template: str) -> None:

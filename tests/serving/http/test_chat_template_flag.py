@@ -11,7 +11,8 @@ from graft.errors import GraftConfigError
 from graft.serving.http import serve_cli
 from tests.serving.http.conftest import LiveServer
 
-TEMPLATE = ("{% for m in messages %}CUSTOM {{ m['content'] }}\n{% endfor %}"
+TEMPLATE = ("{# a real template is longer than a file name may be: " + "x" * 300 + " #}"
+            "{% for m in messages %}CUSTOM {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}ANSWER:{% endif %}")
 
 
