@@ -14,6 +14,7 @@ import torch
 
 from graft.errors import GraftConfigError, GraftError
 from graft.loads import json_loads
+from graft.train.data import read_samples
 
 
 @dataclass
@@ -32,7 +33,7 @@ def load_calibration(qe, source: str | None, n_samples: int, max_tokens: int) ->
         spec = front.spec
         from graft.spec import GraftSpec
 
-        records = _llava(Path(GraftSpec.expand(spec.data.train)))
+        records = read_samples(Path(GraftSpec.expand(spec.data.train)))
         image_root, system = Path(GraftSpec.expand(spec.data.image_root)), spec.data.system_prompt
         where = f"the run's training data ({spec.data.train})"
     else:
@@ -54,17 +55,11 @@ def load_calibration(qe, source: str | None, n_samples: int, max_tokens: int) ->
     return seqs
 
 
-def _llava(path: Path) -> list[tuple[str, dict]]:
-    from graft.train.data import read_json_samples
-
-    return [(f"sample {i}", r) for i, r in enumerate(read_json_samples(path))]
-
-
 def _records(path: Path) -> list[tuple[str, dict]]:
     """(where in the file, record) pairs: a .json's sample N, a .jsonl's line N, paragraph N."""
-    text = path.read_text(encoding="utf-8-sig")
     if path.suffix == ".json":
-        return _llava(path)
+        return read_samples(path)
+    text = path.read_text(encoding="utf-8-sig")
     if path.suffix == ".jsonl":
         out = []
         for lineno, line in enumerate(text.splitlines(), 1):

@@ -58,7 +58,7 @@ def run(args) -> int:
 
     from graft.spec import GraftSpec
     from graft.spec_paths import check_paths
-    from graft.train.run_guard import check_run_dir, prepare_run_dir
+    from graft.train.run_guard import check_run_dir, clear_replaced
     from graft.train.tracking import check_report_to
 
     # under `accelerate launch` every process runs this: the run dir is checked (and emptied
@@ -89,10 +89,10 @@ def run(args) -> int:
         return 0
     replace = None
     if main_process:
-        check_run_dir(spec, resume=args.resume, overwrite=args.overwrite)
+        checked = check_run_dir(spec, resume=args.resume, overwrite=args.overwrite)
 
         def replace():  # --overwrite: only once every sample has passed its checks
-            prepare_run_dir(spec, resume=args.resume, overwrite=args.overwrite)
+            clear_replaced(*checked)
     from graft.train.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -46,14 +46,9 @@ def load_image(path: str | Path) -> Image.Image:
 image_content_hash = pixel_hash
 
 
-def read_json_samples(path: str | Path) -> list[dict]:
-    """The samples of a JSON list or a JSON Lines file (a file that starts with `{`)."""
-    return [raw for _, raw in _read_samples(path)]
-
-
-def _read_samples(path: str | Path) -> list[tuple[str, object]]:
-    """(where, sample) pairs; `where` names the sample in errors: `sample 3` in a JSON list,
-    `line 4` in JSON Lines."""
+def read_samples(path: str | Path) -> list[tuple[str, object]]:
+    """(where, sample) pairs of a JSON list or a JSON Lines file (a file that starts with `{`);
+    `where` names the sample in errors: `sample 3` in a JSON list, `line 4` in JSON Lines."""
     path = Path(path)
     if not path.is_file():
         raise GraftDataError(f"data file {path} does not exist (data.train / data.val)")
@@ -112,7 +107,7 @@ def prepare_samples(
     samples: list[Sample] = []
     skipped: list[str] = []
     limit = _length_limit(max_length, llm_context)
-    for i, (where, raw) in enumerate(_read_samples(path)):
+    for i, (where, raw) in enumerate(read_samples(path)):
         try:
             samples.append(_prepare_one(i, raw, image_root, tokenizer, image_token_count,
                                         limit, system_prompt))
@@ -145,8 +140,8 @@ def _prepare_one(i, raw, image_root, tokenizer, image_token_count, limit, system
     messages = llava_to_messages(raw["conversations"], system_prompt)
     if not any(m["role"] == "assistant" for m in messages):
         raise GraftDataError("has no assistant ('gpt') turn, so nothing to learn")
-    turns = [j for j, t in enumerate(raw["conversations"]) if t["from"] in ("gpt", "assistant")]
-    empty = [j for j in turns if not str(raw["conversations"][j]["value"]).strip()]
+    turns = messages[len(messages) - len(raw["conversations"]):]  # after a system prompt
+    empty = [j for j, m in enumerate(turns) if m["role"] == "assistant" and not m["content"].strip()]
     if empty:  # it would teach the model to end its turn at once
         raise GraftDataError(f"conversations[{empty[0]}] is an empty answer; write the answer "
                              "or drop the turn")

@@ -1,5 +1,5 @@
-"""What `graft train` reads before the LLM's weights: the LLM's config and tokenizer, the image
-path (encoder and projector, which give each image's token count) and every sample, validated.
+"""What `graft train` reads before the LLM's weights: the image path (encoder and projector,
+which give each image's token count) and every sample, validated with the LLM's tokenizer.
 Read first, so a bad sample is reported before the LLM is hashed and loaded (minutes for a
 large one) and before `--overwrite` removes the run it would replace; `--dry-run` reads the
 same and stops there."""
@@ -15,8 +15,6 @@ from graft.train.data import Sample, prepare_samples
 @dataclass
 class TrainInputs:
     image_path: object  # graft.image_path.ImagePath: a fresh projector, or spec.adapter_init's
-    tokenizer: object
-    llm_config: object
     samples: list[Sample]
     skipped: list[str]  # why each skipped sample was skipped (data.on_bad_sample: skip)
     val_samples: list[Sample]
@@ -42,4 +40,4 @@ def read_inputs(spec: GraftSpec) -> TrainInputs:
 
     samples, skipped = read(spec.data.train)
     val_samples, val_skipped = read(spec.data.val) if spec.data.val else ([], [])
-    return TrainInputs(image_path, tokenizer, config, samples, skipped, val_samples, val_skipped)
+    return TrainInputs(image_path, samples, skipped, val_samples, val_skipped)

@@ -21,12 +21,10 @@ RESUME_MAY_CHANGE = {"output_dir", "llm.path", "llm.sha256", "train.save_every",
                      "train.cpu_offload", "train.device_memory", "train.batch_size"}
 
 
-def prepare_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False) -> Path:
-    """The run dir, checked (`check_run_dir`) and emptied when `overwrite` (a run dir only)."""
-    run_dir, action = check_run_dir(spec, resume, overwrite)
+def clear_replaced(run_dir: Path, action: str) -> None:
+    """Empty the run dir `check_run_dir` found to be replaced (--overwrite); else nothing."""
     if action == "replace":
         shutil.rmtree(run_dir)  # stale checkpoints would otherwise be found by a later --resume
-    return run_dir
 
 
 def check_run_dir(spec: GraftSpec, resume: bool = False, overwrite: bool = False
