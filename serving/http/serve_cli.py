@@ -171,8 +171,8 @@ def build(args: argparse.Namespace):
     keys = api_keys(args)  # a bad key is refused before minutes of loading
     template = chat_template_text(getattr(args, "chat_template", None))  # and a missing file
     source = getattr(args, "generation_config", "auto")
-    if source not in ("auto", "vllm"):  # a folder of the user's: checked before loading too
-        model_sampling_defaults(source, ".")
+    # vllm or a folder of the user's: read (and checked) before loading; auto: after it
+    defaults = None if source == "auto" else model_sampling_defaults(source)
     kv_transfer = (parse_kv_transfer_config(args.kv_transfer_config)
                    if getattr(args, "kv_transfer_config", None) else None)
     config = EngineConfig.for_serving(**engine_values(args))
@@ -199,9 +199,11 @@ def build(args: argparse.Namespace):
                         max_image_pixels=args.max_image_pixels,
                         remote_timeout_s=args.remote_media_timeout_s,
                         remote_domains=tuple(args.allowed_media_domains))
+    if defaults is None:  # auto: the LLM's own generation_config.json
+        defaults = model_sampling_defaults(source, engine.model_dir)
     settings = ServerSettings(
         model_name=args.served_model_name or path.resolve().name, media=media,
-        sampling_defaults=model_sampling_defaults(source, engine.model_dir),
+        sampling_defaults=defaults,
         limit_images_per_prompt=args.limit_images_per_prompt,
         default_ttft_budget_ms=args.ttft_budget_ms,
         encoder_tokens_per_step=args.encoder_tokens_per_step,

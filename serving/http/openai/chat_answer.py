@@ -16,7 +16,6 @@ class ChatAnswer(AnswerShape):
     def __init__(self, ctx, job, req):
         super().__init__(ctx, job, req)
         self.top = req.top_logprobs or 0
-        self.as_ids = bool(req.return_tokens_as_token_ids)
         self.plan = plan_tools(req)
         self.reader = reader_for(self.plan, ctx.settings.tool_call_parser)  # None: no tools
         fmt = thinking_format(ctx.settings.reasoning_parser, ctx.tokenizer, req,

@@ -36,7 +36,6 @@ class CompletionAnswer(AnswerShape):
     def __init__(self, ctx, job, req):
         super().__init__(ctx, job, req)
         self.top = req.logprobs or 0
-        self.as_ids = bool(req.return_tokens_as_token_ids)
         self.id = "cmpl-" + job.request_id.removeprefix("chatcmpl-")
         self.echo = ""
         if req.echo:

@@ -66,7 +66,9 @@ class AnswerShape:
         self.job = job
         self.model = req.model
         self.created = int(time.time())
-        self.token_ids = bool(getattr(req, "return_token_ids", None))  # vLLM's field
+        # vLLM's fields: token ids beside the text; logprob tokens written `token_id:N`
+        self.token_ids = bool(getattr(req, "return_token_ids", None))
+        self.as_ids = bool(getattr(req, "return_tokens_as_token_ids", None))
 
     def token_fields(self, body: dict, ids: list[int], last=None, prompt: bool = False) -> dict:
         """vLLM's fields beside the choice of `body`: `stop_reason` once it finished (the stop

@@ -15,7 +15,7 @@ FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temper
           "top_p", "min_p", "max_new_tokens")
 
 
-def model_sampling_defaults(source: str, model_dir: str | Path) -> dict:
+def model_sampling_defaults(source: str, model_dir: str | Path | None = None) -> dict:
     """{request field: default} from `source` ("auto": model_dir's generation_config.json,
     "vllm": none, else a folder holding one)."""
     from transformers import GenerationConfig
