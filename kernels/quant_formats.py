@@ -172,11 +172,29 @@ def quantize(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
     lo = groups.amin(dim=2).to(torch.float16).float()  # stored in fp16: quantize against that
     hi = groups.amax(dim=2)
     scale = ((hi - lo) / 15.0).clamp(min=6.2e-5).to(torch.float16).float()  # fp16's smallest normal
-    q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8)
-    q = q.reshape(n, k)
+    q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp_(0, 15)
+    if g == 32:
+        q, scale, lo = _keep_symmetric_grid(groups, q, scale, lo)
+    q = q.to(torch.uint8).reshape(n, k)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
     return QuantizedWeight(scheme, packed, scale.to(torch.float16).contiguous(),
                            lo.to(torch.float16).contiguous())
+
+
+def _keep_symmetric_grid(groups, q, scale, lo):
+    """Groups already on llama.cpp's Q4_0 grid (w = d * (j - 8), j in [0, 15]: a Q4_0 GGUF
+    dequantized) kept exact where min-max rounding would move them: Q4_0 need not use j = 15,
+    so (max - min) / 15 misses d. The largest |w| of such a group is -8d (j = 0), so the
+    group is (scale d, min -8d, codes j), both exact in fp16; d < 0 gives a negative scale,
+    which every kernel takes (7|d|, the mirrored form's min, is not an fp16 number)."""
+    exact = (q * scale[..., None] + lo[..., None] == groups).all(dim=2)
+    peak = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True)).squeeze(2)  # -8d
+    d = (peak / -8).to(torch.float16).float()
+    safe = torch.where(d != 0, d, torch.ones_like(d))
+    j = torch.round((groups - peak[..., None]) / safe[..., None]).clamp_(0, 15)
+    take = ~exact & (d != 0) & (j * d[..., None] + peak[..., None] == groups).all(dim=2)
+    return (torch.where(take[..., None], j, q), torch.where(take, d, scale),
+            torch.where(take, peak, lo))
 
 
 def round_activations(x: torch.Tensor) -> torch.Tensor:
