@@ -218,9 +218,10 @@ def _run_engine(engine, reqs, shapes) -> dict:
 
 def _run_hf(model_dir, reqs, batch_size: int, dtype: str, device: str) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+    from graft.model import load_llm
+
+    model = load_llm(str(model_dir), dtype)[0].to(device)  # a GGUF-backed dir too
     model.eval()
     pad = model.generation_config.pad_token_id
     pad = 0 if pad is None else (pad[0] if isinstance(pad, list) else pad)

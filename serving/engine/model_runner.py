@@ -22,6 +22,7 @@ from graft.serving.engine.config import EngineConfig
 from graft.serving.models import build_model, load_weights, resolve_architecture
 from graft.serving.models.layers import AttentionMetadata, rope_inv_freq
 from graft.serving.models.linear_paths import plan_linear_paths
+from graft.serving.models.gguf_weights import gguf_quantization
 from graft.serving.models.quant_config import QuantConfig, linear_shapes
 from graft.serving.engine.scheduler import ScheduledBatch
 from graft.serving.engine.sequence import Sequence
@@ -80,12 +81,12 @@ class ModelRunner:
         with torch.device("meta"):  # no random init: every weight comes from the checkpoint
             model = build_model(model_dir, self.hf_config)
         inv_freq, rope_scaling, _ = rope_inv_freq(self.hf_config, model.head_dim)
-        quant = QuantConfig.parse(default_quantization(config, self.device)) \
+        quant = self._default_quantization(model) \
             if config.quantization is None else config.quant_config  # parsed once, in config
         # checked on the shape-only model: a bad pattern or group size fails before any weight loads
         self.quant_plan = quant.plan(linear_shapes(model)) if quant is not None else {}
         model = model.to_empty(device=self.device).to(self.dtype)
-        load_weights(model, model_dir)
+        load_weights(model, model_dir, self.hf_config)
         c_layout = self.device.type == "cpu" and cpu_ops.available() and self.dtype == torch.float32
         if self.quant_plan:
             model.quantize_linears(self.quant_plan, fp32_in_c_layout=c_layout)
@@ -125,6 +126,14 @@ class ModelRunner:
             from graft.serving.engine.cuda_graphs import DecodeGraphs, capture_sizes
 
             self.decode_graphs = DecodeGraphs(self, capture_sizes(config.max_num_seqs))
+
+    def _default_quantization(self, model) -> QuantConfig | None:
+        """quantization=None: the file's own int4 for a GGUF's Q4_0/Q4_1 linears (the rest
+        and other dirs: default_quantization, else the engine's dtype)."""
+        default = default_quantization(self.config, self.device)
+        fallback = default or ("bf16" if self.config.dtype == "bfloat16" else "fp32")
+        return (gguf_quantization(self.model_dir, fallback, linear_shapes(model))
+                or QuantConfig.parse(default))
 
     # --- KV cache -------------------------------------------------------------------
     def bytes_per_block(self) -> int:

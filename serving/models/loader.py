@@ -1,27 +1,43 @@
-"""Load HF safetensors (single file or sharded index) into our model, packing q|k|v and gate|up
-(and splitting transformers' fused [E, out, in] expert tensors per expert)."""
+"""Load HF safetensors (single file or sharded index), or the GGUF file of an LLM dir
+graft.gguf_llm made, into our model, packing q|k|v and gate|up (and splitting transformers'
+fused [E, out, in] expert tensors per expert)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from graft.gguf_llm import gguf_weights
 from graft.serving.models.layers import PackedLinear
 from graft.shards import safetensors_files
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load_weights(model: nn.Module, model_dir: str | Path) -> None:
-    """Copy every checkpoint tensor into `model`; error on anything missing or unexpected."""
+def _weight_files(model_dir: str | Path, hf_config):
+    """(file, handle with keys() and get_tensor(name)) per weight file of the dir."""
+    gguf = gguf_weights(model_dir)
+    if gguf is not None:
+        from graft.serving.models.gguf_weights import GGUFTensors
+
+        yield gguf, contextlib.nullcontext(GGUFTensors(gguf, hf_config))
+        return
     from safetensors import safe_open
 
+    for file in safetensors_files(model_dir):
+        yield file, safe_open(str(file), framework="pt")
+
+
+def load_weights(model: nn.Module, model_dir: str | Path, hf_config=None) -> None:
+    """Copy every checkpoint tensor into `model`; error on anything missing or unexpected.
+    `hf_config`: the dir's config, which a GGUF-backed dir needs to name its tensors."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    for file in safetensors_files(model_dir):
-        with safe_open(str(file), framework="pt") as f:
+    for file, opened in _weight_files(model_dir, hf_config):
+        with opened as f:
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue

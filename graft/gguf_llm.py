@@ -1,0 +1,110 @@
+"""A GGUF file (llama.cpp's format) as an LLM dir every graft command takes: config.json, the
+tokenizer and generation_config.json as transformers reads them from the file's metadata,
+the file itself linked as model.gguf (never copied, never dequantized on disk), and
+gguf.json: each weight's GGUF type, from which the engine keeps Q4_0/Q4_1 linears in int4
+exactly (graft.serving.models.gguf_weights). Made once per file (path, size, mtime) under
+$GRAFT_GGUF_CACHE, else ~/.cache/graft/gguf.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from graft.errors import GraftConfigError
+
+GGUF_WEIGHTS = "model.gguf"  # the link to the file, in the LLM dir
+GGUF_INFO = "gguf.json"  # {"source", "architecture", "types": {HF weight name: GGUF type}}
+
+
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    p = Path(path).expanduser()
+    return p.suffix.lower() == ".gguf" and p.is_file()
+
+
+def gguf_weights(model_dir: str | os.PathLike) -> Path | None:
+    """The GGUF file an LLM dir's weights are in (a dir `gguf_llm_dir` made), else None."""
+    p = Path(model_dir) / GGUF_WEIGHTS
+    return p if p.is_file() and not any(Path(model_dir).glob("*.safetensors")) else None
+
+
+def gguf_types(model_dir: str | os.PathLike) -> dict[str, str]:
+    """{HF weight name: GGUF type name} of a GGUF-backed LLM dir ({} for any other dir)."""
+    info = Path(model_dir) / GGUF_INFO
+    if gguf_weights(model_dir) is None or not info.is_file():
+        return {}
+    return json.loads(info.read_text(encoding="utf-8"))["types"]
+
+
+def cache_root() -> Path:
+    env = os.environ.get("GRAFT_GGUF_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "graft" / "gguf"
+
+
+def model_path(path: str | os.PathLike) -> Path:
+    """`path` itself, or for a .gguf file its LLM dir (made on first use): what a command's
+    MODEL/PATH argument means."""
+    return gguf_llm_dir(path) if is_gguf_file(path) else Path(path)
+
+
+def gguf_llm_dir(path: str | os.PathLike, log=None) -> Path:
+    """The LLM dir of GGUF file `path`, made when missing (a second call returns it)."""
+    from graft.io import atomic_write_dir
+
+    src = Path(path).expanduser().resolve()
+    if not src.is_file():
+        raise GraftConfigError(f"{path}: no such GGUF file")
+    st = src.stat()
+    key = hashlib.sha256(f"{src}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_root() / f"{src.stem}-{key}"
+    if (out / GGUF_INFO).is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".lock", "w") as lock:  # workers of one fleet start together
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / GGUF_INFO).is_file():
+            (log or (lambda _msg: None))(f"reading {src.name}'s config and tokenizer into {out}")
+            atomic_write_dir(out, lambda tmp: _write_dir(src, tmp))
+    return out
+
+
+def _write_dir(src: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    try:
+        config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    except (ValueError, KeyError, NotImplementedError, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise GraftConfigError(f"{src}: transformers cannot read this GGUF ({first}); graft "
+                               "takes the Llama, Qwen2/3 and GLM families") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    (out / GGUF_WEIGHTS).symlink_to(src)
+    info = {"source": str(src), "architecture": config.model_type,
+            "types": _weight_types(src, model)}
+    (out / GGUF_INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _weight_types(src: Path, model) -> dict[str, str]:
+    """{HF weight name: GGUF type} through transformers' own GGUF -> HF name map."""
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          get_gguf_hf_weights_map,
+                                                          load_gguf_checkpoint)
+
+    parsed = load_gguf_checkpoint(str(src), return_tensors=False)
+    reader = GGUFReader(str(src))
+    arch = reader.fields["general.architecture"]
+    arch = bytes(arch.parts[arch.data[0]]).decode()
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=parsed.get("config", {}))
+    names = get_gguf_hf_weights_map(model, processor)
+    return {names[t.name]: t.tensor_type.name for t in reader.tensors if t.name in names}

@@ -1,0 +1,69 @@
+"""The engine's side of a GGUF-backed LLM dir (graft.gguf_llm): the weights dequantized by
+transformers' own GGUF reader (HF's names, its q/k un-permutation: what HF runs), and the
+quantization that holds them as the file does: a linear whose GGUF blocks are Q4_0 or Q4_1
+(every part of it, for packed q|k|v and gate|up) in int4-g32, which keeps those grids exactly
+(graft.kernels.quant_formats.quantize); every other linear in `default`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from graft.gguf_llm import gguf_types, gguf_weights
+from graft.serving.models.quant_config import QuantConfig, engine_module_name
+
+EXACT_INT4 = ("Q4_0", "Q4_1")  # llama.cpp's 32-column blocks that int4-g32 holds exactly
+INT4 = "int4-g32"
+
+
+class GGUFTensors:
+    """A GGUF file's tensors under HF names, read like a safetensors handle (keys, get_tensor)."""
+
+    def __init__(self, path: Path, hf_config):
+        import functools
+        from unittest import mock
+
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers import modeling_gguf_pytorch_utils as reader
+        from transformers.utils.logging import is_progress_bar_enabled
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config)
+        # its per-tensor bar obeys only tqdm's own switch; graft's CLI turns transformers' off
+        quiet = functools.partial(reader.tqdm, disable=not is_progress_bar_enabled())
+        with mock.patch.object(reader, "tqdm", quiet):
+            self._tensors = reader.load_gguf_checkpoint(str(path), return_tensors=True,
+                                                        model_to_load=model)["tensors"]
+
+    def keys(self):
+        return list(self._tensors)
+
+    def get_tensor(self, name: str):
+        return self._tensors[name]
+
+
+def gguf_quantization(model_dir: str | Path, default: str,
+                      linears: dict[str, tuple[int, int]]) -> QuantConfig | None:
+    """The file's own precision for an LLM dir `graft.gguf_llm` made (None for other dirs, or
+    when no linear is in Q4_0/Q4_1): int4-g32 for the linears of `linears` (the engine's
+    names) stored in those blocks, `default` for the rest. A tied head is the embedding's."""
+    import dataclasses
+
+    if gguf_weights(model_dir) is None:
+        return None
+    types = gguf_types(model_dir)
+    parts: dict[str, list[str]] = {}
+    for name, kind in types.items():
+        module = engine_module_name(name.removesuffix(".weight"))
+        if module == "embed_tokens" and "lm_head.weight" not in types:
+            module = "lm_head"
+        if name.endswith(".weight") and module in linears:
+            parts.setdefault(module, []).append(kind)
+    exact = sorted(name for name, kinds in parts.items() if all(k in EXACT_INT4 for k in kinds))
+    if not exact:
+        return None
+    stored = ", ".join(f"{sum(kinds.count(k) for kinds in parts.values())} {k}"
+                       for k in EXACT_INT4 if any(k in kinds for kinds in parts.values()))
+    config = QuantConfig.parse({"default": default, "modules": {name: INT4 for name in exact}})
+    return dataclasses.replace(config, source=f"{gguf_weights(model_dir).resolve().name}'s "
+                               f"{stored} weights kept exact in {INT4}, the rest {default}")
