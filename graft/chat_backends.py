@@ -24,9 +24,11 @@ class Answerer:
 
 def open_backend(path: str, args) -> Answerer:
     """The answerer for `path` (run dir or LLM dir), loaded once for a REPL."""
+    from graft.gguf_llm import model_path
     from graft.run_dir import model_dir_kind
     from graft.serving.engine.engine_args import given_options
 
+    path = str(model_path(path))  # a .gguf file: its LLM dir
     kind = model_dir_kind(path, "PATH")
     engine = bool(given_options(args))  # --quantization, --kv-cache-dtype, ...: only the engine
     backend = _engine_backend if engine else _graft_backend if kind == "run" else _llm_backend

@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="YAML file of options (keys: the flags' names, e.g. max_num_seqs: 32); "
                         "flags given on the command line win over it")
     p.add_argument("path", nargs="?", default=None,
-                   help="run dir (graft.yaml: images + text) or HF LLM dir (text only); with "
-                        "--graft: optional, the LLM dir every graft was trained on")
+                   help="run dir (graft.yaml: images + text), HF LLM dir or llama.cpp GGUF "
+                        "file (text only); with --graft: optional, the LLM dir every graft "
+                        "was trained on")
     p.add_argument("--graft", action="append", default=[], metavar="NAME=RUN_DIR",
                    help="serve this run dir as model NAME (repeat it: every graft shares one "
                         "LLM, KV pool and batch; the bare LLM stays listed, text only)")
@@ -167,6 +168,7 @@ def build(args: argparse.Namespace):
     from graft.serving.http.plumbing.request_guard import allowed_host_names
     from graft.serving.http.server import ServerSettings, build_app
     from graft.serving.http.fleet.pd import advertised_address, parse_kv_transfer_config
+    from graft.gguf_llm import model_path
 
     keys = api_keys(args)  # a bad key is refused before minutes of loading
     template = chat_template_text(getattr(args, "chat_template", None))  # and a missing file
@@ -177,7 +179,7 @@ def build(args: argparse.Namespace):
                    if getattr(args, "kv_transfer_config", None) else None)
     config = EngineConfig.for_serving(**engine_values(args))
     cache_bytes = int(args.encoder_cache_mb * 1024 * 1024)
-    path = Path(args.path) if args.path else None
+    path = model_path(args.path) if args.path else None  # a .gguf file: its LLM dir
     if args.graft:
         engine = _graft_engine(args.graft, path, config, cache_bytes)
         path = engine.grafts.llm_path  # the base name defaults to the LLM dir's name
@@ -202,7 +204,7 @@ def build(args: argparse.Namespace):
     if defaults is None:  # auto: the LLM's own generation_config.json
         defaults = model_sampling_defaults(source, engine.model_dir)
     settings = ServerSettings(
-        model_name=args.served_model_name or path.resolve().name, media=media,
+        model_name=args.served_model_name or Path(args.path or path).resolve().name, media=media,
         sampling_defaults=defaults,
         limit_images_per_prompt=args.limit_images_per_prompt,
         default_ttft_budget_ms=args.ttft_budget_ms,

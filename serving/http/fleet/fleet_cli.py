@@ -29,7 +29,7 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a run dir or LLM dir, as for graft serve")
+    p.add_argument("path", help="a run dir, LLM dir or GGUF file, as for graft serve")
     p.add_argument("--replicas", type=number_in(int, low=1), default=2,
                    help="graft serve workers (default 2); with --pd, P+D of them")
     p.add_argument("--pd", default=None, metavar="P:D",
@@ -303,11 +303,14 @@ class Running:
 
 
 def run(args: argparse.Namespace) -> int:
+    from graft.gguf_llm import gguf_llm_dir, is_gguf_file
     from graft.serving.http.serve_cli import check_port_free
 
     check_port_free(args.host, args.port)
     _roles(args)  # a bad --pd is named before the router is looked for
     fleet = plan(args, parse_cpus(args.cpus), find_router(args.router))
+    if is_gguf_file(args.path):  # read once here, not by every worker at once
+        gguf_llm_dir(args.path, log=print)
     stopping: list = []
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))

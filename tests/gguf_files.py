@@ -1,0 +1,71 @@
+"""Tiny GGUF files written from the tiny HF checkpoints (tests/tiny_llm.py) the way llama.cpp's
+convert_hf_to_gguf.py writes them: its metadata keys, its tensor names, Llama's q/k rows
+permuted for its RoPE layout, the tokenizer as a gpt2 BPE vocabulary, each linear in the
+GGUF block type asked for (gguf-py's quantizers are llama.cpp's reference ones)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel.permute: HF's rotate-half rows -> interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str = "F32") -> Path:
+    """GGUF of the HF dir `llm_dir` (llama or qwen2): a linear named by a key of `linear_type`
+    (q_proj, ..., down_proj, lm_head) takes that block type (Q4_0, Q4_1, Q8_0, F32); the
+    embedding table `other`; norms and biases F32."""
+    import gguf
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(llm_dir)
+    tok = AutoTokenizer.from_pretrained(llm_dir)
+    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}[config.model_type]
+    names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+    w = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_block_count(config.num_hidden_layers)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads)
+    w.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    special = set(tok.all_special_ids)
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([3 if i in special else 1 for _, i in vocab])
+    w.add_token_merges([" ".join(m) if isinstance(m, (list, tuple)) else m
+                        for m in json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]])
+    w.add_eos_token_id(tok.eos_token_id)
+    w.add_pad_token_id(tok.pad_token_id)
+    w.add_chat_template(tok.chat_template)
+    state = load_file(str(llm_dir / "model.safetensors"))
+    for name, tensor in state.items():
+        data = tensor.to(torch.float32).numpy()
+        module, _, kind = name.rpartition(".")
+        short = module.rpartition(".")[2]
+        if arch == gguf.MODEL_ARCH.LLAMA and short in ("q_proj", "k_proj"):
+            heads = config.num_attention_heads if short == "q_proj" else config.num_key_value_heads
+            data = _permute(data, heads)
+        qtype = linear_type.get(short, other if data.ndim == 2 else "F32") if kind == "weight" else "F32"
+        qtype = gguf.GGMLQuantizationType[qtype]
+        target = names.get_name(module) + "." + kind
+        if qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(target, data)
+        else:
+            w.add_tensor(target, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

@@ -1,0 +1,117 @@
+"""A llama.cpp GGUF file served as it is (graft.gguf_llm, serving.models.gguf_weights): its
+Q4_0/Q4_1 linears held in int4-g32 exactly as transformers dequantizes them, greedy tokens
+equal to HF transformers running the same file, and `graft serve FILE.gguf` /
+`graft models gguf FILE.gguf` from the command line."""
+
+import argparse
+
+import httpx
+import pytest
+import torch
+
+from graft.errors import GraftConfigError
+from graft.gguf_llm import GGUF_INFO, gguf_llm_dir
+from graft.serving import Engine, EngineConfig, SamplingParams
+from tests.gguf_files import write_gguf
+from tests.tiny_llm import build_llm
+
+pytest.importorskip("gguf")
+
+# attention in Q4_0, the MLP in Q4_1, the embedding (and a separate head) in Q8_0, as
+# llama.cpp's mixed files hold them
+TYPES = {"q_proj": "Q4_0", "k_proj": "Q4_0", "v_proj": "Q4_0", "o_proj": "Q4_1",
+         "gate_proj": "Q4_1", "up_proj": "Q4_1", "down_proj": "Q4_0", "lm_head": "Q8_0"}
+PROMPTS = ["hello there", "What is the capital of France?", "Count: one, two,"]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def gguf_file(request, tmp_path_factory, monkeypatch_module):
+    root = tmp_path_factory.mktemp(f"gguf_{request.param}")
+    monkeypatch_module.setenv("GRAFT_GGUF_CACHE", str(root / "cache"))
+    llm = build_llm(root / "hf", request.param)
+    return write_gguf(llm, root / f"tiny-{request.param}.Q4.gguf", TYPES, other="Q8_0")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def _hf(llm_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(llm_dir, gguf_file="model.gguf",
+                                                dtype=torch.float32).eval()
+
+
+def test_q4_linears_are_held_exactly_as_hf_reads_them(gguf_file):
+    llm_dir = gguf_llm_dir(gguf_file)
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32))
+    model, plan = engine.runner.model, engine.runner.quant_plan
+    assert {n: s.name for n, s in plan.items() if n != "lm_head"} == {
+        n: "int4-g32" for n in plan if n != "lm_head"}
+    assert plan["lm_head"].name == "fp32"  # Q8_0: dequantized, held in the engine's dtype
+    hf = _hf(llm_dir).model
+    for i, layer in enumerate(hf.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        want = {"self_attn.qkv_proj": torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                                 attn.v_proj.weight]),
+                "self_attn.o_proj": attn.o_proj.weight,
+                "mlp.gate_up_proj": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                "mlp.down_proj": mlp.down_proj.weight}
+        for name, weight in want.items():
+            got = model.linear_weight(f"layers.{i}.{name}").dequantize()
+            assert torch.equal(got, weight.detach()), f"layers.{i}.{name}"
+
+
+def test_greedy_tokens_equal_hf_on_the_same_file(gguf_file):
+    llm_dir = gguf_llm_dir(gguf_file)
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32))
+    hf = _hf(llm_dir)
+    chats = [engine.tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                  add_generation_prompt=True,
+                                                  return_dict=True)["input_ids"] for p in PROMPTS]
+    got = engine.generate(chats, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    for ids, out in zip(chats, got):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=10, min_new_tokens=10,
+                              do_sample=False)
+        assert out.token_ids == ref[0, len(ids):].tolist()
+
+
+def test_a_quantization_flag_wins_over_the_files(gguf_file):
+    engine = Engine.from_pretrained(gguf_llm_dir(gguf_file),
+                                    EngineConfig(num_kv_blocks=32, quantization="int8"))
+    assert {s.name for s in engine.runner.quant_plan.values()} == {"int8"}
+
+
+def test_the_commands_take_the_file(gguf_file, capsys):
+    from graft.cli import main
+    from graft.serving.http import serve_cli
+    from tests.serving.http.conftest import LiveServer
+
+    assert main(["models", "gguf", str(gguf_file)]) == 0
+    llm_dir = capsys.readouterr().out.strip()
+    assert llm_dir == str(gguf_llm_dir(gguf_file))
+    made = (gguf_llm_dir(gguf_file) / GGUF_INFO).stat().st_mtime_ns
+    assert main(["models", "gguf", str(gguf_file)]) == 0  # made once: read again, not rewritten
+    assert (gguf_llm_dir(gguf_file) / GGUF_INFO).stat().st_mtime_ns == made
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    with LiveServer(serve_cli.build(parser.parse_args([str(gguf_file), "--num-kv-blocks", "32"]))) as server:
+        assert [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]] == [gguf_file.name]
+        reply = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": gguf_file.name, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hello"}]})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_a_file_transformers_cannot_read_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAFT_GGUF_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    with pytest.raises(GraftConfigError, match="broken.gguf: transformers cannot read this GGUF"):
+        gguf_llm_dir(bad)
+    assert not any((tmp_path / "cache").glob("broken-*"))  # nothing half-made stays
