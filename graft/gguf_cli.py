@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a GGUF file (llama.cpp's format) of a Llama, Qwen2/3 or GLM LLM")
+    p.add_argument("file", help="a GGUF file (llama.cpp's format) of a Llama, Qwen2 or Qwen3 LLM")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,7 +28,17 @@ def is_gguf_file(path: str | os.PathLike) -> bool:
 def gguf_weights(model_dir: str | os.PathLike) -> Path | None:
     """The GGUF file an LLM dir's weights are in (a dir `gguf_llm_dir` made), else None."""
     p = Path(model_dir) / GGUF_WEIGHTS
-    return p if p.is_file() and not any(Path(model_dir).glob("*.safetensors")) else None
+    if not p.is_symlink() and not p.is_file() or any(Path(model_dir).glob("*.safetensors")):
+        return None
+    if not p.is_file():
+        raise GraftConfigError(f"{model_dir}: its {GGUF_WEIGHTS} links to {os.readlink(p)}, which "
+                               "is gone; give the GGUF file itself (graft serve FILE.gguf)")
+    return p
+
+
+def from_pretrained_kwargs(model_dir: str | os.PathLike) -> dict:
+    """What transformers' from_pretrained(model_dir, ...) needs to read a GGUF-backed dir."""
+    return {"gguf_file": GGUF_WEIGHTS} if gguf_weights(model_dir) is not None else {}
 
 
 def gguf_types(model_dir: str | os.PathLike) -> dict[str, str]:
@@ -81,7 +91,7 @@ def _write_dir(src: Path, out: Path) -> None:
     except (ValueError, KeyError, NotImplementedError, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise GraftConfigError(f"{src}: transformers cannot read this GGUF ({first}); graft "
-                               "takes the Llama, Qwen2/3 and GLM families") from None
+                               "serves GGUF files of the Llama, Qwen2 and Qwen3 families") from None
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     config.architectures = [type(model).__name__]

@@ -14,7 +14,7 @@ from torch import nn
 
 from graft.answer_loss import answer_loss, answer_loss_applies
 from graft.errors import GraftConfigError
-from graft.gguf_llm import GGUF_WEIGHTS, gguf_weights
+from graft.gguf_llm import from_pretrained_kwargs
 from graft.image_path import ImagePath, llm_dir
 from graft.inject import embed_with_images
 from graft.run_dir import RunDir
@@ -47,8 +47,8 @@ def load_llm(path: str, dtype: str = "float32", weights: bool = True):
     if not weights:
         return meta_llm(path, dtype)[0], tokenizer
     # a dir graft.gguf_llm made: transformers dequantizes the GGUF file (HF's own reading)
-    gguf = {"gguf_file": GGUF_WEIGHTS} if gguf_weights(path) is not None else {}
-    llm = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **gguf)
+    llm = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype],
+                                               **from_pretrained_kwargs(path))
     return llm, tokenizer
 
 

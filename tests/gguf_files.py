@@ -17,7 +17,7 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str = "F32") -> Path:
-    """GGUF of the HF dir `llm_dir` (llama or qwen2): a linear named by a key of `linear_type`
+    """GGUF of the HF dir `llm_dir` (llama, qwen2 or qwen3): a linear named by a key of `linear_type`
     (q_proj, ..., down_proj, lm_head) takes that block type (Q4_0, Q4_1, Q8_0, F32); the
     embedding table `other`; norms and biases F32."""
     import gguf
@@ -27,7 +27,8 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
 
     config = AutoConfig.from_pretrained(llm_dir)
     tok = AutoTokenizer.from_pretrained(llm_dir)
-    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}[config.model_type]
+    arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
+            "qwen3": gguf.MODEL_ARCH.QWEN3}[config.model_type]
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     w = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
     w.add_block_count(config.num_hidden_layers)

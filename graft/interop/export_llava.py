@@ -73,13 +73,19 @@ def _tower(encoder: dict):
 
 
 def _llm_tensors(llm_path: Path, lora_dir: Path | None) -> dict:
-    """The causal LM's tensors; with a LoRA dir, the LoRA is merged into them first."""
-    if lora_dir is not None:
-        from peft import PeftModel
+    """The causal LM's tensors; with a LoRA dir, the LoRA is merged into them first. A GGUF
+    LLM (graft.gguf_llm) is written dequantized, as transformers reads it."""
+    from graft.gguf_llm import from_pretrained_kwargs
+
+    gguf = from_pretrained_kwargs(llm_path)
+    if lora_dir is not None or gguf:
         from transformers import AutoModelForCausalLM
 
-        llm = AutoModelForCausalLM.from_pretrained(str(llm_path))
-        merged = PeftModel.from_pretrained(llm, str(lora_dir)).merge_and_unload()
+        merged = AutoModelForCausalLM.from_pretrained(str(llm_path), **gguf)
+        if lora_dir is not None:
+            from peft import PeftModel
+
+            merged = PeftModel.from_pretrained(merged, str(lora_dir)).merge_and_unload()
         state = dict(merged.state_dict())
         if merged.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)

@@ -24,11 +24,13 @@ TYPES = {"q_proj": "Q4_0", "k_proj": "Q4_0", "v_proj": "Q4_0", "o_proj": "Q4_1",
 PROMPTS = ["hello there", "What is the capital of France?", "Count: one, two,"]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def gguf_file(request, tmp_path_factory, monkeypatch_module):
     root = tmp_path_factory.mktemp(f"gguf_{request.param}")
     monkeypatch_module.setenv("GRAFT_GGUF_CACHE", str(root / "cache"))
-    llm = build_llm(root / "hf", request.param)
+    # transformers reads no head size from a Qwen3 GGUF: Qwen3's own 128 (every Qwen3 has it)
+    llm = build_llm(root / "hf", request.param,
+                    config_overrides={"head_dim": 128} if request.param == "qwen3" else None)
     return write_gguf(llm, root / f"tiny-{request.param}.Q4.gguf", TYPES, other="Q8_0")
 
 
