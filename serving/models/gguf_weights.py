@@ -6,6 +6,7 @@ quantization that holds them as the file does: a linear whose GGUF blocks are Q4
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from graft.gguf_llm import gguf_types, gguf_weights
@@ -13,6 +14,7 @@ from graft.serving.models.quant_config import QuantConfig, engine_module_name
 
 EXACT_INT4 = ("Q4_0", "Q4_1")  # llama.cpp's 32-column blocks that int4-g32 holds exactly
 INT4 = "int4-g32"
+log = logging.getLogger("graft.serving")
 
 
 class GGUFTensors:
@@ -60,6 +62,7 @@ def gguf_quantization(model_dir: str | Path, default: str,
         if name.endswith(".weight") and module in linears:
             parts.setdefault(module, []).append(kind)
     exact = sorted(name for name, kinds in parts.items() if all(k in EXACT_INT4 for k in kinds))
+    _say_what_is_widened(gguf_weights(model_dir).resolve().name, parts, exact, default)
     if not exact:
         return None
     stored = ", ".join(f"{sum(kinds.count(k) for kinds in parts.values())} {k}"
@@ -67,3 +70,17 @@ def gguf_quantization(model_dir: str | Path, default: str,
     config = QuantConfig.parse({"default": default, "modules": {name: INT4 for name in exact}})
     return dataclasses.replace(config, source=f"{gguf_weights(model_dir).resolve().name}'s "
                                f"{stored} weights kept exact in {INT4}, the rest {default}")
+
+
+def _say_what_is_widened(file: str, parts: dict[str, list[str]], exact: list[str],
+                         default: str) -> None:
+    """A warning when linears stored in blocks graft holds no exact form of (Q8_0, the
+    K-quants, ...) are widened to `default`: several times the file's bytes, silently."""
+    widened = {k for name, kinds in parts.items() if name not in exact for k in kinds
+               if k not in ("F32", "F16", "BF16")}
+    if widened:
+        n = sum(name not in exact and any(k in widened for k in kinds) for name, kinds in parts.items())
+        log.warning("%s: %d linear%s stored in %s %s held in %s (exact, more bytes than the "
+                    "file; graft holds only Q4_0/Q4_1 as they are); --quantization int8 or int4 "
+                    "holds them smaller, requantized", file, n, "" if n == 1 else "s",
+                    "/".join(sorted(widened)), "is" if n == 1 else "are", default)

@@ -47,13 +47,15 @@ def _hf(llm_dir):
                                                 dtype=torch.float32).eval()
 
 
-def test_q4_linears_are_held_exactly_as_hf_reads_them(gguf_file):
+def test_q4_linears_are_held_exactly_as_hf_reads_them(gguf_file, caplog):
     llm_dir = gguf_llm_dir(gguf_file)
-    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32))
+    with caplog.at_level("WARNING", logger="graft.serving"):
+        engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32))
     model, plan = engine.runner.model, engine.runner.quant_plan
     assert {n: s.name for n, s in plan.items() if n != "lm_head"} == {
         n: "int4-g32" for n in plan if n != "lm_head"}
     assert plan["lm_head"].name == "fp32"  # Q8_0: dequantized, held in the engine's dtype
+    assert f"{gguf_file.name}: 1 linear stored in Q8_0 is held in fp32" in caplog.text
     hf = _hf(llm_dir).model
     for i, layer in enumerate(hf.layers):
         attn, mlp = layer.self_attn, layer.mlp
