@@ -20,7 +20,7 @@ from graft.serving.engine.engine_args import add_engine_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", help="HF LLM directory (config.json + safetensors)")
+    parser.add_argument("model_dir", help="HF LLM directory (config.json + safetensors) or GGUF file")
     parser.add_argument("--num-requests", type=positive_int, default=64)
     parser.add_argument("--concurrency", type=positive_int, default=32,
                         help="engine max_num_seqs and HF batch size")
@@ -70,10 +70,12 @@ def run(args) -> int:
     import torch
 
     from graft.errors import GraftConfigError
+    from graft.gguf_llm import model_path
     from graft.serving import Engine, EngineConfig, SamplingParams
 
     check_min_max("--input-len", args.input_len)
     check_min_max("--output-len", args.output_len)
+    args.model_dir = str(model_path(args.model_dir))  # a GGUF file: its LLM dir
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.speculative:

@@ -12,7 +12,7 @@ from graft.serving.engine.engine_args import add_engine_args
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_mutually_exclusive_group()
-    target.add_argument("--model", help="run dir (graft.yaml) or plain HF LLM dir")
+    target.add_argument("--model", help="run dir (graft.yaml), plain HF LLM dir or GGUF file")
     target.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--tasks", default="", help="comma-separated task names or YAML paths")
     parser.add_argument("--list", action="store_true", help="list the shipped tasks and exit")

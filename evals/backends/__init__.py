@@ -6,6 +6,7 @@ from pathlib import Path
 
 from graft.errors import GraftConfigError
 from graft.evals.backends.base import Request, Result
+from graft.gguf_llm import model_path
 from graft.run_dir import model_dir_kind
 
 BACKEND_KINDS = ("hf", "engine")
@@ -32,7 +33,7 @@ def make_backend(target, kind: str = "hf", device: str = "cpu", quantization=Non
     if quantization is not None and kind != "engine":
         raise GraftConfigError(f"--quantization {quantization} needs --backend engine (the HF backend "
                                "runs the checkpoint as saved)")
-    path = Path(text).expanduser()
+    path = model_path(Path(text).expanduser())  # a GGUF file: its LLM dir
     dir_kind = model_dir_kind(path, what="--model")
     if kind == "engine":
         from graft.evals.backends.engine import EngineBackend

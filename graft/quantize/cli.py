@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from graft.serving.engine.engine_args import add_engine_args
 
     d = EvalSettings()
-    parser.add_argument("model", help="run dir (graft.yaml) or plain HF LLM dir")
+    parser.add_argument("model", help="run dir (graft.yaml), plain HF LLM dir or GGUF file")
     parser.add_argument("--tasks", required=True, help="comma-separated eval tasks (names or YAML paths)")
     parser.add_argument("--out", required=True, help="folder for quant.json, pareto.json/.png, "
                         "evaluated.jsonl, state.json (rerun the same command to resume)")

@@ -35,13 +35,14 @@ def quantize_search(model: str | Path, tasks: list[str], out_dir: str | Path,
     from graft.quantize.state import SearchState
 
     from graft.quantize.evaluator import parse_schemes
+    from graft.gguf_llm import model_path
     from graft.run_dir import model_dir_kind
     from graft.quantize.groups import parse_granularity
 
     settings = settings or EvalSettings()
     parse_schemes(settings.schemes)  # typos fail before anything loads
     parse_granularity(settings.granularity, 1)
-    path = Path(model).expanduser()
+    path = model_path(Path(model).expanduser())  # a GGUF file: its LLM dir
     model_dir_kind(path, "MODEL")  # neither a run dir nor an LLM dir: one line naming both
     if isinstance(tasks, str):
         tasks = [t for t in tasks.split(",") if t]
