@@ -128,11 +128,10 @@ class ModelRunner:
             self.decode_graphs = DecodeGraphs(self, capture_sizes(config.max_num_seqs))
 
     def _default_quantization(self, model) -> QuantConfig | None:
-        """quantization=None: the file's own int4 for a GGUF's Q4_0/Q4_1 linears (the rest
-        and other dirs: default_quantization, else the engine's dtype)."""
+        """quantization=None: the file's own int4 for a GGUF's Q4_0/Q4_1 linears; the rest,
+        and other dirs, default_quantization ("fp32", as loaded, where that is none)."""
         default = default_quantization(self.config, self.device)
-        fallback = default or ("bf16" if self.config.dtype == "bfloat16" else "fp32")
-        return (gguf_quantization(self.model_dir, fallback, linear_shapes(model))
+        return (gguf_quantization(self.model_dir, default or "fp32", linear_shapes(model))
                 or QuantConfig.parse(default))
 
     # --- KV cache -------------------------------------------------------------------
