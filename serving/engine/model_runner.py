@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from graft.errors import GraftConfigError
+from graft.gguf_llm import gguf_weights
 from graft.kernels import cpu_linear, cpu_ops, cpu_quant, huge_pages, rope_cos_sin
 from graft.kernels.dispatch import kernels_mode
 from graft.kernels.linear_dispatch import resolve_mode
@@ -85,11 +86,15 @@ class ModelRunner:
             if config.quantization is None else config.quant_config  # parsed once, in config
         # checked on the shape-only model: a bad pattern or group size fails before any weight loads
         self.quant_plan = quant.plan(linear_shapes(model)) if quant is not None else {}
-        model = model.to_empty(device=self.device).to(self.dtype)
+        # a GGUF's Q4 blocks, dequantized, lie on int4-g32's grid in fp32 only: its linears are
+        # quantized from fp32 and the rest then cast (a bf16 engine would round them first)
+        load_dtype = torch.float32 if self._keeps_file_grids() else self.dtype
+        model = model.to_empty(device=self.device).to(load_dtype)
         load_weights(model, model_dir, self.hf_config)
         c_layout = self.device.type == "cpu" and cpu_ops.available() and self.dtype == torch.float32
         if self.quant_plan:
             model.quantize_linears(self.quant_plan, fp32_in_c_layout=c_layout)
+            model = model.to(self.dtype)
             if self.device.type == "cpu" and cpu_ops.available():
                 for weight in model.quantized_weights():  # the C layout now, not on the first step
                     if cpu_quant.supports(torch.empty(0, dtype=self.dtype), weight):
@@ -133,6 +138,13 @@ class ModelRunner:
         default = default_quantization(self.config, self.device)
         return (gguf_quantization(self.model_dir, default or "fp32", linear_shapes(model))
                 or QuantConfig.parse(default))
+
+    def _keeps_file_grids(self) -> bool:
+        """Whether the engine holds a GGUF's Q4_0/Q4_1 linears in int4 by default in a dtype
+        other than fp32 (see _default_quantization)."""
+        return (self.dtype != torch.float32 and self.config.quantization is None
+                and gguf_weights(self.model_dir) is not None
+                and any(s.kind == "int4" for s in self.quant_plan.values()))
 
     # --- KV cache -------------------------------------------------------------------
     def bytes_per_block(self) -> int:

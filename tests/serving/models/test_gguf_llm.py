@@ -69,6 +69,19 @@ def test_q4_linears_are_held_exactly_as_hf_reads_them(gguf_file, caplog):
             assert torch.equal(got, weight.detach()), f"layers.{i}.{name}"
 
 
+def test_a_bf16_engine_keeps_the_files_grids_too(gguf_file):
+    """bf16 activations: the Q4 linears are quantized from the fp32 reading, the rest cast."""
+    llm_dir = gguf_llm_dir(gguf_file)
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32, dtype="bfloat16"))
+    model = engine.runner.model
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    hf = _hf(llm_dir).model
+    got = model.linear_weight("layers.1.mlp.down_proj").dequantize()
+    assert torch.equal(got, hf.layers[1].mlp.down_proj.weight.detach())
+    out = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].token_ids) == 4
+
+
 def test_greedy_tokens_equal_hf_on_the_same_file(gguf_file):
     llm_dir = gguf_llm_dir(gguf_file)
     engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32))
