@@ -8,6 +8,7 @@ $GRAFT_GGUF_CACHE, else ~/.cache/graft/gguf.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -39,6 +40,21 @@ def gguf_weights(model_dir: str | os.PathLike) -> Path | None:
 def from_pretrained_kwargs(model_dir: str | os.PathLike) -> dict:
     """What transformers' from_pretrained(model_dir, ...) needs to read a GGUF-backed dir."""
     return {"gguf_file": GGUF_WEIGHTS} if gguf_weights(model_dir) is not None else {}
+
+
+@contextlib.contextmanager
+def quiet_gguf_bar():
+    """transformers' per-tensor GGUF bar obeys only tqdm's own switch: off here whenever
+    transformers' bars are (graft's commands turn those off unless --verbose)."""
+    import functools
+    from unittest import mock
+
+    from transformers import modeling_gguf_pytorch_utils as reader
+    from transformers.utils.logging import is_progress_bar_enabled
+
+    quiet = functools.partial(reader.tqdm, disable=not is_progress_bar_enabled())
+    with mock.patch.object(reader, "tqdm", quiet):
+        yield
 
 
 def gguf_types(model_dir: str | os.PathLike) -> dict[str, str]:

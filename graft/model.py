@@ -14,7 +14,7 @@ from torch import nn
 
 from graft.answer_loss import answer_loss, answer_loss_applies
 from graft.errors import GraftConfigError
-from graft.gguf_llm import from_pretrained_kwargs
+from graft.gguf_llm import from_pretrained_kwargs, quiet_gguf_bar
 from graft.image_path import ImagePath, llm_dir
 from graft.inject import embed_with_images
 from graft.run_dir import RunDir
@@ -47,8 +47,9 @@ def load_llm(path: str, dtype: str = "float32", weights: bool = True):
     if not weights:
         return meta_llm(path, dtype)[0], tokenizer
     # a dir graft.gguf_llm made: transformers dequantizes the GGUF file (HF's own reading)
-    llm = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype],
-                                               **from_pretrained_kwargs(path))
+    with quiet_gguf_bar():
+        llm = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype],
+                                                   **from_pretrained_kwargs(path))
     return llm, tokenizer
 
 

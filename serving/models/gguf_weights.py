@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from graft.gguf_llm import gguf_types, gguf_weights
+from graft.gguf_llm import gguf_types, gguf_weights, quiet_gguf_bar
 from graft.serving.models.quant_config import QuantConfig, engine_module_name
 
 EXACT_INT4 = ("Q4_0", "Q4_1")  # llama.cpp's 32-column blocks that int4-g32 holds exactly
@@ -21,21 +21,15 @@ class GGUFTensors:
     """A GGUF file's tensors under HF names, read like a safetensors handle (keys, get_tensor)."""
 
     def __init__(self, path: Path, hf_config):
-        import functools
-        from unittest import mock
-
         import torch
         from transformers import AutoModelForCausalLM
-        from transformers import modeling_gguf_pytorch_utils as reader
-        from transformers.utils.logging import is_progress_bar_enabled
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config)
-        # its per-tensor bar obeys only tqdm's own switch; graft's CLI turns transformers' off
-        quiet = functools.partial(reader.tqdm, disable=not is_progress_bar_enabled())
-        with mock.patch.object(reader, "tqdm", quiet):
-            self._tensors = reader.load_gguf_checkpoint(str(path), return_tensors=True,
-                                                        model_to_load=model)["tensors"]
+        with quiet_gguf_bar():
+            self._tensors = load_gguf_checkpoint(str(path), return_tensors=True,
+                                                 model_to_load=model)["tensors"]
 
     def keys(self):
         return list(self._tensors)
