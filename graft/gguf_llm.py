@@ -104,19 +104,19 @@ def _write_dir(src: Path, out: Path) -> None:
     try:
         config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
         tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        types = _weight_types(src, model)
     except (ValueError, KeyError, NotImplementedError, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise GraftConfigError(f"{src}: transformers cannot read this GGUF ({first}); graft "
                                "serves GGUF files of the Llama, Qwen2 and Qwen3 families") from None
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
     config.architectures = [type(model).__name__]
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
     (out / GGUF_WEIGHTS).symlink_to(src)
-    info = {"source": str(src), "architecture": config.model_type,
-            "types": _weight_types(src, model)}
+    info = {"source": str(src), "architecture": config.model_type, "types": types}
     (out / GGUF_INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
