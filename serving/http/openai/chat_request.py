@@ -222,15 +222,11 @@ def sampling_params_for(ctx, req: P.ChatCompletionRequest, n_prompt: int):
     limit = req.output_limit()
     room = check_room(ctx, n_prompt, limit)
     model = ctx.settings.sampling_defaults  # the model's, for the fields the request left unset
-
-    def unset(name: str, openai_default):
-        value = getattr(req, name)
-        return model.get(name, openai_default) if value is None else value
-
     try:
         params = SamplingParams(
-            temperature=unset("temperature", 1.0), top_p=unset("top_p", 1.0),
-            top_k=unset("top_k", 0) or 0, min_p=unset("min_p", 0.0),
+            temperature=req.or_default("temperature", model, 1.0),
+            top_p=req.or_default("top_p", model, 1.0),
+            top_k=req.or_default("top_k", model, 0) or 0, min_p=req.or_default("min_p", model, 0.0),
             max_tokens=limit or min(model.get("max_tokens", room), room),
             seed=req.seed,
             stop=req.stop_list(), ignore_eos=req.ignore_eos, logprobs=req.num_logprobs(),

@@ -176,15 +176,16 @@ class SamplingKnobs(_Fields):
                              f"{info.field_name}, not both")
         return value
 
+    def or_default(self, name: str, defaults: dict, neutral: Any) -> Any:
+        """The request's field `name`; where it is unset, `defaults`' value (the model's,
+        sampling_defaults.py), else `neutral`."""
+        value = getattr(self, name)
+        return defaults.get(name, neutral) if value is None else value
+
     def sampling_kwargs(self, defaults: dict | None = None) -> dict[str, Any]:
         """These fields as SamplingParams keyword arguments; where absent, `defaults` (the
         model's, sampling_defaults.py), else the neutral values."""
         model = defaults or {}
-
-        def unset(name: str, neutral: float) -> float:
-            value = getattr(self, name)
-            return model.get(name, neutral) if value is None else value
-
         fmt = self.response_format
         guided = (fmt.json_schema.schema_ if isinstance(fmt, JsonSchemaFormat)
                   else True if isinstance(fmt, JsonObjectFormat) else None)
@@ -193,9 +194,9 @@ class SamplingKnobs(_Fields):
                    else self.structured_outputs.sampling_kwargs())
         return dict(
             logit_bias={int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None,
-            presence_penalty=unset("presence_penalty", 0.0),
-            frequency_penalty=unset("frequency_penalty", 0.0),
-            repetition_penalty=unset("repetition_penalty", 1.0),
+            presence_penalty=self.or_default("presence_penalty", model, 0.0),
+            frequency_penalty=self.or_default("frequency_penalty", model, 0.0),
+            repetition_penalty=self.or_default("repetition_penalty", model, 1.0),
             min_tokens=self.min_tokens or 0, allowed_token_ids=self.allowed_token_ids, **grammar)
 
     def request_fields(self) -> dict[str, str]:
