@@ -124,13 +124,12 @@ def _weight_types(src: Path, model) -> dict[str, str]:
     """{HF weight name: GGUF type} through transformers' own GGUF -> HF name map."""
     from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                          get_gguf_hf_weights_map,
-                                                          load_gguf_checkpoint)
+                                                          get_gguf_hf_weights_map)
 
-    parsed = load_gguf_checkpoint(str(src), return_tensors=False)
     reader = GGUFReader(str(src))
     arch = reader.fields["general.architecture"]
     arch = bytes(arch.parts[arch.data[0]]).decode()
-    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=parsed.get("config", {}))
+    # naming reads no config value; the model's config stands in for a second parse of the file
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=model.config.to_dict())
     names = get_gguf_hf_weights_map(model, processor)
     return {names[t.name]: t.tensor_type.name for t in reader.tensors if t.name in names}

@@ -75,13 +75,14 @@ def _tower(encoder: dict):
 def _llm_tensors(llm_path: Path, lora_dir: Path | None) -> dict:
     """The causal LM's tensors; with a LoRA dir, the LoRA is merged into them first. A GGUF
     LLM (graft.gguf_llm) is written dequantized, as transformers reads it."""
-    from graft.gguf_llm import from_pretrained_kwargs
+    from graft.gguf_llm import from_pretrained_kwargs, quiet_gguf_bar
 
     gguf = from_pretrained_kwargs(llm_path)
     if lora_dir is not None or gguf:
         from transformers import AutoModelForCausalLM
 
-        merged = AutoModelForCausalLM.from_pretrained(str(llm_path), **gguf)
+        with quiet_gguf_bar():
+            merged = AutoModelForCausalLM.from_pretrained(str(llm_path), **gguf)
         if lora_dir is not None:
             from peft import PeftModel
 

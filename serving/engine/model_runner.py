@@ -82,10 +82,11 @@ class ModelRunner:
         with torch.device("meta"):  # no random init: every weight comes from the checkpoint
             model = build_model(model_dir, self.hf_config)
         inv_freq, rope_scaling, _ = rope_inv_freq(self.hf_config, model.head_dim)
-        quant = self._default_quantization(model) \
+        shapes = linear_shapes(model)
+        quant = self._default_quantization(shapes) \
             if config.quantization is None else config.quant_config  # parsed once, in config
         # checked on the shape-only model: a bad pattern or group size fails before any weight loads
-        self.quant_plan = quant.plan(linear_shapes(model)) if quant is not None else {}
+        self.quant_plan = quant.plan(shapes) if quant is not None else {}
         # a GGUF's Q4 blocks, dequantized, lie on int4-g32's grid in fp32 only: its linears are
         # quantized from fp32 and the rest then cast (a bf16 engine would round them first)
         load_dtype = torch.float32 if self._keeps_file_grids() else self.dtype
@@ -132,11 +133,11 @@ class ModelRunner:
 
             self.decode_graphs = DecodeGraphs(self, capture_sizes(config.max_num_seqs))
 
-    def _default_quantization(self, model) -> QuantConfig | None:
+    def _default_quantization(self, shapes: dict[str, tuple[int, int]]) -> QuantConfig | None:
         """quantization=None: the file's own int4 for a GGUF's Q4_0/Q4_1 linears; the rest,
         and other dirs, default_quantization ("fp32", as loaded, where that is none)."""
         default = default_quantization(self.config, self.device)
-        return (gguf_quantization(self.model_dir, default or "fp32", linear_shapes(model))
+        return (gguf_quantization(self.model_dir, default or "fp32", shapes)
                 or QuantConfig.parse(default))
 
     def _keeps_file_grids(self) -> bool:

@@ -45,7 +45,8 @@ def gguf_quantization(model_dir: str | Path, default: str,
     names) stored in those blocks, `default` for the rest. A tied head is the embedding's."""
     import dataclasses
 
-    if gguf_weights(model_dir) is None:
+    file = gguf_weights(model_dir)
+    if file is None:
         return None
     types = gguf_types(model_dir)
     parts: dict[str, list[str]] = {}
@@ -56,13 +57,13 @@ def gguf_quantization(model_dir: str | Path, default: str,
         if name.endswith(".weight") and module in linears:
             parts.setdefault(module, []).append(kind)
     exact = sorted(name for name, kinds in parts.items() if all(k in EXACT_INT4 for k in kinds))
-    _say_what_is_widened(gguf_weights(model_dir).resolve().name, parts, exact, default)
+    _say_what_is_widened(file.resolve().name, parts, exact, default)
     if not exact:
         return None
     stored = ", ".join(f"{sum(kinds.count(k) for kinds in parts.values())} {k}"
                        for k in EXACT_INT4 if any(k in kinds for kinds in parts.values()))
     config = QuantConfig.parse({"default": default, "modules": {name: INT4 for name in exact}})
-    return dataclasses.replace(config, source=f"{gguf_weights(model_dir).resolve().name}'s "
+    return dataclasses.replace(config, source=f"{file.resolve().name}'s "
                                f"{stored} weights kept exact in {INT4}, the rest {default}")
 
 
