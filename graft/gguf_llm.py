@@ -122,14 +122,7 @@ def _write_dir(src: Path, out: Path) -> None:
 
 def _weight_types(src: Path, model) -> dict[str, str]:
     """{HF weight name: GGUF type} through transformers' own GGUF -> HF name map."""
-    from gguf import GGUFReader
-    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                          get_gguf_hf_weights_map)
+    from graft.gguf_file import GGUFFile, hf_names
 
-    reader = GGUFReader(str(src))
-    arch = reader.fields["general.architecture"]
-    arch = bytes(arch.parts[arch.data[0]]).decode()
-    # naming reads no config value; the model's config stands in for a second parse of the file
-    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=model.config.to_dict())
-    names = get_gguf_hf_weights_map(model, processor)
-    return {names[t.name]: t.tensor_type.name for t in reader.tensors if t.name in names}
+    file = GGUFFile(src)
+    return {hf: file.tensors[name][0] for name, hf in hf_names(file, model)[0].items()}

@@ -139,11 +139,9 @@ class QuantizedWeight:
             return qweight.float()
         if kind == "int8":
             return qweight.float() * scales.float()[:, None]
-        q = unpack_int4(qweight).float()  # [N, K]
-        g = self.scheme.group_size
-        s = scales.float().repeat_interleave(g, dim=1)
-        lo = mins.float().repeat_interleave(g, dim=1)
-        return q * s + lo
+        n, g = qweight.shape[0], self.scheme.group_size
+        q = unpack_int4(qweight).float().view(n, -1, g)  # in place: one fp32 [N, K] at a time
+        return q.mul_(scales.float()[..., None]).add_(mins.float()[..., None]).view(n, -1)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:

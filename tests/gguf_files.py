@@ -41,10 +41,13 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    # as convert_hf_to_gguf: ids the tokenizer lacks, up to the config's vocab_size, are [PADn]
+    # tokens of type UNUSED (5), so the embedding table has a token per row
+    vocab = {i: t for t, i in tok.get_vocab().items()}
     special = set(tok.all_special_ids)
-    w.add_token_list([t for t, _ in vocab])
-    w.add_token_types([3 if i in special else 1 for _, i in vocab])
+    ids = range(max(config.vocab_size, len(vocab)))
+    w.add_token_list([vocab.get(i, f"[PAD{i}]") for i in ids])
+    w.add_token_types([3 if i in special else 1 if i in vocab else 5 for i in ids])
     w.add_token_merges([" ".join(m) if isinstance(m, (list, tuple)) else m
                         for m in json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]])
     w.add_eos_token_id(tok.eos_token_id)

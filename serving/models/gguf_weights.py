@@ -1,41 +1,106 @@
-"""The engine's side of a GGUF-backed LLM dir (graft.gguf_llm): the weights dequantized by
-transformers' own GGUF reader (HF's names, its q/k un-permutation: what HF runs), and the
+"""The engine's side of a GGUF-backed LLM dir (graft.gguf_llm): its tensors under HF's names,
+each dequantized and un-permuted as transformers does when read (graft.gguf_file), and the
 quantization that holds them as the file does: a linear whose GGUF blocks are Q4_0 or Q4_1
-(every part of it, for packed q|k|v and gate|up) in int4-g32, which keeps those grids exactly
-(graft.kernels.quant_formats.quantize); every other linear in `default`."""
+(every part of it, for packed q|k|v and gate|up) in int4-g32, the same grid, read straight
+from the blocks (load_exact_int4); every other linear in `default`."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from graft.gguf_llm import gguf_types, gguf_weights, quiet_gguf_bar
+from graft.gguf_file import Q4_BLOCKS, GGUFFile, hf_names, processed
+from graft.gguf_llm import gguf_types, gguf_weights
+from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
 from graft.serving.models.quant_config import QuantConfig, engine_module_name
 
-EXACT_INT4 = ("Q4_0", "Q4_1")  # llama.cpp's 32-column blocks that int4-g32 holds exactly
-INT4 = "int4-g32"
+INT4 = QuantScheme.parse("int4-g32")
 log = logging.getLogger("graft.serving")
 
 
 class GGUFTensors:
-    """A GGUF file's tensors under HF names, read like a safetensors handle (keys, get_tensor)."""
+    """A GGUF file's tensors under HF names, read like a safetensors handle (keys, get_tensor):
+    each dequantized and processed as transformers' load_gguf_checkpoint does, but one at a
+    time, when asked (graft.gguf_file)."""
 
     def __init__(self, path: Path, hf_config):
         import torch
         from transformers import AutoModelForCausalLM
-        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(hf_config)
-        with quiet_gguf_bar():
-            self._tensors = load_gguf_checkpoint(str(path), return_tensors=True,
-                                                 model_to_load=model)["tensors"]
+        self.file = GGUFFile(path)
+        names, self.processor = hf_names(self.file, model)
+        self._gguf = {hf: gguf for gguf, hf in names.items()}
 
     def keys(self):
-        return list(self._tensors)
+        return list(self._gguf)
+
+    def type_of(self, name: str) -> str:
+        return self.file.tensors[self._gguf[name]][0]
 
     def get_tensor(self, name: str):
-        return self._tensors[name]
+        """The tensor as transformers reads it: Q4_0/Q4_1 through their int4 form (the same
+        fp32 values: code * d and -8d are exact, Q4_1's + m rounds once, as gguf-py's does)."""
+        import numpy as np
+        import torch
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        if self.type_of(name) in Q4_BLOCKS:
+            return self.int4([name], INT4).dequantize()
+        gguf = self._gguf[name]
+        values = processed(self.processor, dequantize(self.file.raw(gguf),
+                                                      GGMLQuantizationType[self.type_of(name)]), gguf)
+        return torch.from_numpy(values if values.flags.writeable else np.copy(values))
+
+    def int4(self, names: list[str], scheme) -> QuantizedWeight:
+        """HF weights `names` (Q4_0/Q4_1; q, k, v of one packed linear, in order) stacked as
+        one int4-g32 QuantizedWeight straight from their blocks: the values HF dequantizes,
+        never widened. Rows move as transformers moves them (its processor run on row numbers)."""
+        import numpy as np
+        import torch
+
+        parts = []
+        for name in names:
+            gguf = self._gguf[name]
+            packed, scale, low = self.file.q4_int4(gguf)
+            rows = torch.from_numpy(processed(self.processor, np.arange(len(packed))[:, None], gguf)[:, 0])
+            parts.append((packed[rows], scale[rows], low[rows]))
+        packed, scale, low = (torch.cat(p).contiguous() for p in zip(*parts))
+        return QuantizedWeight(scheme, packed, scale, low)
+
+
+def load_exact_int4(model, tensors: GGUFTensors, plan: dict) -> set[str]:
+    """Give every linear `plan` holds in int4 with 32-column groups whose file blocks are all
+    Q4_0/Q4_1 its weight straight from them (graft's int4-g32 is the same grid), the dense
+    weight never made; returns those weights' parameter names, for load_weights to skip."""
+    from graft.serving.models.loader import _map_name
+
+    parts: dict[str, dict[int, str]] = {}
+    tied = "lm_head" in plan and getattr(model, "lm_head", "") is None
+    for name in tensors.keys():
+        if not name.endswith(".weight") or tensors.type_of(name) not in Q4_BLOCKS:
+            continue
+        target, shard = _map_name(name, model)
+        module = "lm_head" if tied and target == "embed_tokens.weight" else target[:-len(".weight")]
+        parts.setdefault(module, {})[shard or 0] = name
+    done = set()
+    for module, scheme in plan.items():
+        shards = parts.get(module, {})
+        if scheme.kind != "int4" or scheme.group_size != 32 or not shards:
+            continue
+        linear = None if module == "lm_head" and tied else model.get_submodule(module)
+        if len(shards) != len(getattr(linear, "shard_sizes", [0])):
+            continue  # a packed linear with a part in another type: quantized after loading
+        weight = tensors.int4([shards[i] for i in sorted(shards)], scheme)
+        if linear is None:
+            model.head_quantized = weight
+        else:
+            linear.quantized = weight
+            linear._drop_weight()
+            done.add(f"{module}.weight")
+    return done
 
 
 def gguf_quantization(model_dir: str | Path, default: str,
@@ -56,15 +121,15 @@ def gguf_quantization(model_dir: str | Path, default: str,
             module = "lm_head"
         if name.endswith(".weight") and module in linears:
             parts.setdefault(module, []).append(kind)
-    exact = sorted(name for name, kinds in parts.items() if all(k in EXACT_INT4 for k in kinds))
+    exact = sorted(name for name, kinds in parts.items() if all(k in Q4_BLOCKS for k in kinds))
     _say_what_is_widened(file.resolve().name, parts, exact, default)
     if not exact:
         return None
     stored = ", ".join(f"{sum(kinds.count(k) for kinds in parts.values())} {k}"
-                       for k in EXACT_INT4 if any(k in kinds for kinds in parts.values()))
-    config = QuantConfig.parse({"default": default, "modules": {name: INT4 for name in exact}})
+                       for k in Q4_BLOCKS if any(k in kinds for kinds in parts.values()))
+    config = QuantConfig.parse({"default": default, "modules": {name: INT4.name for name in exact}})
     return dataclasses.replace(config, source=f"{file.resolve().name}'s "
-                               f"{stored} weights kept exact in {INT4}, the rest {default}")
+                               f"{stored} weights kept exact in {INT4.name}, the rest {default}")
 
 
 def _say_what_is_widened(file: str, parts: dict[str, list[str]], exact: list[str],

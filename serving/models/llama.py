@@ -85,8 +85,8 @@ class CausalLM(nn.Module):
         stay as they are, or with fp32_in_c_layout (CPU) move to the C kernels' layout too, so
         a decode step can run in one call (enable_fused_decode)."""
         for name, scheme in plan.items():
-            if scheme.kind == "fp32" and not fp32_in_c_layout:
-                continue
+            if scheme.kind == "fp32" and not fp32_in_c_layout or self.linear_weight(name) is not None:
+                continue  # (already held: loaded as a GGUF's int4 blocks)
             if name == "lm_head" and self.lm_head is None:
                 self.head_quantized = quantize(self.embed_tokens.weight, scheme)
             else:

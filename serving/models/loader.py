@@ -1,6 +1,7 @@
 """Load HF safetensors (single file or sharded index), or the GGUF file of an LLM dir
-graft.gguf_llm made, into our model, packing q|k|v and gate|up (and splitting transformers'
-fused [E, out, in] expert tensors per expert)."""
+graft.gguf_llm made (its Q4_0/Q4_1 linears planned in int4-g32 straight from their blocks),
+into our model, packing q|k|v and gate|up (and splitting transformers' fused [E, out, in]
+expert tensors per expert)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from graft.gguf_llm import gguf_weights
+from graft.serving.models.gguf_weights import GGUFTensors, load_exact_int4
 from graft.serving.models.layers import PackedLinear
 from graft.shards import safetensors_files
 
@@ -21,8 +23,6 @@ def _weight_files(model_dir: str | Path, hf_config):
     """(file, handle with keys() and get_tensor(name)) per weight file of the dir."""
     gguf = gguf_weights(model_dir)
     if gguf is not None:
-        from graft.serving.models.gguf_weights import GGUFTensors
-
         yield gguf, contextlib.nullcontext(GGUFTensors(gguf, hf_config))
         return
     from safetensors import safe_open
@@ -31,18 +31,24 @@ def _weight_files(model_dir: str | Path, hf_config):
         yield file, safe_open(str(file), framework="pt")
 
 
-def load_weights(model: nn.Module, model_dir: str | Path, hf_config=None) -> None:
+def load_weights(model: nn.Module, model_dir: str | Path, hf_config=None,
+                 plan: dict | None = None) -> None:
     """Copy every checkpoint tensor into `model`; error on anything missing or unexpected.
-    `hf_config`: the dir's config, which a GGUF-backed dir needs to name its tensors."""
+    `hf_config`: the dir's config, which a GGUF-backed dir needs to name its tensors; `plan`
+    (module -> QuantScheme): a GGUF's linears it holds in int4-g32 are read as such."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for file, opened in _weight_files(model_dir, hf_config):
         with opened as f:
+            if isinstance(f, GGUFTensors):
+                loaded |= load_exact_int4(model, f, plan or {})
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
                 if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):
                     continue  # tied: the output projection is the embedding table
+                if _map_name(name, model)[0] in loaded:
+                    continue  # held as the file's int4 blocks
                 for target, shard, tensor in _pieces(name, f, model):
                     if target not in params:
                         raise ValueError(f"{file.name}: unexpected tensor {name!r} for "

@@ -1,0 +1,147 @@
+"""A GGUF file's tensor table read straight from its header, the tensors left in the file
+(a read-only memory map) until one is asked for, and named as transformers names them.
+
+transformers' own reader (load_gguf_checkpoint, what HF's from_pretrained runs for Llama,
+Qwen2 and Qwen3) parses every metadata value, the whole vocabulary included, builds gguf-py's
+name table once per module of the model, and dequantizes every tensor before returning any:
+~13 s and the model's fp32 bytes for SmolLM2-135M. Here the header walk skips what it does
+not need, the name table is built once, and each tensor is dequantized (by gguf-py, as
+transformers does) and un-permuted (by transformers' own processor) only when read, one at
+a time; Q4_0/Q4_1 blocks can be read as their codes and scales, never widened at all."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import struct
+from pathlib import Path
+
+import numpy as np
+
+_VERSIONS = (2, 3)
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+           10: "<Q", 11: "<q", 12: "<d"}  # GGUF metadata value types of fixed width
+_STRING, _ARRAY = 8, 9
+Q4_BLOCKS = ("Q4_0", "Q4_1")  # llama.cpp's 32-weight blocks of 4-bit codes, one scale (and min)
+
+
+class GGUFFile:
+    """`tensors`: {GGUF name: (type name, torch-order shape, byte offset in the file)};
+    `metadata`: the scalar and string values (arrays are skipped, kept as their length)."""
+
+    def __init__(self, path: str | Path):
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.path = Path(path)
+        self._blob = np.memmap(self.path, mode="r", dtype=np.uint8)
+        if bytes(self._blob[:4]) != b"GGUF":
+            raise ValueError(f"{self.path.name} does not start with GGUF's magic bytes")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", self._blob, 4)
+        if version not in _VERSIONS:
+            raise ValueError(f"{self.path.name} is GGUF version {version}; graft reads versions 2 and 3")
+        pos, self.metadata = 24, {}
+        for _ in range(n_kv):
+            key, pos = self._string(pos)
+            (kind,) = struct.unpack_from("<I", self._blob, pos)
+            self.metadata[key], pos = self._value(pos + 4, kind)
+        table = []
+        for _ in range(n_tensors):
+            name, pos = self._string(pos)
+            (n_dims,) = struct.unpack_from("<I", self._blob, pos)
+            dims = struct.unpack_from(f"<{n_dims}Q", self._blob, pos + 4)
+            kind, offset = struct.unpack_from("<IQ", self._blob, pos + 4 + 8 * n_dims)
+            pos += 16 + 8 * n_dims
+            table.append((name, kind, tuple(reversed(dims)), offset))  # ggml: fastest dim first
+        align = int(self.metadata.get("general.alignment", 32))
+        start = -(-pos // align) * align
+        self.tensors, self._bytes = {}, {}
+        for name, kind, shape, offset in table:
+            qtype = GGMLQuantizationType(kind)
+            block, size = GGML_QUANT_SIZES[qtype]
+            self.tensors[name] = (qtype.name, shape, start + offset)
+            self._bytes[name] = int(np.prod(shape)) // block * size
+        self.architecture = str(self.metadata["general.architecture"])
+
+    def _string(self, pos: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", self._blob, pos)
+        return bytes(self._blob[pos + 8:pos + 8 + n]).decode("utf-8", "replace"), pos + 8 + n
+
+    def _value(self, pos: int, kind: int):
+        if kind in _SCALAR:
+            return struct.unpack_from(_SCALAR[kind], self._blob, pos)[0], pos + struct.calcsize(_SCALAR[kind])
+        if kind == _STRING:
+            return self._string(pos)
+        if kind != _ARRAY:
+            raise ValueError(f"{self.path.name}: metadata value type {kind} is not GGUF's")
+        item, count = struct.unpack_from("<IQ", self._blob, pos)
+        pos += 12
+        if item in _SCALAR:
+            return count, pos + count * struct.calcsize(_SCALAR[item])
+        for _ in range(count):  # strings (a vocabulary, merges): their lengths are the only way on
+            if item != _STRING:
+                _, pos = self._value(pos, item)
+                continue
+            (n,) = struct.unpack_from("<Q", self._blob, pos)
+            pos += 8 + n
+        return count, pos
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor as gguf-py's reader holds it: F32/F16 values in their shape, blocks as
+        uint8 rows of bytes (what gguf.quants.dequantize takes)."""
+        from gguf import GGMLQuantizationType, quant_shape_to_byte_shape
+
+        kind, shape, start = self.tensors[name]
+        data = self._blob[start:start + self._bytes[name]]
+        if kind in ("F32", "F16"):
+            return data.view(np.float32 if kind == "F32" else np.float16).reshape(shape)
+        return data.reshape(quant_shape_to_byte_shape(shape, GGMLQuantizationType[kind]))
+
+    def q4_int4(self, name: str):
+        """A Q4_0/Q4_1 matrix [N, K] in graft's int4 layout, as torch tensors: (uint8 [N, K/2],
+        two columns per byte, low nibble first; scale and min fp16 [N, K/32]), w = code *
+        scale + min. A block holds its weights 0-15 in the low nibbles of its 16 bytes and
+        16-31 in the high ones; Q4_0's w = d (code - 8) has min -8d (exact in fp16 but where
+        |d| > 8188, never a weight's scale), Q4_1 stores d and m."""
+        import torch
+
+        kind, (rows, cols), _ = self.tensors[name]
+        blocks = torch.from_numpy(np.array(self.raw(name))).view(rows, cols // 32, -1)
+        head = 2 if kind == "Q4_0" else 4
+        scale = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0]
+        low = (scale.float() * -8).half() if kind == "Q4_0" \
+            else blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]
+        qs = blocks[..., head:head + 16]
+        codes = torch.cat([qs & 0xF, qs >> 4], dim=-1)
+        packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+        return packed.reshape(rows, cols // 2), scale, low
+
+
+@contextlib.contextmanager
+def _one_name_table():
+    """transformers builds gguf-py's name table once per module it walks (~400 for a 30-layer
+    model, 5 s); the table depends only on (architecture, layers): built once here."""
+    from unittest import mock
+
+    import gguf
+
+    with mock.patch.object(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map)):
+        yield
+
+
+def hf_names(file: GGUFFile, model) -> tuple[dict[str, str], object]:
+    """({GGUF name: HF name} for the tensors of `model` (an HF model, on meta), transformers'
+    TensorProcessor for the file): transformers' own map, so the names are what HF loads."""
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          get_gguf_hf_weights_map)
+
+    processor = TENSOR_PROCESSORS.get(file.architecture, TensorProcessor)(config=model.config.to_dict())
+    with _one_name_table():
+        names = get_gguf_hf_weights_map(model, processor)
+    return {k: v for k, v in names.items() if k in file.tensors}, processor
+
+
+def processed(processor, weights: np.ndarray, name: str) -> np.ndarray:
+    """What transformers does to a dequantized tensor before loading it (Llama's q/k rows
+    un-permuted from llama.cpp's RoPE layout)."""
+    return processor.process(weights=weights, name=name, tensor_key_mapping={},
+                             parsed_parameters={}).weights

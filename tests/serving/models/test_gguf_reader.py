@@ -1,0 +1,127 @@
+"""graft's own GGUF read (graft.gguf_file, serving.models.gguf_weights): the header walk equals
+gguf-py's reader, the tensors streamed one at a time equal what transformers'
+load_gguf_checkpoint returns for the whole file, and a linear the plan holds in int4-g32
+whose blocks are Q4_0/Q4_1 is read straight from them: its dense weight never made, its
+values HF's."""
+
+import pytest
+import torch
+
+from graft.gguf_file import GGUFFile
+from graft.gguf_llm import gguf_llm_dir
+from graft.serving import Engine, EngineConfig, SamplingParams
+from graft.serving.models.gguf_weights import GGUFTensors
+from tests.gguf_files import write_gguf
+from tests.tiny_llm import build_llm
+
+gguf = pytest.importorskip("gguf")
+
+TYPES = {"q_proj": "Q4_0", "k_proj": "Q4_0", "v_proj": "Q4_0", "o_proj": "Q4_1",
+         "gate_proj": "Q4_1", "up_proj": "Q4_1", "down_proj": "Q4_0", "lm_head": "Q8_0"}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        root = tmp_path_factory.mktemp("gguf_reader")
+        mp.setenv("GRAFT_GGUF_CACHE", str(root / "cache"))
+        yield root
+
+
+def _file(root, family: str, types=TYPES, other="Q8_0"):
+    name = f"{family}-{'-'.join(types[k] for k in sorted(types))}-{other}.gguf"
+    if not (root / name).is_file():
+        llm = build_llm(root / f"hf-{family}", family)
+        write_gguf(llm, root / name, types, other=other)
+    return root / name
+
+
+def _hf(llm_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(llm_dir, gguf_file="model.gguf",
+                                                dtype=torch.float32).eval()
+
+
+def test_the_header_walk_equals_gguf_py(cache):
+    path = _file(cache, "qwen2")
+    ours, theirs = GGUFFile(path), gguf.GGUFReader(str(path))
+    assert ours.architecture == "qwen2"
+    assert ours.metadata["qwen2.block_count"] == theirs.fields["qwen2.block_count"].parts[-1][0]
+    assert ours.metadata["tokenizer.ggml.tokens"] == len(theirs.fields["tokenizer.ggml.tokens"].data)
+    assert ours.metadata["tokenizer.chat_template"].startswith("{%")
+    assert list(ours.tensors) == [t.name for t in theirs.tensors]
+    for t in theirs.tensors:
+        kind, shape, _ = ours.tensors[t.name]
+        assert kind == t.tensor_type.name and shape == tuple(reversed(t.shape.tolist()))
+        assert (ours.raw(t.name) == t.data).all(), t.name
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_stream_equals_transformers_reading(cache, family):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    llm_dir = gguf_llm_dir(_file(cache, family))
+    config = AutoConfig.from_pretrained(llm_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    want = load_gguf_checkpoint(str(llm_dir / "model.gguf"), return_tensors=True,
+                                model_to_load=model)["tensors"]
+    stream = GGUFTensors(llm_dir / "model.gguf", config)
+    assert sorted(stream.keys()) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(stream.get_tensor(name), tensor), name
+
+
+PARTS = {"self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+         "mlp.gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"]}
+
+
+def _held_as_hf(engine, hf, modules=("self_attn.o_proj", "mlp.down_proj")):
+    model = engine.runner.model
+    for i, layer in enumerate(hf.model.layers):
+        for name in modules:
+            got = model.linear_weight(f"layers.{i}.{name}")
+            assert got is not None and model.get_submodule(f"layers.{i}.{name}").weight.is_meta
+            want = torch.cat([layer.get_submodule(p).weight for p in PARTS.get(name, [name])])
+            assert torch.equal(got.dequantize(), want), f"{i}.{name}"
+
+
+@pytest.mark.parametrize("scheme", ["int4-g32", "int4-g32-a8"])
+def test_a_planned_int4_g32_is_read_from_the_blocks(cache, scheme):
+    """Asked for by name too (not only the file's default): the file's grid, exactly."""
+    llm_dir = gguf_llm_dir(_file(cache, "qwen2"))
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16, quantization=scheme))
+    _held_as_hf(engine, _hf(llm_dir), ("self_attn.qkv_proj", "self_attn.o_proj",
+                                       "mlp.gate_up_proj", "mlp.down_proj"))
+
+
+def test_a_packed_linear_with_a_part_in_other_blocks_is_quantized_after_loading(cache):
+    types = dict(TYPES, k_proj="Q8_0")  # q|k|v: Q4_0, Q8_0, Q4_0
+    llm_dir = gguf_llm_dir(_file(cache, "qwen2", types))
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16, quantization="int4-g32"))
+    hf = _hf(llm_dir)
+    _held_as_hf(engine, hf)
+    qkv = engine.runner.model.linear_weight("layers.0.self_attn.qkv_proj")
+    attn = hf.model.layers[0].self_attn
+    dense = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    assert qkv.scheme.name == "int4-g32" and qkv.shape == tuple(dense.shape)
+    default = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
+    assert default.runner.quant_plan["layers.0.self_attn.qkv_proj"].name == "fp32"
+
+
+def test_a_tied_q4_embedding_is_the_heads_int4(cache):
+    llm_dir = gguf_llm_dir(_file(cache, "llama", other="Q4_0"))  # tied: no output tensor
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
+    hf = _hf(llm_dir)
+    model = engine.runner.model
+    assert engine.runner.quant_plan["lm_head"].name == "int4-g32"
+    table = hf.model.embed_tokens.weight
+    assert torch.equal(model.head_quantized.dequantize(), table)
+    assert torch.equal(model.embed_tokens.weight, table)  # the lookups' own dense copy
+    ids = [5, 6, 7, 8]
+    got = engine.generate([ids], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert got[0].token_ids == ref[0, len(ids):].tolist()
