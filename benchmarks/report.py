@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
@@ -14,6 +15,11 @@ def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float |
     a = np.asarray(values) * scale
     return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
             "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": len(values)}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """min/median/max of repeated runs: how a figure in the docs is given."""
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
 def emit(report: dict, out: str | None) -> None:

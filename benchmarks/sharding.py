@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from graft.benchmarks.cli_args import out_file
+from graft.benchmarks.report import spread
 
 VARIANTS = ("one", "ddp", "fsdp")
 
@@ -77,10 +77,6 @@ def _one_run(config: str, variant: str, ranks: int, args, out_dir: Path) -> dict
             "losses": [r["loss"] for r in rows]}
 
 
-def _spread(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-
 def run(args) -> int:
     results: dict = {"ranks": args.ranks, "steps": args.steps, "repeats": args.repeats}
     with tempfile.TemporaryDirectory(prefix="graft-bench-sharding-") as tmp:
@@ -92,8 +88,8 @@ def run(args) -> int:
         results[v] = {**{k: rs[0][k] for k in ("ranks", "llm_param_bytes", "llm_bytes_per_rank_max",
                                                "peak_device_bytes_per_rank_max", "losses")},
                       "peak_rss_bytes_per_rank_runs": [r["peak_rss_bytes_per_rank"] for r in rs],
-                      "samples_per_s": _spread([r["samples_per_s"] for r in rs]),
-                      "peak_rss_bytes_per_rank_max": _spread([r["peak_rss_bytes_per_rank_max"] for r in rs])}
+                      "samples_per_s": spread([r["samples_per_s"] for r in rs]),
+                      "peak_rss_bytes_per_rank_max": spread([r["peak_rss_bytes_per_rank_max"] for r in rs])}
     ref = results["one"]["losses"]
     for v in ("ddp", "fsdp"):
         results[v]["max_loss_rel_diff_vs_one"] = max(

@@ -100,7 +100,7 @@ class GGUFFile:
         """A Q4_0/Q4_1 matrix [N, K] in graft's int4 layout, as torch tensors: (uint8 [N, K/2],
         two columns per byte, low nibble first; scale and min fp16 [N, K/32]), w = code *
         scale + min. A block holds its weights 0-15 in the low nibbles of its 16 bytes and
-        16-31 in the high ones; Q4_0's w = d (code - 8) has min -8d (exact in fp16 but where
+        16-31 in the high ones. Q4_0's w = d (code - 8) has min -8d (exact in fp16 but where
         |d| > 8188, never a weight's scale), Q4_1 stores d and m."""
         import torch
 
@@ -111,8 +111,10 @@ class GGUFFile:
         low = (scale.float() * -8).half() if kind == "Q4_0" \
             else blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]
         qs = blocks[..., head:head + 16]
-        codes = torch.cat([qs & 0xF, qs >> 4], dim=-1)
-        packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+        # graft's byte c holds weights 2c and 2c+1: bytes 2c, 2c+1's low nibbles for c < 8,
+        # bytes 2c-16, 2c-15's high nibbles after
+        even, odd = qs[..., 0::2], qs[..., 1::2]
+        packed = torch.cat([(even & 0xF) | (odd << 4), (even >> 4) | (odd & 0xF0)], dim=-1)
         return packed.reshape(rows, cols // 2), scale, low
 
 

@@ -65,9 +65,12 @@ class GGUFTensors:
         for name in names:
             gguf = self._gguf[name]
             packed, scale, low = self.file.q4_int4(gguf)
-            rows = torch.from_numpy(processed(self.processor, np.arange(len(packed))[:, None], gguf)[:, 0])
-            parts.append((packed[rows], scale[rows], low[rows]))
-        packed, scale, low = (torch.cat(p).contiguous() for p in zip(*parts))
+            rows = processed(self.processor, np.arange(len(packed))[:, None], gguf)[:, 0]
+            if (rows != np.arange(len(packed))).any():
+                rows = torch.from_numpy(rows)
+                packed, scale, low = packed[rows], scale[rows], low[rows]
+            parts.append((packed, scale, low))
+        packed, scale, low = (torch.cat(p) if len(p) > 1 else p[0].contiguous() for p in zip(*parts))
         return QuantizedWeight(scheme, packed, scale, low)
 
 
