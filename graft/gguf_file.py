@@ -23,6 +23,9 @@ _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
            10: "<Q", 11: "<q", 12: "<d"}  # GGUF metadata value types of fixed width
 _STRING, _ARRAY = 8, 9
 Q4_BLOCKS = ("Q4_0", "Q4_1")  # llama.cpp's 32-weight blocks of 4-bit codes, one scale (and min)
+# 256-weight superblocks of eight 32-weight sub-blocks, each w = d*sc * code - dmin*m with 6-bit
+# sc and m: graft's int4-g32 holds them with d*sc and dmin*m rounded to fp16 (2^-11 relative)
+Q4_NEAR = ("Q4_K",)
 
 
 class GGUFFile:
@@ -97,25 +100,53 @@ class GGUFFile:
         return data.reshape(quant_shape_to_byte_shape(shape, GGMLQuantizationType[kind]))
 
     def q4_int4(self, name: str):
-        """A Q4_0/Q4_1 matrix [N, K] in graft's int4 layout, as torch tensors: (uint8 [N, K/2],
-        two columns per byte, low nibble first; scale and min fp16 [N, K/32]), w = code *
-        scale + min. A block holds its weights 0-15 in the low nibbles of its 16 bytes and
-        16-31 in the high ones. Q4_0's w = d (code - 8) has min -8d (exact in fp16 but where
-        |d| > 8188, never a weight's scale), Q4_1 stores d and m."""
+        """A Q4_0/Q4_1/Q4_K matrix [N, K] in graft's int4 layout, as torch tensors: (uint8
+        [N, K/2], two columns per byte, low nibble first; scale and min fp16 [N, K/32]),
+        w = code * scale + min; None where a scale or min is beyond fp16."""
         import torch
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
         kind, (rows, cols), _ = self.tensors[name]
-        blocks = torch.from_numpy(np.array(self.raw(name))).view(rows, cols // 32, -1)
-        head = 2 if kind == "Q4_0" else 4
-        scale = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0]
-        low = (scale.float() * -8).half() if kind == "Q4_0" \
-            else blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]
-        qs = blocks[..., head:head + 16]
-        # graft's byte c holds weights 2c and 2c+1: bytes 2c, 2c+1's low nibbles for c < 8,
-        # bytes 2c-16, 2c-15's high nibbles after
-        even, odd = qs[..., 0::2], qs[..., 1::2]
-        packed = torch.cat([(even & 0xF) | (odd << 4), (even >> 4) | (odd & 0xF0)], dim=-1)
-        return packed.reshape(rows, cols // 2), scale, low
+        size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]
+        blocks = torch.from_numpy(np.array(self.raw(name))).view(rows, -1, size)
+        codes, scale, low = (_q4_k if kind == "Q4_K" else _q4_01)(blocks, kind)
+        if not (scale.isfinite().all() and low.isfinite().all()):
+            return None
+        packed = codes.reshape(rows, cols // 2, 2)
+        return packed[..., 0] | (packed[..., 1] << 4), scale.reshape(rows, -1), low.reshape(rows, -1)
+
+
+def _fp16(blocks, at: int):
+    import torch
+
+    return blocks[..., at:at + 2].contiguous().view(torch.float16)[..., 0]
+
+
+def _q4_01(blocks, kind: str):
+    """Q4_0 / Q4_1: a 32-weight block holds weights 0-15 in the low nibbles of its 16 bytes and
+    16-31 in the high ones; Q4_0's w = d (code - 8) has min -8d (exact in fp16 but where
+    |d| > 8188), Q4_1 stores d and m."""
+    import torch
+
+    scale = _fp16(blocks, 0)
+    low = (scale.float() * -8).half() if kind == "Q4_0" else _fp16(blocks, 2)
+    qs = blocks[..., -16:]
+    return torch.cat([qs & 0xF, qs >> 4], dim=-1), scale, low
+
+
+def _q4_k(blocks, _kind: str):
+    """Q4_K: d, dmin (fp16), 12 bytes of eight 6-bit (sc, m) pairs (gguf-py's get_scale_min
+    layout), 128 bytes of codes: sub-blocks 2i and 2i+1 in the low and high nibbles of bytes
+    32i..32i+31. HF's w = (d*sc) * code - dmin*m in fp32; here d*sc and -dmin*m in fp16."""
+    import torch
+
+    d, dmin = _fp16(blocks, 0).float()[..., None], _fp16(blocks, 2).float()[..., None]
+    lo, hi, mixed = blocks[..., 4:16].unflatten(-1, (3, 4)).unbind(-2)
+    sc = torch.cat([lo & 0x3F, (mixed & 0xF) | ((lo >> 2) & 0x30)], dim=-1)
+    m = torch.cat([hi & 0x3F, (mixed >> 4) | ((hi >> 2) & 0x30)], dim=-1)
+    qs = blocks[..., 16:].unflatten(-1, (4, 1, 32))
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=-2)  # [.., 4, 2, 32]: sub-blocks in order
+    return codes.flatten(-3), (d * sc.float()).half(), (-(dmin * m.float())).half()
 
 
 @contextlib.contextmanager

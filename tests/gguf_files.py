@@ -67,9 +67,36 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
         if qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(target, data)
         else:
-            w.add_tensor(target, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+            blocks = q4_k_blocks(data) if qtype == gguf.GGMLQuantizationType.Q4_K \
+                else gguf.quants.quantize(data, qtype)
+            w.add_tensor(target, blocks, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def q4_k_blocks(w: np.ndarray) -> np.ndarray:
+    """llama.cpp's Q4_K blocks of w [rows, cols] (cols a multiple of 256; gguf-py reads them but
+    has no quantizer): per 32-weight sub-block w ~ d*sc * code - dmin*m, a plain min-max
+    choice of the 6-bit sc and m (llama.cpp searches better ones; the layout is what matters)."""
+    rows, cols = w.shape
+    b = w.astype(np.float32).reshape(rows, cols // 256, 8, 32)
+    low = np.maximum(-b.min(-1), 0)  # dmin*m >= 0
+    step = np.maximum(b.max(-1) + low, 1e-8) / 15
+    d = (step.max(-1) / 63).astype(np.float16)
+    dmin = (np.maximum(low.max(-1), 1e-8) / 63).astype(np.float16)
+    sc = np.clip(np.round(step / d[..., None].astype(np.float32)), 1, 63).astype(np.uint8)
+    m = np.clip(np.round(low / dmin[..., None].astype(np.float32)), 0, 63).astype(np.uint8)
+    scale = d[..., None].astype(np.float32) * sc
+    codes = np.clip(np.round((b + (dmin[..., None].astype(np.float32) * m)[..., None])
+                             / scale[..., None]), 0, 15).astype(np.uint8)
+    packed_scales = np.concatenate([sc[..., :4] | ((sc[..., 4:] >> 4) << 6),
+                                    m[..., :4] | ((m[..., 4:] >> 4) << 6),
+                                    (sc[..., 4:] & 0xF) | ((m[..., 4:] & 0xF) << 4)], axis=-1)
+    pairs = codes.reshape(rows, cols // 256, 4, 2, 32)  # sub-blocks 2i, 2i+1 share bytes
+    qs = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).reshape(rows, cols // 256, 128)
+    head = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8)], axis=-1)
+    return np.concatenate([head.reshape(rows, cols // 256, 4), packed_scales, qs],
+                          axis=-1).reshape(rows, -1)

@@ -2,14 +2,15 @@
 each dequantized and un-permuted as transformers does when read (graft.gguf_file), and the
 quantization that holds them as the file does: a linear whose GGUF blocks are Q4_0 or Q4_1
 (every part of it, for packed q|k|v and gate|up) in int4-g32, the same grid, read straight
-from the blocks (load_exact_int4); every other linear in `default`."""
+from the blocks (load_file_int4), and so is one in Q4_K (its scales rounded to fp16);
+every other linear in `default`."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from graft.gguf_file import Q4_BLOCKS, GGUFFile, hf_names, processed
+from graft.gguf_file import Q4_BLOCKS, Q4_NEAR, GGUFFile, hf_names, processed
 from graft.gguf_llm import gguf_types, gguf_weights
 from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
 from graft.serving.models.quant_config import QuantConfig, engine_module_name
@@ -47,24 +48,29 @@ class GGUFTensors:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        if self.type_of(name) in Q4_BLOCKS:
-            return self.int4([name], INT4).dequantize()
+        exact = self.int4([name], INT4) if self.type_of(name) in Q4_BLOCKS else None
+        if exact is not None:
+            return exact.dequantize()
         gguf = self._gguf[name]
         values = processed(self.processor, dequantize(self.file.raw(gguf),
                                                       GGMLQuantizationType[self.type_of(name)]), gguf)
         return torch.from_numpy(values if values.flags.writeable else np.copy(values))
 
-    def int4(self, names: list[str], scheme) -> QuantizedWeight:
-        """HF weights `names` (Q4_0/Q4_1; q, k, v of one packed linear, in order) stacked as
-        one int4-g32 QuantizedWeight straight from their blocks: the values HF dequantizes,
-        never widened. Rows move as transformers moves them (its processor run on row numbers)."""
+    def int4(self, names: list[str], scheme) -> QuantizedWeight | None:
+        """HF weights `names` (Q4_0/Q4_1/Q4_K; q, k, v of one packed linear, in order) stacked
+        as one int4-g32 QuantizedWeight straight from their blocks, never widened: the values
+        HF dequantizes (Q4_K: to fp16 rounding of its scales); None if a scale is beyond fp16.
+        Rows move as transformers moves them (its processor run on row numbers)."""
         import numpy as np
         import torch
 
         parts = []
         for name in names:
             gguf = self._gguf[name]
-            packed, scale, low = self.file.q4_int4(gguf)
+            held = self.file.q4_int4(gguf)
+            if held is None:
+                return None
+            packed, scale, low = held
             rows = processed(self.processor, np.arange(len(packed))[:, None], gguf)[:, 0]
             if (rows != np.arange(len(packed))).any():
                 rows = torch.from_numpy(rows)
@@ -74,16 +80,17 @@ class GGUFTensors:
         return QuantizedWeight(scheme, packed, scale, low)
 
 
-def load_exact_int4(model, tensors: GGUFTensors, plan: dict) -> set[str]:
+def load_file_int4(model, tensors: GGUFTensors, plan: dict) -> set[str]:
     """Give every linear `plan` holds in int4 with 32-column groups whose file blocks are all
-    Q4_0/Q4_1 its weight straight from them (graft's int4-g32 is the same grid), the dense
-    weight never made; returns those weights' parameter names, for load_weights to skip."""
+    Q4_0/Q4_1/Q4_K its weight straight from them (graft's int4-g32 is the same grid; Q4_K's
+    scales rounded to fp16), the dense weight never made; returns those weights' parameter
+    names, for load_weights to skip."""
     from graft.serving.models.loader import _map_name
 
     parts: dict[str, dict[int, str]] = {}
     tied = "lm_head" in plan and getattr(model, "lm_head", "") is None
     for name in tensors.keys():
-        if not name.endswith(".weight") or tensors.type_of(name) not in Q4_BLOCKS:
+        if not name.endswith(".weight") or tensors.type_of(name) not in Q4_BLOCKS + Q4_NEAR:
             continue
         target, shard = _map_name(name, model)
         module = "lm_head" if tied and target == "embed_tokens.weight" else target[:-len(".weight")]
@@ -97,6 +104,8 @@ def load_exact_int4(model, tensors: GGUFTensors, plan: dict) -> set[str]:
         if len(shards) != len(getattr(linear, "shard_sizes", [0])):
             continue  # a packed linear with a part in another type: quantized after loading
         weight = tensors.int4([shards[i] for i in sorted(shards)], scheme)
+        if weight is None:
+            continue  # scales beyond fp16: quantized after loading, as any other weight
         if linear is None:
             model.head_quantized = weight
         else:
@@ -109,8 +118,9 @@ def load_exact_int4(model, tensors: GGUFTensors, plan: dict) -> set[str]:
 def gguf_quantization(model_dir: str | Path, default: str,
                       linears: dict[str, tuple[int, int]]) -> QuantConfig | None:
     """The file's own precision for an LLM dir `graft.gguf_llm` made (None for other dirs, or
-    when no linear is in Q4_0/Q4_1): int4-g32 for the linears of `linears` (the engine's
-    names) stored in those blocks, `default` for the rest. A tied head is the embedding's."""
+    when no linear is in 4-bit blocks): int4-g32 for the linears of `linears` (the engine's
+    names) stored in Q4_0/Q4_1 (exact) or Q4_K (scales to fp16), `default` for the rest. A
+    tied head is the embedding's."""
     import dataclasses
 
     file = gguf_weights(model_dir)
@@ -124,26 +134,32 @@ def gguf_quantization(model_dir: str | Path, default: str,
             module = "lm_head"
         if name.endswith(".weight") and module in linears:
             parts.setdefault(module, []).append(kind)
-    exact = sorted(name for name, kinds in parts.items() if all(k in Q4_BLOCKS for k in kinds))
-    _say_what_is_widened(file.resolve().name, parts, exact, default)
-    if not exact:
+    held = sorted(name for name, kinds in parts.items() if all(k in Q4_BLOCKS + Q4_NEAR for k in kinds))
+    _say_what_is_widened(file.resolve().name, parts, held, default)
+    if not held:
         return None
-    stored = ", ".join(f"{sum(kinds.count(k) for kinds in parts.values())} {k}"
-                       for k in Q4_BLOCKS if any(k in kinds for kinds in parts.values()))
-    config = QuantConfig.parse({"default": default, "modules": {name: INT4.name for name in exact}})
-    return dataclasses.replace(config, source=f"{file.resolve().name}'s "
-                               f"{stored} weights kept exact in {INT4.name}, the rest {default}")
+
+    def count(kinds: tuple[str, ...]) -> str:
+        return ", ".join(f"{sum(ks.count(k) for name, ks in parts.items() if name in held)} {k}"
+                         for k in kinds if any(k in parts[name] for name in held))
+
+    exact, near = count(Q4_BLOCKS), count(Q4_NEAR)
+    how = ", ".join(filter(None, [exact and f"{exact} weights in {INT4.name} exactly",
+                                  near and f"{near} weights in {INT4.name} with their scales "
+                                  "rounded to fp16"]))
+    config = QuantConfig.parse({"default": default, "modules": {name: INT4.name for name in held}})
+    return dataclasses.replace(config, source=f"{file.resolve().name}'s {how}, the rest {default}")
 
 
 def _say_what_is_widened(file: str, parts: dict[str, list[str]], exact: list[str],
                          default: str) -> None:
-    """A warning when linears stored in blocks graft holds no exact form of (Q8_0, the
-    K-quants, ...) are widened to `default`: several times the file's bytes, silently."""
+    """A warning when linears stored in blocks graft holds no 4-bit form of (Q8_0, Q6_K, ...)
+    are widened to `default`: several times the file's bytes, silently."""
     widened = {k for name, kinds in parts.items() if name not in exact for k in kinds
                if k not in ("F32", "F16", "BF16")}
     if widened:
         n = sum(name not in exact and any(k in widened for k in kinds) for name, kinds in parts.items())
         log.warning("%s: %d linear%s stored in %s %s held in %s (exact, more bytes than the "
-                    "file; graft holds only Q4_0/Q4_1 as they are); --quantization int8 or int4 "
+                    "file; graft holds only Q4_0/Q4_1/Q4_K as they are); --quantization int8 or int4 "
                     "holds them smaller, requantized", file, n, "" if n == 1 else "s",
                     "/".join(sorted(widened)), "is" if n == 1 else "are", default)

@@ -1,5 +1,5 @@
 """Load HF safetensors (single file or sharded index), or the GGUF file of an LLM dir
-graft.gguf_llm made (its Q4_0/Q4_1 linears planned in int4-g32 straight from their blocks),
+graft.gguf_llm made (its Q4_0/Q4_1/Q4_K linears planned in int4-g32 straight from their blocks),
 into our model, packing q|k|v and gate|up (and splitting transformers' fused [E, out, in]
 expert tensors per expert)."""
 
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from graft.gguf_llm import gguf_weights
-from graft.serving.models.gguf_weights import GGUFTensors, load_exact_int4
+from graft.serving.models.gguf_weights import GGUFTensors, load_file_int4
 from graft.serving.models.layers import PackedLinear
 from graft.shards import safetensors_files
 
@@ -41,7 +41,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, hf_config=None,
     for file, opened in _weight_files(model_dir, hf_config):
         with opened as f:
             if isinstance(f, GGUFTensors):
-                loaded |= load_exact_int4(model, f, plan or {})
+                loaded |= load_file_int4(model, f, plan or {})
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue

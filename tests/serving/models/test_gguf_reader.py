@@ -28,10 +28,14 @@ def cache(tmp_path_factory):
         yield root
 
 
-def _file(root, family: str, types=TYPES, other="Q8_0"):
-    name = f"{family}-{'-'.join(types[k] for k in sorted(types))}-{other}.gguf"
+WIDE = {"hidden_size": 256, "intermediate_size": 512}  # Q4_K's rows: multiples of 256
+
+
+def _file(root, family: str, types=TYPES, other="Q8_0", overrides=None):
+    wide = "-wide" if overrides else ""
+    name = f"{family}{wide}-{'-'.join(types[k] for k in sorted(types))}-{other}.gguf"
     if not (root / name).is_file():
-        llm = build_llm(root / f"hf-{family}", family)
+        llm = build_llm(root / f"hf-{family}{wide}", family, config_overrides=overrides)
         write_gguf(llm, root / name, types, other=other)
     return root / name
 
@@ -124,4 +128,57 @@ def test_a_tied_q4_embedding_is_the_heads_int4(cache):
     got = engine.generate([ids], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     with torch.no_grad():
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    assert got[0].token_ids == ref[0, len(ids):].tolist()
+
+
+def test_q4_k_blocks_lose_only_fp16_rounding_of_their_scales():
+    """Any Q4_K bytes: graft's int4 form equals gguf-py's (transformers') dequantization where
+    d*sc and dmin*m are fp16 numbers, and is within their fp16 rounding elsewhere."""
+    import numpy as np
+    from gguf.quants import dequantize
+
+    from graft.gguf_file import _q4_k
+
+    rng = np.random.default_rng(0)
+    for d, dmin, exact in ((2.0 ** -9, 2.0 ** -7, True), (0.0031, 0.0057, False)):
+        blocks = rng.integers(0, 256, size=(6, 2, 144), dtype=np.uint8)
+        blocks[..., 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
+        blocks[..., 2:4] = np.frombuffer(np.float16(dmin).tobytes(), np.uint8)
+        want = torch.from_numpy(dequantize(blocks.reshape(6, -1), gguf.GGMLQuantizationType.Q4_K))
+        codes, scale, low = _q4_k(torch.from_numpy(blocks), "Q4_K")
+        got = (codes.reshape(6, -1, 32).float() * scale.reshape(6, -1, 1).float()
+               + low.reshape(6, -1, 1).float()).reshape(6, -1)
+        if exact:
+            assert torch.equal(got, want)
+        else:  # |error| <= 15 * ulp/2 of the scale + ulp/2 of the min (fp16: 2^-11 relative)
+            bound = (15 * 63 * d + 63 * dmin) * 2.0 ** -11
+            assert 0 < (got - want).abs().max() <= bound
+
+
+def test_a_q4_k_file_is_served_in_int4(cache, caplog):
+    """llama.cpp's most used files are Q4_K: held in int4-g32 by default (not widened to fp32),
+    the greedy tokens HF's own on the weights the engine holds."""
+    types = dict.fromkeys(TYPES, "Q4_K") | {"down_proj": "Q8_0", "lm_head": "Q8_0"}
+    llm_dir = gguf_llm_dir(_file(cache, "qwen2", types, overrides=WIDE))
+    with caplog.at_level("INFO", logger="graft.serving"):
+        engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
+    plan = {name.split(".", 2)[-1]: s.name for name, s in engine.runner.quant_plan.items()}
+    assert plan == {"self_attn.qkv_proj": "int4-g32", "self_attn.o_proj": "int4-g32",
+                    "mlp.gate_up_proj": "int4-g32", "mlp.down_proj": "fp32", "lm_head": "fp32"}
+    assert "12 Q4_K weights in int4-g32 with their scales rounded to fp16, the rest fp32" in caplog.text
+    assert "3 linears stored in Q8_0 are held in fp32" in caplog.text
+    hf = _hf(llm_dir)
+    model = engine.runner.model
+    for i, layer in enumerate(hf.model.layers):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
+            held = model.linear_weight(f"layers.{i}.{name}").dequantize()
+            parts = [layer.get_submodule(p) for p in PARTS.get(name, [name])]
+            assert (held - torch.cat([p.weight for p in parts])).abs().max() < 1e-3
+            with torch.no_grad():  # HF on the engine's weights: the reference for the tokens
+                for p, w in zip(parts, held.split([p.out_features for p in parts])):
+                    p.weight.copy_(w)
+    ids = [5, 6, 7, 8]
+    got = engine.generate([ids], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert got[0].token_ids == ref[0, len(ids):].tolist()
