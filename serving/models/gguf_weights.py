@@ -80,19 +80,17 @@ class GGUFTensors:
         return QuantizedWeight(scheme, packed, scale, low)
 
 
-def load_file_int4(model, tensors: GGUFTensors, plan: dict) -> set[str]:
+def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> set[str]:
     """Give every linear `plan` holds in int4 with 32-column groups whose file blocks are all
     Q4_0/Q4_1/Q4_K its weight straight from them (graft's int4-g32 is the same grid; Q4_K's
     scales rounded to fp16), the dense weight never made; returns those weights' parameter
-    names, for load_weights to skip."""
-    from graft.serving.models.loader import _map_name
-
+    names, for load_weights to skip. `map_name`: HF name -> (the model's, packed shard or None)."""
     parts: dict[str, dict[int, str]] = {}
     tied = "lm_head" in plan and getattr(model, "lm_head", "") is None
     for name in tensors.keys():
         if not name.endswith(".weight") or tensors.type_of(name) not in Q4_BLOCKS + Q4_NEAR:
             continue
-        target, shard = _map_name(name, model)
+        target, shard = map_name(name, model)
         module = "lm_head" if tied and target == "embed_tokens.weight" else target[:-len(".weight")]
         parts.setdefault(module, {})[shard or 0] = name
     done = set()

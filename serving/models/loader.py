@@ -41,7 +41,7 @@ def load_weights(model: nn.Module, model_dir: str | Path, hf_config=None,
     for file, opened in _weight_files(model_dir, hf_config):
         with opened as f:
             if isinstance(f, GGUFTensors):
-                loaded |= load_file_int4(model, f, plan or {})
+                loaded |= load_file_int4(model, f, plan or {}, _map_name)
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
