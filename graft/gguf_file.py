@@ -1,5 +1,5 @@
-"""A GGUF file's tensor table read straight from its header, the tensors left in the file
-(a read-only memory map) until one is asked for, and named as transformers names them.
+"""A GGUF file's tensor table read straight from its header, each tensor read from the file
+only when asked for, and named as transformers names them.
 
 transformers' own reader (load_gguf_checkpoint, what HF's from_pretrained runs for Llama,
 Qwen2 and Qwen3) parses every metadata value, the whole vocabulary included, builds gguf-py's
@@ -7,7 +7,7 @@ name table once per module of the model, and dequantizes every tensor before ret
 ~13 s and the model's fp32 bytes for SmolLM2-135M. Here the header walk skips what it does
 not need, the name table is built once, and each tensor is dequantized (by gguf-py, as
 transformers does) and un-permuted (by transformers' own processor) only when read, one at
-a time; Q4_0/Q4_1 blocks can be read as their codes and scales, never widened at all."""
+a time; Q4_0/Q4_1/Q4_K blocks can be read as graft's int4 codes and scales, never widened."""
 
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ class GGUFFile:
             self.tensors[name] = (qtype.name, shape, start + offset)
             self._bytes[name] = int(np.prod(shape)) // block * size
         self.architecture = str(self.metadata["general.architecture"])
+        del self._blob  # the header's pages; tensors are read, not mapped (see raw)
 
     def _string(self, pos: int) -> tuple[str, int]:
         (n,) = struct.unpack_from("<Q", self._blob, pos)
@@ -89,12 +90,19 @@ class GGUFFile:
         return count, pos
 
     def raw(self, name: str) -> np.ndarray:
-        """The tensor as gguf-py's reader holds it: F32/F16 values in their shape, blocks as
-        uint8 rows of bytes (what gguf.quants.dequantize takes)."""
+        """The tensor as gguf-py's reader holds it (F32/F16 values in their shape, blocks as
+        uint8 rows of bytes: what gguf.quants.dequantize takes), read into memory of its own:
+        a mapped file's pages would count in the process's RSS until it is unmapped (+0.87 GB
+        at the peak of a 1.5B Q4_0 load)."""
         from gguf import GGMLQuantizationType, quant_shape_to_byte_shape
 
         kind, shape, start = self.tensors[name]
-        data = self._blob[start:start + self._bytes[name]]
+        buf = bytearray(self._bytes[name])
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            if f.readinto(buf) != len(buf):
+                raise ValueError(f"{self.path.name}: tensor {name} runs past the end of the file")
+        data = np.frombuffer(buf, dtype=np.uint8)
         if kind in ("F32", "F16"):
             return data.view(np.float32 if kind == "F32" else np.float16).reshape(shape)
         return data.reshape(quant_shape_to_byte_shape(shape, GGMLQuantizationType[kind]))
@@ -108,7 +116,7 @@ class GGUFFile:
 
         kind, (rows, cols), _ = self.tensors[name]
         size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]
-        blocks = torch.from_numpy(np.array(self.raw(name))).view(rows, -1, size)
+        blocks = torch.from_numpy(self.raw(name)).view(rows, -1, size)
         codes, scale, low = (_q4_k if kind == "Q4_K" else _q4_01)(blocks, kind)
         if not (scale.isfinite().all() and low.isfinite().all()):
             return None

@@ -238,7 +238,7 @@ def pack_only(weight: QuantizedWeight) -> CpuPacked:
 def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:
     """Move the C layouts of `weights` (packed already) into one buffer on 2 MB pages
     (graft.kernels.huge_pages: a decode step streams them, and 4 KB pages cost a TLB miss per
-    page); the old tensors are freed one by one, and layouts moved before are left where they
+    page); the old tensors are freed one by one as they are copied, and layouts moved before are left where they
     are. Returns the bytes moved. Descriptors that hold the old addresses (FusedDecode) must
     be built afterwards."""
     from graft.kernels import huge_pages
@@ -248,9 +248,8 @@ def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:
     owners = [(p, name) for p in packs for name in ("weight", "scales") if getattr(p, name) is not None]
     if not owners:
         return 0
-    moved = huge_pages.gather([getattr(p, name).contiguous() for p, name in owners])
-    for (p, name), t in zip(owners, moved):
-        setattr(p, name, t)
+    moved = huge_pages.gather([getattr(p, name).contiguous() for p, name in owners],
+                              place=lambda i, t: setattr(*owners[i], t))
     for p in packs:
         p.on_huge_pages = True
     return sum(t.numel() * t.element_size() for t in moved)

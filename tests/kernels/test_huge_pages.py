@@ -57,6 +57,18 @@ def test_zeros_and_gather_keep_values_and_outlive_their_sources():
     assert torch.equal(got[0], want[3])  # a view keeps the buffer
 
 
+def test_gather_frees_each_original_before_it_copies_the_next():
+    """The engine's packed weights are gathered at load: in memory once, not twice."""
+    import weakref
+
+    src = [torch.randn(100, 30) for _ in range(4)]
+    refs = [weakref.ref(t) for t in src]
+    freed = []
+    got = huge_pages.gather(src, place=lambda i, t: freed.append([r() is None for r in refs]))
+    assert freed == [[True] * (i + 1) + [False] * (3 - i) for i in range(4)]
+    assert src == [None] * 4 and len(got) == 4
+
+
 @thp_on
 @pytest.mark.skipif(not cpu_ops.available(), reason="the C kernels could not be built")
 def test_engine_weights_and_kv_pool_are_on_huge_pages(tiny_llm_factory):
