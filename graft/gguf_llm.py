@@ -102,8 +102,9 @@ def _write_dir(src: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     try:
-        config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
-        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        with _metadata_parsed_once():
+            config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+            tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         types = _weight_types(src, model)
@@ -118,6 +119,29 @@ def _write_dir(src: Path, out: Path) -> None:
     (out / GGUF_WEIGHTS).symlink_to(src)
     info = {"source": str(src), "architecture": config.model_type, "types": types}
     (out / GGUF_INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _metadata_parsed_once():
+    """transformers' config and tokenizer readers each parse the whole file's metadata (gguf-py's
+    reader, the vocabulary included: ~3 s for SmolLM2's 49k tokens); the second gets a copy
+    of the first's result."""
+    import copy
+    from unittest import mock
+
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    parse, seen = reader.load_gguf_checkpoint, {}
+
+    def once(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return parse(path, return_tensors, **kwargs)
+        if str(path) not in seen:
+            seen[str(path)] = parse(path)
+        return copy.deepcopy(seen[str(path)])
+
+    with mock.patch.object(reader, "load_gguf_checkpoint", once):
+        yield
 
 
 def _weight_types(src: Path, model) -> dict[str, str]:
