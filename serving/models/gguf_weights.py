@@ -107,8 +107,7 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> set[str
         if linear is None:
             model.head_quantized = weight
         else:
-            linear.quantized = weight
-            linear._drop_weight()
+            linear.hold(weight)
             done.add(f"{module}.weight")
     return done
 

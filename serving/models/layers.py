@@ -58,7 +58,11 @@ class Linear(nn.Linear):
             self._drop_weight()
 
     def quantize(self, scheme: QuantScheme) -> None:
-        self.quantized = quantize(self.weight, scheme)
+        self.hold(quantize(self.weight, scheme))
+
+    def hold(self, weight: QuantizedWeight) -> None:
+        """Run on `weight` from now on; the plain weight keeps only its shape (meta)."""
+        self.quantized = weight
         self._drop_weight()
 
     def _drop_weight(self) -> None:
