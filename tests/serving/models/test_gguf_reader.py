@@ -61,12 +61,17 @@ def test_the_header_walk_equals_gguf_py(cache):
         assert (ours.raw(t.name) == t.data).all(), t.name
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_the_stream_equals_transformers_reading(cache, family):
+MIXED = {"q_proj": "F16", "k_proj": "BF16", "v_proj": "Q4_0", "o_proj": "Q5_0",
+         "gate_proj": "Q8_0", "up_proj": "Q4_1", "down_proj": "F32"}
+
+
+@pytest.mark.parametrize("family,types,other", [("llama", TYPES, "Q8_0"), ("qwen2", TYPES, "Q8_0"),
+                                                ("llama", MIXED, "BF16")])
+def test_the_stream_equals_transformers_reading(cache, family, types, other):
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    llm_dir = gguf_llm_dir(_file(cache, family))
+    llm_dir = gguf_llm_dir(_file(cache, family, types, other))
     config = AutoConfig.from_pretrained(llm_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
