@@ -97,21 +97,37 @@ def gguf_llm_dir(path: str | os.PathLike, log=None) -> Path:
     return out
 
 
+FAMILIES = ("llama", "qwen2", "qwen3")  # the GGUF architectures graft reads
+
+
 def _write_dir(src: Path, out: Path) -> None:
+    import struct
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    from graft.gguf_file import GGUFFile
+
+    def cannot(err) -> GraftConfigError:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return GraftConfigError(f"{src}: graft cannot read this GGUF ({first}); graft serves GGUF "
+                                "files of the Llama, Qwen2 and Qwen3 families")
+
+    try:
+        file = GGUFFile(src)
+    except (ValueError, KeyError, OSError, struct.error) as err:
+        raise cannot(err) from None
+    if file.architecture not in FAMILIES:  # before transformers spends seconds on the rest
+        raise cannot(f"its architecture is {file.architecture!r}")
     try:
         with _metadata_parsed_once():
             config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
             tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        types = _weight_types(src, model)
+        types = _weight_types(file, model)
     except (ValueError, KeyError, NotImplementedError, OSError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise GraftConfigError(f"{src}: transformers cannot read this GGUF ({first}); graft "
-                               "serves GGUF files of the Llama, Qwen2 and Qwen3 families") from None
+        raise cannot(err) from None
     config.architectures = [type(model).__name__]
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -144,9 +160,8 @@ def _metadata_parsed_once():
         yield
 
 
-def _weight_types(src: Path, model) -> dict[str, str]:
+def _weight_types(file, model) -> dict[str, str]:
     """{HF weight name: GGUF type} through transformers' own GGUF -> HF name map."""
-    from graft.gguf_file import GGUFFile, hf_names
+    from graft.gguf_file import hf_names
 
-    file = GGUFFile(src)
     return {hf: file.tensors[name][0] for name, hf in hf_names(file, model)[0].items()}

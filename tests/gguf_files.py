@@ -17,9 +17,10 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str = "F32") -> Path:
-    """GGUF of the HF dir `llm_dir` (llama, qwen2 or qwen3): a linear named by a key of `linear_type`
-    (q_proj, ..., down_proj, lm_head) takes that block type (Q4_0, Q4_1, Q8_0, F32); the
-    embedding table `other`; norms and biases F32."""
+    """GGUF of the HF dir `llm_dir` (llama, qwen2, qwen3 or qwen3_moe): a linear named by a key
+    of `linear_type` (q_proj, ..., down_proj, lm_head) takes that block type (Q4_0, Q4_1, Q8_0,
+    Q4_K, F32); the embedding table `other`; norms, biases and a MoE router F32; a MoE layer's
+    experts stacked per projection (ffn_gate_exps, ...), as llama.cpp's converter does."""
     import gguf
     import torch
     from safetensors.torch import load_file
@@ -28,7 +29,7 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
     config = AutoConfig.from_pretrained(llm_dir)
     tok = AutoTokenizer.from_pretrained(llm_dir)
     arch = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-            "qwen3": gguf.MODEL_ARCH.QWEN3}[config.model_type]
+            "qwen3": gguf.MODEL_ARCH.QWEN3, "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE}[config.model_type]
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     w = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
     w.add_block_count(config.num_hidden_layers)
@@ -39,6 +40,10 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
     w.add_head_count_kv(config.num_key_value_heads)
     w.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if arch == gguf.MODEL_ARCH.QWEN3MOE:
+        w.add_expert_count(config.num_experts)
+        w.add_expert_used_count(config.num_experts_per_tok)
+        w.add_expert_feed_forward_length(config.moe_intermediate_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     # as convert_hf_to_gguf: ids the tokenizer lacks, up to the config's vocab_size, are [PADn]
@@ -53,7 +58,7 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
     w.add_eos_token_id(tok.eos_token_id)
     w.add_pad_token_id(tok.pad_token_id)
     w.add_chat_template(tok.chat_template)
-    state = load_file(str(llm_dir / "model.safetensors"))
+    state = _stack_experts(load_file(str(llm_dir / "model.safetensors")))
     for name, tensor in state.items():
         data = tensor.to(torch.float32).numpy()
         module, _, kind = name.rpartition(".")
@@ -63,7 +68,7 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
             data = _permute(data, heads)
         qtype = linear_type.get(short, other if data.ndim == 2 else "F32") if kind == "weight" else "F32"
         qtype = gguf.GGMLQuantizationType[qtype]
-        target = names.get_name(module) + "." + kind
+        target = names.get_name(module) + "." + kind if "_exps" not in module else name
         if qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(target, data)
         else:
@@ -74,6 +79,24 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+def _stack_experts(state: dict) -> dict:
+    """model.layers.L.mlp.experts.E.gate_proj.weight ... -> blk.L.ffn_gate_exps.weight [E, out, in]."""
+    import re
+
+    import torch
+
+    out, experts = {}, {}
+    for name, tensor in state.items():
+        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        if m:
+            experts.setdefault(f"blk.{m[1]}.ffn_{m[3]}_exps.weight", {})[int(m[2])] = tensor
+        else:
+            out[name] = tensor
+    for name, per in experts.items():
+        out[name] = torch.stack([per[e] for e in sorted(per)])
     return out
 
 

@@ -129,7 +129,7 @@ def test_a_file_transformers_cannot_read_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAFT_GGUF_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 60)
-    with pytest.raises(GraftConfigError, match="broken.gguf: transformers cannot read this GGUF"):
+    with pytest.raises(GraftConfigError, match="broken.gguf: graft cannot read this GGUF"):
         gguf_llm_dir(bad)
     assert not any((tmp_path / "cache").glob("broken-*"))  # nothing half-made stays
 

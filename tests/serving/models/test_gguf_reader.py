@@ -187,3 +187,16 @@ def test_a_q4_k_file_is_served_in_int4(cache, caplog):
     with torch.no_grad():
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert got[0].token_ids == ref[0, len(ids):].tolist()
+
+
+def test_a_moe_gguf_is_refused_in_one_line_before_transformers_reads_it(cache):
+    """Qwen3-MoE GGUFs (its experts stacked per projection) are not read yet: one line naming
+    the architecture, and no dir left behind."""
+    from graft.errors import GraftConfigError
+
+    llm = build_llm(cache / "hf-moe", "qwen3_moe")
+    path = write_gguf(llm, cache / "moe.gguf", TYPES)
+    with pytest.raises(GraftConfigError, match="moe.gguf: graft cannot read this GGUF \\(its "
+                                               "architecture is 'qwen3moe'\\); graft serves"):
+        gguf_llm_dir(path)
+    assert not any((cache / "cache").glob("moe-*"))
