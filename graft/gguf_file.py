@@ -108,20 +108,22 @@ class GGUFFile:
         return data.reshape(quant_shape_to_byte_shape(shape, GGMLQuantizationType[kind]))
 
     def q4_int4(self, name: str):
-        """A Q4_0/Q4_1/Q4_K matrix [N, K] in graft's int4 layout, as torch tensors: (uint8
-        [N, K/2], two columns per byte, low nibble first; scale and min fp16 [N, K/32]),
-        w = code * scale + min; None where a scale or min is beyond fp16."""
+        """A Q4_0/Q4_1/Q4_K tensor [..., N, K] (a matrix, or a MoE layer's experts stacked) in
+        graft's int4 layout, as torch tensors: (uint8 [..., N, K/2], two columns per byte, low
+        nibble first; scale and min fp16 [..., N, K/32]), w = code * scale + min; None where a
+        scale or min is beyond fp16."""
         import torch
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        kind, (rows, cols), _ = self.tensors[name]
-        size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]
-        blocks = torch.from_numpy(self.raw(name)).view(rows, -1, size)
+        kind, shape, _ = self.tensors[name]
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        blocks = torch.from_numpy(self.raw(name)).view(-1, shape[-1] // block, size)
         codes, scale, low = (_q4_k if kind == "Q4_K" else _q4_01)(blocks, kind)
         if not (scale.isfinite().all() and low.isfinite().all()):
             return None
-        packed = codes.reshape(rows, cols // 2, 2)
-        return packed[..., 0] | (packed[..., 1] << 4), scale.reshape(rows, -1), low.reshape(rows, -1)
+        packed = codes.reshape(*shape[:-1], shape[-1] // 2, 2)
+        return (packed[..., 0] | (packed[..., 1] << 4), scale.reshape(*shape[:-1], -1),
+                low.reshape(*shape[:-1], -1))
 
 
 def _fp16(blocks, at: int):
@@ -178,7 +180,9 @@ def hf_names(file: GGUFFile, model) -> tuple[dict[str, str], object]:
     processor = TENSOR_PROCESSORS.get(file.architecture, TensorProcessor)(config=model.config.to_dict())
     with _one_name_table():
         names = get_gguf_hf_weights_map(model, processor)
-    return {k: v for k, v in names.items() if k in file.tensors}, processor
+    # a fused MoE weight (experts.gate_up_proj) has no ".weight": its GGUF tensors are keyed bare
+    found = {k if k in file.tensors else f"{k}.weight": v for k, v in names.items()}
+    return {k: v for k, v in found.items() if k in file.tensors}, processor
 
 
 def processed(processor, weights: np.ndarray, name: str) -> np.ndarray:

@@ -38,8 +38,14 @@ def gguf_weights(model_dir: str | os.PathLike) -> Path | None:
 
 
 def from_pretrained_kwargs(model_dir: str | os.PathLike) -> dict:
-    """What transformers' from_pretrained(model_dir, ...) needs to read a GGUF-backed dir."""
-    return {"gguf_file": GGUF_WEIGHTS} if gguf_weights(model_dir) is not None else {}
+    """What transformers' from_pretrained(model_dir, ...) needs to read a GGUF-backed dir: the
+    file, and the dir's config (transformers' own reading of the file, with what it misses
+    filled in: a Qwen3-MoE's expert width)."""
+    if gguf_weights(model_dir) is None:
+        return {}
+    from transformers import AutoConfig
+
+    return {"gguf_file": GGUF_WEIGHTS, "config": AutoConfig.from_pretrained(model_dir)}
 
 
 @contextlib.contextmanager
@@ -97,7 +103,7 @@ def gguf_llm_dir(path: str | os.PathLike, log=None) -> Path:
     return out
 
 
-FAMILIES = ("llama", "qwen2", "qwen3")  # the GGUF architectures graft reads
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3moe")  # the GGUF architectures graft reads
 
 
 def _write_dir(src: Path, out: Path) -> None:
@@ -111,7 +117,7 @@ def _write_dir(src: Path, out: Path) -> None:
     def cannot(err) -> GraftConfigError:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return GraftConfigError(f"{src}: graft cannot read this GGUF ({first}); graft serves GGUF "
-                                "files of the Llama, Qwen2 and Qwen3 families")
+                                "files of the Llama, Qwen2, Qwen3 and Qwen3-MoE families")
 
     try:
         file = GGUFFile(src)
@@ -123,6 +129,10 @@ def _write_dir(src: Path, out: Path) -> None:
         with _metadata_parsed_once():
             config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
             tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        # transformers reads no expert width from a Qwen3-MoE GGUF (it keeps the class default)
+        width = file.metadata.get(f"{file.architecture}.expert_feed_forward_length")
+        if width is not None and hasattr(config, "moe_intermediate_size"):
+            config.moe_intermediate_size = int(width)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         types = _weight_types(file, model)
@@ -161,7 +171,11 @@ def _metadata_parsed_once():
 
 
 def _weight_types(file, model) -> dict[str, str]:
-    """{HF weight name: GGUF type} through transformers' own GGUF -> HF name map."""
+    """{HF weight name: GGUF type} through transformers' own GGUF -> HF name map; a weight made
+    of several GGUF tensors (a MoE layer's gate and up experts) has their types joined by "+"."""
     from graft.gguf_file import hf_names
 
-    return {hf: file.tensors[name][0] for name, hf in hf_names(file, model)[0].items()}
+    types: dict[str, list[str]] = {}
+    for name, hf in hf_names(file, model)[0].items():
+        types.setdefault(hf, []).append(file.tensors[name][0])
+    return {hf: "+".join(kinds) for hf, kinds in types.items()}

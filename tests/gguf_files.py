@@ -40,6 +40,9 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
     w.add_head_count_kv(config.num_key_value_heads)
     w.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    if getattr(config, "head_dim", None):  # as the converter: what transformers reads for Qwen3-MoE
+        w.add_key_length(config.head_dim)
+        w.add_value_length(config.head_dim)
     if arch == gguf.MODEL_ARCH.QWEN3MOE:
         w.add_expert_count(config.num_experts)
         w.add_expert_used_count(config.num_experts_per_tok)
@@ -101,9 +104,11 @@ def _stack_experts(state: dict) -> dict:
 
 
 def q4_k_blocks(w: np.ndarray) -> np.ndarray:
-    """llama.cpp's Q4_K blocks of w [rows, cols] (cols a multiple of 256; gguf-py reads them but
-    has no quantizer): per 32-weight sub-block w ~ d*sc * code - dmin*m, a plain min-max
+    """llama.cpp's Q4_K blocks of w [..., rows, cols] (cols a multiple of 256; gguf-py reads them
+    but has no quantizer): per 32-weight sub-block w ~ d*sc * code - dmin*m, a plain min-max
     choice of the 6-bit sc and m (llama.cpp searches better ones; the layout is what matters)."""
+    if w.ndim > 2:
+        return q4_k_blocks(w.reshape(-1, w.shape[-1])).reshape(*w.shape[:-1], -1)
     rows, cols = w.shape
     b = w.astype(np.float32).reshape(rows, cols // 256, 8, 32)
     low = np.maximum(-b.min(-1), 0)  # dmin*m >= 0

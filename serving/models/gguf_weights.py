@@ -2,8 +2,9 @@
 each dequantized and un-permuted as transformers does when read (graft.gguf_file), and the
 quantization that holds them as the file does: a linear whose GGUF blocks are Q4_0 or Q4_1
 (every part of it, for packed q|k|v and gate|up) in int4-g32, the same grid, read straight
-from the blocks (load_file_int4), and so is one in Q4_K (its scales rounded to fp16);
-every other linear in `default`."""
+from the blocks (load_file_int4), and so is one in Q4_K (its scales rounded to fp16), and
+each expert of a MoE layer whose stacked experts are in those blocks; every other linear in
+`default`."""
 
 from __future__ import annotations
 
@@ -32,84 +33,139 @@ class GGUFTensors:
             model = AutoModelForCausalLM.from_config(hf_config)
         self.file = GGUFFile(path)
         names, self.processor = hf_names(self.file, model)
-        self._gguf = {hf: gguf for gguf, hf in names.items()}
+        self._gguf: dict[str, list[str]] = {}  # HF name -> its GGUF tensors (MoE: gate, up)
+        for gguf, hf in names.items():
+            self._gguf.setdefault(hf, []).append(gguf)
 
     def keys(self):
         return list(self._gguf)
 
-    def type_of(self, name: str) -> str:
-        return self.file.tensors[self._gguf[name]][0]
+    def kinds(self, name: str) -> list[str]:
+        return [self.file.tensors[gguf][0] for gguf in self._gguf[name]]
 
     def get_tensor(self, name: str):
-        """The tensor as transformers reads it: Q4_0/Q4_1 through their int4 form (the same
-        fp32 values: code * d and -8d are exact, Q4_1's + m rounds once, as gguf-py's does)."""
+        """The tensor as transformers reads it (a MoE layer's gate and up experts side by side,
+        [E, 2I, H]); Q4_0/Q4_1 through their int4 form (the same fp32 values: code * d and -8d
+        are exact, Q4_1's + m rounds once, as gguf-py's does)."""
+        import torch
+
+        parts = [self._read(gguf) for gguf in self._gguf[name]]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+    def _read(self, gguf: str):
         import numpy as np
         import torch
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        exact = self.int4([name], INT4) if self.type_of(name) in Q4_BLOCKS else None
-        if exact is not None:
-            return exact.dequantize()
-        gguf = self._gguf[name]
-        values = processed(self.processor, dequantize(self.file.raw(gguf),
-                                                      GGMLQuantizationType[self.type_of(name)]), gguf)
+        kind = self.file.tensors[gguf][0]
+        held = self._int4_rows(gguf) if kind in Q4_BLOCKS else None
+        if held is not None:
+            packed, scale, low = held
+            lead = packed.shape[:-1]
+            flat = QuantizedWeight(INT4, packed.reshape(-1, packed.shape[-1]),
+                                   scale.reshape(-1, scale.shape[-1]), low.reshape(-1, low.shape[-1]))
+            return flat.dequantize().reshape(*lead, -1)
+        values = processed(self.processor, dequantize(self.file.raw(gguf), GGMLQuantizationType[kind]), gguf)
         return torch.from_numpy(values if values.flags.writeable else np.copy(values))
 
-    def int4(self, names: list[str], scheme) -> QuantizedWeight | None:
-        """HF weights `names` (Q4_0/Q4_1/Q4_K; q, k, v of one packed linear, in order) stacked
-        as one int4-g32 QuantizedWeight straight from their blocks, never widened: the values
-        HF dequantizes (Q4_K: to fp16 rounding of its scales); None if a scale is beyond fp16.
-        Rows move as transformers moves them (its processor run on row numbers)."""
+    def _int4_rows(self, gguf: str):
+        """q4_int4 of one GGUF tensor, its rows moved as transformers moves them (its processor
+        run on row numbers: Llama's q/k)."""
         import numpy as np
+        import torch
+
+        held = self.file.q4_int4(gguf)
+        if held is None or held[0].dim() != 2:
+            return held
+        packed, scale, low = held
+        rows = processed(self.processor, np.arange(len(packed))[:, None], gguf)[:, 0]
+        if (rows != np.arange(len(packed))).any():
+            rows = torch.from_numpy(rows)
+            packed, scale, low = packed[rows], scale[rows], low[rows]
+        return packed, scale, low
+
+    def int4(self, names: list[str]):
+        """HF weights `names` (Q4_0/Q4_1/Q4_K; q, k, v of one packed linear, in order) stacked
+        along their rows in graft's int4-g32 form (packed, scale, min) straight from their
+        blocks, never widened: the values HF dequantizes (Q4_K: to fp16 rounding of its
+        scales); None if a scale is beyond fp16. A MoE layer's experts keep their leading dim."""
         import torch
 
         parts = []
         for name in names:
-            gguf = self._gguf[name]
-            held = self.file.q4_int4(gguf)
-            if held is None:
-                return None
-            packed, scale, low = held
-            rows = processed(self.processor, np.arange(len(packed))[:, None], gguf)[:, 0]
-            if (rows != np.arange(len(packed))).any():
-                rows = torch.from_numpy(rows)
-                packed, scale, low = packed[rows], scale[rows], low[rows]
-            parts.append((packed, scale, low))
-        packed, scale, low = (torch.cat(p) if len(p) > 1 else p[0].contiguous() for p in zip(*parts))
-        return QuantizedWeight(scheme, packed, scale, low)
+            for gguf in self._gguf[name]:
+                held = self._int4_rows(gguf)
+                if held is None:
+                    return None
+                parts.append(held)
+        return tuple(torch.cat(p, dim=-2) if len(p) > 1 else p[0].contiguous() for p in zip(*parts))
 
 
-def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> set[str]:
+def _expert_linears(name: str, linears) -> dict[int, str]:
+    """{expert: the engine's linear} of transformers' fused MoE weight `name`
+    (model.layers.0.mlp.experts.gate_up_proj -> layers.0.mlp.experts.E.gate_up_proj); {} for
+    any other weight. `linears`: the engine's linear names."""
+    prefix, _, proj = name.removeprefix("model.").rpartition(".")
+    if not prefix.endswith(".experts") or proj not in ("gate_up_proj", "down_proj"):
+        return {}
+    found = {}
+    for linear in linears:
+        head, _, rest = linear.partition(prefix + ".")
+        expert, _, tail = rest.partition(".")
+        if not head and expert.isdigit() and tail == proj:
+            found[int(expert)] = linear
+    return found
+
+
+def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[set[str], set[str]]:
     """Give every linear `plan` holds in int4 with 32-column groups whose file blocks are all
     Q4_0/Q4_1/Q4_K its weight straight from them (graft's int4-g32 is the same grid; Q4_K's
-    scales rounded to fp16), the dense weight never made; returns those weights' parameter
-    names, for load_weights to skip. `map_name`: HF name -> (the model's, packed shard or None)."""
+    scales rounded to fp16), the dense weight never made. Returns (those weights' parameter
+    names, the HF names wholly read so: what load_weights skips). `map_name`: HF name -> (the
+    model's, packed shard or None)."""
+    held, read = set(), set()
     parts: dict[str, dict[int, str]] = {}
     tied = "lm_head" in plan and getattr(model, "lm_head", "") is None
     for name in tensors.keys():
-        if not name.endswith(".weight") or tensors.type_of(name) not in Q4_BLOCKS + Q4_NEAR:
+        if not all(k in Q4_BLOCKS + Q4_NEAR for k in tensors.kinds(name)):
+            continue
+        experts = _expert_linears(name, plan)
+        if experts and all(_int4_g32(plan[m]) for m in experts.values()):
+            weights = tensors.int4([name])
+            if weights is not None:
+                for e, module in experts.items():
+                    model.get_submodule(module).hold(
+                        QuantizedWeight(plan[module], *(t[e] for t in weights)))
+                    held.add(f"{module}.weight")
+                read.add(name)
+            continue
+        if not name.endswith(".weight"):
             continue
         target, shard = map_name(name, model)
         module = "lm_head" if tied and target == "embed_tokens.weight" else target[:-len(".weight")]
         parts.setdefault(module, {})[shard or 0] = name
-    done = set()
     for module, scheme in plan.items():
         shards = parts.get(module, {})
-        if scheme.kind != "int4" or scheme.group_size != 32 or not shards:
+        if not _int4_g32(scheme) or not shards:
             continue
         linear = None if module == "lm_head" and tied else model.get_submodule(module)
         if len(shards) != len(getattr(linear, "shard_sizes", [0])):
             continue  # a packed linear with a part in another type: quantized after loading
-        weight = tensors.int4([shards[i] for i in sorted(shards)], scheme)
-        if weight is None:
+        weights = tensors.int4([shards[i] for i in sorted(shards)])
+        if weights is None:
             continue  # scales beyond fp16: quantized after loading, as any other weight
-        if linear is None:
-            model.head_quantized = weight
+        if linear is None:  # the lookups still read the table itself: loaded as usual
+            model.head_quantized = QuantizedWeight(scheme, *weights)
         else:
-            linear.hold(weight)
-            done.add(f"{module}.weight")
-    return done
+            linear.hold(QuantizedWeight(scheme, *weights))
+            held.add(f"{module}.weight")
+            read.update(shards.values())
+    return held, read
+
+
+def _int4_g32(scheme) -> bool:
+    return scheme.kind == "int4" and scheme.group_size == 32
 
 
 def gguf_quantization(model_dir: str | Path, default: str,
@@ -126,11 +182,13 @@ def gguf_quantization(model_dir: str | Path, default: str,
     types = gguf_types(model_dir)
     parts: dict[str, list[str]] = {}
     for name, kind in types.items():
+        for expert in _expert_linears(name, linears).values():  # a MoE layer's: one per expert
+            parts.setdefault(expert, []).extend(kind.split("+"))
         module = engine_module_name(name.removesuffix(".weight"))
         if module == "embed_tokens" and "lm_head.weight" not in types:
             module = "lm_head"
         if name.endswith(".weight") and module in linears:
-            parts.setdefault(module, []).append(kind)
+            parts.setdefault(module, []).extend(kind.split("+"))
     held = sorted(name for name, kinds in parts.items() if all(k in Q4_BLOCKS + Q4_NEAR for k in kinds))
     _say_what_is_widened(file.resolve().name, parts, held, default)
     if not held:

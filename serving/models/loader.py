@@ -40,14 +40,15 @@ def load_weights(model: nn.Module, model_dir: str | Path, hf_config=None,
     loaded: set[str] = set()
     for file, opened in _weight_files(model_dir, hf_config):
         with opened as f:
-            held = load_file_int4(model, f, plan or {}, _map_name) if isinstance(f, GGUFTensors) else set()
+            held, read = (load_file_int4(model, f, plan or {}, _map_name)
+                          if isinstance(f, GGUFTensors) else (set(), set()))
             loaded |= held
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
                 if name == "lm_head.weight" and getattr(model, "tie_word_embeddings", False):
                     continue  # tied: the output projection is the embedding table
-                if held and _map_name(name, model)[0] in held:
+                if name in read:
                     continue  # held as the file's int4 blocks
                 for target, shard, tensor in _pieces(name, f, model):
                     if target not in params:

@@ -189,14 +189,69 @@ def test_a_q4_k_file_is_served_in_int4(cache, caplog):
     assert got[0].token_ids == ref[0, len(ids):].tolist()
 
 
-def test_a_moe_gguf_is_refused_in_one_line_before_transformers_reads_it(cache):
-    """Qwen3-MoE GGUFs (its experts stacked per projection) are not read yet: one line naming
-    the architecture, and no dir left behind."""
+MOE = dict(TYPES, ffn_gate_exps="Q4_0", ffn_up_exps="Q4_1", ffn_down_exps="Q4_K")
+MOE_WIDE = {"hidden_size": 256, "moe_intermediate_size": 256}  # Q4_K's down_proj rows
+
+
+def test_a_qwen3_moe_file_holds_its_experts_in_int4(cache):
+    """Qwen3-MoE GGUFs stack each layer's experts per projection: read as transformers reads
+    them (gate and up side by side), each expert's linears in int4-g32 from the blocks (gate
+    Q4_0 and up Q4_1 exactly, down Q4_K to fp16 scales), the greedy tokens HF's on the
+    weights the engine holds. transformers reads no expert width from the file; the dir's
+    config has it (and HF is given that config)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from graft.gguf_llm import from_pretrained_kwargs
+
+    llm_dir = gguf_llm_dir(_file(cache, "qwen3_moe", MOE, overrides=MOE_WIDE))
+    config = AutoConfig.from_pretrained(llm_dir)
+    assert config.moe_intermediate_size == 256
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config)
+    want = load_gguf_checkpoint(str(llm_dir / "model.gguf"), return_tensors=True,
+                                model_to_load=meta)["tensors"]
+    stream = GGUFTensors(llm_dir / "model.gguf", config)
+    assert sorted(stream.keys()) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(stream.get_tensor(name), tensor), name
+
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
+    plan, model = engine.runner.quant_plan, engine.runner.model
+    assert plan["layers.1.mlp.experts.7.gate_up_proj"].name == "int4-g32"
+    assert plan["layers.1.mlp.experts.7.down_proj"].name == "int4-g32"
+    hf = AutoModelForCausalLM.from_pretrained(llm_dir, dtype=torch.float32,
+                                              **from_pretrained_kwargs(llm_dir)).eval()
+    for i, layer in enumerate(hf.model.layers):
+        experts = layer.mlp.experts
+        for e in range(config.num_experts):
+            for proj in ("gate_up_proj", "down_proj"):
+                held = model.linear_weight(f"layers.{i}.mlp.experts.{e}.{proj}").dequantize()
+                assert model.get_submodule(f"layers.{i}.mlp.experts.{e}.{proj}").weight.is_meta
+                hf_weight = getattr(experts, proj)[e]
+                if proj == "gate_up_proj":
+                    assert torch.equal(held, hf_weight), (i, e, proj)
+                else:
+                    assert (held - hf_weight).abs().max() < 1e-3, (i, e, proj)
+                    with torch.no_grad():  # HF on the engine's weights: the tokens' reference
+                        hf_weight.copy_(held)
+    ids = [5, 6, 7, 8]
+    got = engine.generate([ids], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert got[0].token_ids == ref[0, len(ids):].tolist()
+
+
+def test_another_architecture_is_refused_in_one_line_before_transformers_reads_it(cache):
     from graft.errors import GraftConfigError
 
-    llm = build_llm(cache / "hf-moe", "qwen3_moe")
-    path = write_gguf(llm, cache / "moe.gguf", TYPES)
-    with pytest.raises(GraftConfigError, match="moe.gguf: graft cannot read this GGUF \\(its "
-                                               "architecture is 'qwen3moe'\\); graft serves"):
+    path = cache / "other.gguf"
+    w = gguf.GGUFWriter(str(path), "gemma")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GraftConfigError, match="other.gguf: graft cannot read this GGUF \\(its "
+                                               "architecture is 'gemma'\\); graft serves"):
         gguf_llm_dir(path)
-    assert not any((cache / "cache").glob("moe-*"))
+    assert not any((cache / "cache").glob("other-*"))
