@@ -105,16 +105,13 @@ class GGUFTensors:
 def _expert_linears(name: str, linears) -> dict[int, str]:
     """{expert: the engine's linear} of transformers' fused MoE weight `name`
     (model.layers.0.mlp.experts.gate_up_proj -> layers.0.mlp.experts.E.gate_up_proj); {} for
-    any other weight. `linears`: the engine's linear names."""
+    any other weight. `linears`: the engine's linear names (a dict or set)."""
     prefix, _, proj = name.removeprefix("model.").rpartition(".")
     if not prefix.endswith(".experts") or proj not in ("gate_up_proj", "down_proj"):
         return {}
-    found = {}
-    for linear in linears:
-        head, _, rest = linear.partition(prefix + ".")
-        expert, _, tail = rest.partition(".")
-        if not head and expert.isdigit() and tail == proj:
-            found[int(expert)] = linear
+    found: dict[int, str] = {}
+    while f"{prefix}.{len(found)}.{proj}" in linears:
+        found[len(found)] = f"{prefix}.{len(found)}.{proj}"
     return found
 
 
