@@ -125,6 +125,11 @@ def _write_dir(src: Path, out: Path) -> None:
         raise cannot(err) from None
     if file.architecture not in FAMILIES:  # before transformers spends seconds on the rest
         raise cannot(f"its architecture is {file.architecture!r}")
+    parts = int(file.metadata.get("split.count", 1))
+    if parts > 1:  # llama.cpp's gguf-split: the other parts hold the rest of the tensors
+        raise cannot(f"it is part {int(file.metadata.get('split.no', 0)) + 1} of {parts} of a split "
+                     "GGUF; join the parts into one file with llama.cpp's "
+                     "`llama-gguf-split --merge FIRST-PART OUT.gguf`")
     try:
         with _metadata_parsed_once():
             config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)

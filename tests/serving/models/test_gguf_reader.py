@@ -242,16 +242,25 @@ def test_a_qwen3_moe_file_holds_its_experts_in_int4(cache):
     assert got[0].token_ids == ref[0, len(ids):].tolist()
 
 
-def test_another_architecture_is_refused_in_one_line_before_transformers_reads_it(cache):
-    from graft.errors import GraftConfigError
-
-    path = cache / "other.gguf"
-    w = gguf.GGUFWriter(str(path), "gemma")
+def _header_only(path, arch: str, **metadata):
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in metadata.items():
+        w.add_uint16(key.replace("_", "."), value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_another_architecture_or_a_split_file_is_refused_in_one_line(cache):
+    """From the header, before transformers parses anything; nothing left in the cache."""
+    from graft.errors import GraftConfigError
+
     with pytest.raises(GraftConfigError, match="other.gguf: graft cannot read this GGUF \\(its "
                                                "architecture is 'gemma'\\); graft serves"):
-        gguf_llm_dir(path)
-    assert not any((cache / "cache").glob("other-*"))
+        gguf_llm_dir(_header_only(cache / "other.gguf", "gemma"))
+    with pytest.raises(GraftConfigError, match="part 1 of 3 of a split GGUF; join the parts "
+                                               "into one file with llama.cpp's `llama-gguf-split --merge"):
+        gguf_llm_dir(_header_only(cache / "split.gguf", "llama", split_no=0, split_count=3))
+    assert not any((cache / "cache").glob("other-*")) and not any((cache / "cache").glob("split-*"))
