@@ -211,7 +211,8 @@ def _say_what_is_widened(file: str, parts: dict[str, list[str]], exact: list[str
                if k not in ("F32", "F16", "BF16")}
     if widened:
         n = sum(name not in exact and any(k in widened for k in kinds) for name, kinds in parts.items())
-        log.warning("%s: %d linear%s stored in %s %s held in %s (exact, more bytes than the "
+        log.warning("%s: %d linear%s stored in %s %s held in %s (%s, more bytes than the "
                     "file; graft holds only Q4_0/Q4_1/Q4_K as they are); --quantization int8 or int4 "
                     "holds them smaller, requantized", file, n, "" if n == 1 else "s",
-                    "/".join(sorted(widened)), "is" if n == 1 else "are", default)
+                    "/".join(sorted(widened)), "is" if n == 1 else "are", default,
+                    "exact" if default == "fp32" else f"rounded to {default}")

@@ -69,10 +69,13 @@ def test_q4_linears_are_held_exactly_as_hf_reads_them(gguf_file, caplog):
             assert torch.equal(got, weight.detach()), f"layers.{i}.{name}"
 
 
-def test_a_bf16_engine_keeps_the_files_grids_too(gguf_file):
-    """bf16 activations: the Q4 linears are quantized from the fp32 reading, the rest cast."""
+def test_a_bf16_engine_keeps_the_files_grids_too(gguf_file, caplog):
+    """bf16 activations: the Q4 linears from the blocks all the same, the rest in bf16 (which
+    the warning does not call exact)."""
     llm_dir = gguf_llm_dir(gguf_file)
-    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32, dtype="bfloat16"))
+    with caplog.at_level("WARNING", logger="graft.serving"):
+        engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32, dtype="bfloat16"))
+    assert "1 linear stored in Q8_0 is held in bf16 (rounded to bf16, more bytes" in caplog.text
     model = engine.runner.model
     assert model.embed_tokens.weight.dtype == torch.bfloat16
     hf = _hf(llm_dir).model
