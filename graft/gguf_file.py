@@ -118,15 +118,14 @@ class GGUFFile:
         kind, shape, _ = self.tensors[name]
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
         blocks = torch.from_numpy(self.raw(name)).view(-1, shape[-1] // block, size)
-        codes, scale, low = (_q4_k if kind == "Q4_K" else _q4_01)(blocks, kind)
+        packed, scale, low = (_q4_k if kind == "Q4_K" else _q4_01)(blocks, kind)
         if not (scale.isfinite().all() and low.isfinite().all()):
             return None
-        packed = codes.reshape(*shape[:-1], shape[-1] // 2, 2)
-        return (packed[..., 0] | (packed[..., 1] << 4), scale.reshape(*shape[:-1], -1),
-                low.reshape(*shape[:-1], -1))
+        lead = shape[:-1]
+        return packed.reshape(*lead, -1), scale.reshape(*lead, -1), low.reshape(*lead, -1)
 
 
-def _fp16(blocks, at: int):
+def _fp16(blocks, at: int):  # the fp16 at byte `at` of each block
     import torch
 
     return blocks[..., at:at + 2].contiguous().view(torch.float16)[..., 0]
@@ -134,14 +133,15 @@ def _fp16(blocks, at: int):
 
 def _q4_01(blocks, kind: str):
     """Q4_0 / Q4_1: a 32-weight block holds weights 0-15 in the low nibbles of its 16 bytes and
-    16-31 in the high ones; Q4_0's w = d (code - 8) has min -8d (exact in fp16 but where
-    |d| > 8188), Q4_1 stores d and m."""
+    16-31 in the high ones, so graft's byte c (weights 2c, 2c+1) is bytes 2c, 2c+1's low
+    nibbles for c < 8, bytes 2c-16, 2c-15's high ones after. Q4_0's w = d (code - 8) has min
+    -8d (exact in fp16 but where |d| > 8188), Q4_1 stores d and m."""
     import torch
 
     scale = _fp16(blocks, 0)
     low = (scale.float() * -8).half() if kind == "Q4_0" else _fp16(blocks, 2)
-    qs = blocks[..., -16:]
-    return torch.cat([qs & 0xF, qs >> 4], dim=-1), scale, low
+    even, odd = blocks[..., -16::2], blocks[..., -15::2]
+    return torch.cat([(even & 0xF) | (odd << 4), (even >> 4) | (odd & 0xF0)], dim=-1), scale, low
 
 
 def _q4_k(blocks, _kind: str):
@@ -155,8 +155,9 @@ def _q4_k(blocks, _kind: str):
     sc = torch.cat([lo & 0x3F, (mixed & 0xF) | ((lo >> 2) & 0x30)], dim=-1)
     m = torch.cat([hi & 0x3F, (mixed >> 4) | ((hi >> 2) & 0x30)], dim=-1)
     qs = blocks[..., 16:].unflatten(-1, (4, 1, 32))
-    codes = torch.cat([qs & 0xF, qs >> 4], dim=-2)  # [.., 4, 2, 32]: sub-blocks in order
-    return codes.flatten(-3), (d * sc.float()).half(), (-(dmin * m.float())).half()
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=-2).flatten(-3)  # [.., 4, 2, 32]: sub-blocks in order
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed, (d * sc.float()).half(), (-(dmin * m.float())).half()
 
 
 @contextlib.contextmanager

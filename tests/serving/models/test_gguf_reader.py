@@ -143,6 +143,7 @@ def test_q4_k_blocks_lose_only_fp16_rounding_of_their_scales():
     from gguf.quants import dequantize
 
     from graft.gguf_file import _q4_k
+    from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
 
     rng = np.random.default_rng(0)
     for d, dmin, exact in ((2.0 ** -9, 2.0 ** -7, True), (0.0031, 0.0057, False)):
@@ -150,9 +151,8 @@ def test_q4_k_blocks_lose_only_fp16_rounding_of_their_scales():
         blocks[..., 0:2] = np.frombuffer(np.float16(d).tobytes(), np.uint8)
         blocks[..., 2:4] = np.frombuffer(np.float16(dmin).tobytes(), np.uint8)
         want = torch.from_numpy(dequantize(blocks.reshape(6, -1), gguf.GGMLQuantizationType.Q4_K))
-        codes, scale, low = _q4_k(torch.from_numpy(blocks), "Q4_K")
-        got = (codes.reshape(6, -1, 32).float() * scale.reshape(6, -1, 1).float()
-               + low.reshape(6, -1, 1).float()).reshape(6, -1)
+        packed, scale, low = (t.reshape(6, -1) for t in _q4_k(torch.from_numpy(blocks), "Q4_K"))
+        got = QuantizedWeight(QuantScheme.parse("int4-g32"), packed, scale, low).dequantize()
         if exact:
             assert torch.equal(got, want)
         else:  # |error| <= 15 * ulp/2 of the scale + ulp/2 of the min (fp16: 2^-11 relative)
