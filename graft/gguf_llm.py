@@ -146,10 +146,24 @@ def _write_dir(src: Path, out: Path) -> None:
     config.architectures = [type(model).__name__]
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    GenerationConfig.from_model_config(config).save_pretrained(out)
+    generation = GenerationConfig.from_model_config(config)
+    generation.eos_token_id = _end_ids(file, generation.eos_token_id)
+    generation.save_pretrained(out)
     (out / GGUF_WEIGHTS).symlink_to(src)
     info = {"source": str(src), "architecture": config.model_type, "types": types}
     (out / GGUF_INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _end_ids(file, eos) -> int | list[int] | None:
+    """The ids a generation ends at: the config's eos and, as llama.cpp does (its end-of-
+    generation set), the file's end-of-turn and end-of-message tokens (a Llama-3 file whose eos
+    is <|end_of_text|> ends its turns with <|eot_id|>)."""
+    ends = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    for key in ("eos", "eot", "eom"):
+        found = file.metadata.get(f"tokenizer.ggml.{key}_token_id")
+        if found is not None and int(found) not in ends:
+            ends.append(int(found))
+    return None if not ends else ends[0] if len(ends) == 1 else ends
 
 
 @contextlib.contextmanager

@@ -16,11 +16,13 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str = "F32") -> Path:
+def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str = "F32",
+               eot: int | None = None) -> Path:
     """GGUF of the HF dir `llm_dir` (llama, qwen2, qwen3 or qwen3_moe): a linear named by a key
     of `linear_type` (q_proj, ..., down_proj, lm_head) takes that block type (Q4_0, Q4_1, Q8_0,
     Q4_K, F32); the embedding table `other`; norms, biases and a MoE router F32; a MoE layer's
-    experts stacked per projection (ffn_gate_exps, ...), as llama.cpp's converter does."""
+    experts stacked per projection (ffn_gate_exps, ...), as llama.cpp's converter does; `eot`:
+    an end-of-turn token id written besides eos."""
     import gguf
     import torch
     from safetensors.torch import load_file
@@ -59,6 +61,8 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
     w.add_token_merges([" ".join(m) if isinstance(m, (list, tuple)) else m
                         for m in json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]])
     w.add_eos_token_id(tok.eos_token_id)
+    if eot is not None:  # an end-of-turn token besides eos (Llama-3's <|eot_id|>)
+        w.add_eot_token_id(eot)
     w.add_pad_token_id(tok.pad_token_id)
     w.add_chat_template(tok.chat_template)
     state = _stack_experts(load_file(str(llm_dir / "model.safetensors")))

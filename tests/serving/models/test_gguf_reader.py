@@ -264,3 +264,16 @@ def test_another_architecture_or_a_split_file_is_refused_in_one_line(cache):
                                                "into one file with llama.cpp's `llama-gguf-split --merge"):
         gguf_llm_dir(_header_only(cache / "split.gguf", "llama", split_no=0, split_count=3))
     assert not any((cache / "cache").glob("other-*")) and not any((cache / "cache").glob("split-*"))
+
+
+def test_the_files_end_of_turn_token_ends_a_generation(cache):
+    """llama.cpp ends generation at eos, eot and eom: so does the dir's generation config."""
+    import json
+
+    llm = build_llm(cache / "hf-eot", "qwen2")
+    path = write_gguf(llm, cache / "eot.gguf", TYPES, eot=7)
+    llm_dir = gguf_llm_dir(path)
+    eos = json.loads((llm_dir / "generation_config.json").read_text())["eos_token_id"]
+    assert isinstance(eos, list) and eos[-1] == 7 and len(eos) == 2
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
+    assert 7 in engine.eos_token_ids and eos[0] in engine.eos_token_ids
