@@ -18,6 +18,7 @@ from pathlib import Path
 from graft.errors import GraftConfigError
 
 GGUF_WEIGHTS = "model.gguf"  # the link to the file, in the LLM dir
+DIR_FORMAT = 2  # what a dir holds changed (MoE configs, end tokens): older dirs are not reused
 GGUF_INFO = "gguf.json"  # {"source", "architecture", "types": {HF weight name: GGUF type}}
 
 
@@ -90,7 +91,7 @@ def gguf_llm_dir(path: str | os.PathLike, log=None) -> Path:
     if not src.is_file():
         raise GraftConfigError(f"{path}: no such GGUF file")
     st = src.stat()
-    key = hashlib.sha256(f"{src}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{src}:{st.st_size}:{st.st_mtime_ns}:{DIR_FORMAT}".encode()).hexdigest()[:16]
     out = cache_root() / f"{src.stem}-{key}"
     if (out / GGUF_INFO).is_file():
         return out
