@@ -238,9 +238,9 @@ def pack_only(weight: QuantizedWeight) -> CpuPacked:
 def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:
     """Move the C layouts of `weights` (packed already) into one buffer on 2 MB pages
     (graft.kernels.huge_pages: a decode step streams them, and 4 KB pages cost a TLB miss per
-    page); the old tensors are freed one by one as they are copied, and layouts moved before are left where they
-    are. Returns the bytes moved. Descriptors that hold the old addresses (FusedDecode) must
-    be built afterwards."""
+    page); each old tensor is freed as soon as it is copied, and layouts moved before are left
+    where they are. Returns the bytes moved. Descriptors that hold the old addresses
+    (FusedDecode) must be built afterwards."""
     from graft.kernels import huge_pages
 
     layouts = (w.packed.get("cpu") for w in weights)
