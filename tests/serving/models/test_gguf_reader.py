@@ -194,7 +194,7 @@ def test_a_q4_k_file_is_served_in_int4(cache, caplog):
     assert got[0].token_ids == ref[0, len(ids):].tolist()
 
 
-def test_a_qwen3_moe_file_holds_its_experts_in_int4(cache):
+def test_a_qwen3_moe_file_holds_its_experts_in_int4(cache, capsys):
     """Qwen3-MoE GGUFs stack each layer's experts per projection (read as transformers reads
     them: test_the_stream_equals_transformers_reading): each expert's linears in int4-g32
     from the blocks (gate Q4_0 and up Q4_1 exactly, down Q4_K to fp16 scales), the greedy
@@ -204,7 +204,14 @@ def test_a_qwen3_moe_file_holds_its_experts_in_int4(cache):
 
     from graft.gguf_llm import from_pretrained_kwargs
 
-    llm_dir = gguf_llm_dir(_file(cache, "qwen3_moe", MOE, overrides=MOE_WIDE))
+    from graft.cli import main
+
+    path = _file(cache, "qwen3_moe", MOE, overrides=MOE_WIDE)
+    assert main(["models", "gguf", str(path)]) == 0
+    llm_dir = gguf_llm_dir(path)
+    said = capsys.readouterr()
+    assert said.out.strip() == str(llm_dir)
+    assert "8 Q4_0, 4 Q4_1, 2 Q4_K, 4 Q8_0 tensors" in said.err  # per GGUF tensor (2 layers)
     config = AutoConfig.from_pretrained(llm_dir)
     assert config.moe_intermediate_size == 256
     engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
