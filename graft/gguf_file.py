@@ -33,7 +33,7 @@ class GGUFFile:
     `metadata`: the scalar and string values (arrays are skipped, kept as their length)."""
 
     def __init__(self, path: str | Path):
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+        from gguf import GGMLQuantizationType
 
         self.path = Path(path)
         self._blob = np.memmap(self.path, mode="r", dtype=np.uint8)
@@ -57,12 +57,8 @@ class GGUFFile:
             table.append((name, kind, tuple(reversed(dims)), offset))  # ggml: fastest dim first
         align = int(self.metadata.get("general.alignment", 32))
         start = -(-pos // align) * align
-        self.tensors, self._bytes = {}, {}
-        for name, kind, shape, offset in table:
-            qtype = GGMLQuantizationType(kind)
-            block, size = GGML_QUANT_SIZES[qtype]
-            self.tensors[name] = (qtype.name, shape, start + offset)
-            self._bytes[name] = int(np.prod(shape)) // block * size
+        self.tensors = {name: (GGMLQuantizationType(kind).name, shape, start + offset)
+                        for name, kind, shape, offset in table}
         self.architecture = str(self.metadata["general.architecture"])
         del self._blob  # the header's pages; tensors are read, not mapped (see raw)
 
@@ -81,10 +77,11 @@ class GGUFFile:
         pos += 12
         if item in _SCALAR:
             return count, pos + count * struct.calcsize(_SCALAR[item])
-        for _ in range(count):  # strings (a vocabulary, merges): their lengths are the only way on
-            if item != _STRING:
+        if item != _STRING:  # arrays of arrays
+            for _ in range(count):
                 _, pos = self._value(pos, item)
-                continue
+            return count, pos
+        for _ in range(count):  # a vocabulary, merges: their lengths are the only way on
             (n,) = struct.unpack_from("<Q", self._blob, pos)
             pos += 8 + n
         return count, pos
@@ -94,10 +91,11 @@ class GGUFFile:
         uint8 rows of bytes: what gguf.quants.dequantize takes), read into memory of its own:
         a mapped file's pages would count in the process's RSS until it is unmapped (+0.87 GB
         at the peak of a 1.5B Q4_0 load)."""
-        from gguf import GGMLQuantizationType, quant_shape_to_byte_shape
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quant_shape_to_byte_shape
 
         kind, shape, start = self.tensors[name]
-        buf = bytearray(self._bytes[name])
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        buf = bytearray(int(np.prod(shape)) // block * size)
         with open(self.path, "rb") as f:
             f.seek(start)
             if f.readinto(buf) != len(buf):
