@@ -80,7 +80,8 @@ class PrefillDesc(ctypes.Structure):
 class StepDesc(ctypes.Structure):
     _c_name_ = "graft_step_t"
     _fields_ = [("embed", _ptr), ("vocab", _i64), ("final_norm", _ptr), ("final_eps", _f32),
-                ("head", LinearDesc), ("cos_table", _ptr), ("sin_table", _ptr), ("max_pos", _i64)]
+                ("head", LinearDesc), ("cos_table", _ptr), ("sin_table", _ptr), ("max_pos", _i64),
+                ("embed_kind", _i64), ("embed_group", _i64), ("embed_scales", _ptr), ("embed_mins", _ptr)]
 
 
 class MoeDesc(ctypes.Structure):

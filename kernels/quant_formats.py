@@ -133,15 +133,25 @@ class QuantizedWeight:
     def dequantize(self, keep: bool = True) -> torch.Tensor:
         """fp32 [N, K]: the weight every kernel of this scheme multiplies by. keep=False:
         canonical tensors rebuilt from a backend layout are not kept (one call's use)."""
-        qweight, scales, mins = self._canonical(keep)
-        kind = self.scheme.kind
-        if kind in ("fp32", "bf16"):
-            return qweight.float()
-        if kind == "int8":
-            return qweight.float() * scales.float()[:, None]
-        n, g = qweight.shape[0], self.scheme.group_size
-        q = unpack_int4(qweight).float().view(n, -1, g)  # in place: one fp32 [N, K] at a time
-        return q.mul_(scales.float()[..., None]).add_(mins.float()[..., None]).view(n, -1)
+        return _dequantize_rows(self.scheme, *self._canonical(keep))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 [len(ids), K]: rows `ids` of dequantize(), the same bits (a quantized embedding
+        table's lookup; the canonical tensors, which such a table keeps)."""
+        qweight, scales, mins = self._canonical()
+        return _dequantize_rows(self.scheme, qweight[ids], None if scales is None else scales[ids],
+                                None if mins is None else mins[ids])
+
+
+def _dequantize_rows(scheme: QuantScheme, qweight: torch.Tensor, scales, mins) -> torch.Tensor:
+    """fp32 [N, K] of canonical rows: a product (int8, int4) and a sum (int4), rounded apart."""
+    if scheme.kind in ("fp32", "bf16"):
+        return qweight.float()
+    if scheme.kind == "int8":
+        return qweight.float() * scales.float()[:, None]
+    n, g = qweight.shape[0], scheme.group_size
+    q = unpack_int4(qweight).float().view(n, -1, g)  # in place: one fp32 [N, K] at a time
+    return q.mul_(scales.float()[..., None]).add_(mins.float()[..., None]).view(n, -1)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:

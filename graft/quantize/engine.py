@@ -176,5 +176,5 @@ def _load_fp32(model_dir: Path, runner) -> dict[str, torch.Tensor]:
     load_weights(copy, model_dir, runner.hf_config)
     weights = {name: m.weight.detach() for name, m in copy.named_modules() if isinstance(m, Linear)}
     if copy.lm_head is None:  # tied head: the engine quantizes a copy of the table
-        weights["lm_head"] = runner.model.embed_tokens.weight.detach()
+        weights["lm_head"] = copy.embed_tokens.weight.detach()
     return weights

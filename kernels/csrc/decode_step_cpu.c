@@ -266,6 +266,39 @@ int64_t graft_decode_step_scratch(const graft_layer_t *layers, const graft_moe_t
            + tokens * (2 * d->hidden + d->rot) + (d->act_dtype == F32 ? 0 : tokens * d->hidden);
 }
 
+static inline float half_to_float(uint16_t x) {
+    _Float16 h;
+    memcpy(&h, &x, 2);
+    return (float)h;
+}
+
+/* Row `id` of a held table (graft_step_t.embed_kind >= 0) into dst, in act's dtype: the bits
+ * of the per-op path's QuantizedWeight.rows() (int8 q * scale, int4 q * scale + min), then
+ * act's rounding. int4's product is exact (a 4-bit code times an fp16 scale), so a fused
+ * multiply-add gives torch's mul-then-add bits. */
+static void held_embedding_row(
+    const graft_step_t *s, int64_t id, int64_t H, int act, void *dst) {
+    enum { INT8 = 0, INT4 = 1, BF16_ROWS = 2 };
+    for (int64_t k = 0; k < H; ++k) {
+        float v;
+        if (s->embed_kind == INT8) {
+            v = (float)((const int8_t *)s->embed)[id * H + k] * ((const float *)s->embed_scales)[id];
+        } else if (s->embed_kind == INT4) {
+            const uint8_t byte = ((const uint8_t *)s->embed)[(id * H + k) / 2];
+            const int64_t g = id * (H / s->embed_group) + k / s->embed_group;
+            const float q = (float)(k & 1 ? byte >> 4 : byte & 15);
+            const float scaled = q * half_to_float(((const uint16_t *)s->embed_scales)[g]);
+            v = scaled + half_to_float(((const uint16_t *)s->embed_mins)[g]);
+        } else if (s->embed_kind == BF16_ROWS) {
+            v = bf16_to_float(((const uint16_t *)s->embed)[id * H + k]);
+        } else {
+            v = ((const float *)s->embed)[id * H + k];
+        }
+        if (act == F32) ((float *)dst)[k] = v;
+        else ((uint16_t *)dst)[k] = float_to_bf16(v);
+    }
+}
+
 /* A whole all-decode step, ids in, logits out: embedding rows, every layer
  * (graft_decode_layers), the final norm (with the last residual add) and the head, in the
  * order and with the functions the per-op path uses, so the logits are the same bits. At
@@ -289,7 +322,8 @@ int64_t graft_decode_step(const graft_layer_t *layers, const graft_moe_t *const 
     float *h = scratch + graft_decode_scratch(layers, moes, num_layers, d, T), *residual = h + T * H;
     float *cos_t = residual + T * H, *sin_t = cos_t + T * half, *wide = sin_t + T * half;
     for (int64_t t = 0; t < T; ++t) {
-        memcpy(AT(h, t * H), AT(s->embed, ids[t] * H), es * (size_t)H);
+        if (s->embed_kind < 0) memcpy(AT(h, t * H), AT(s->embed, ids[t] * H), es * (size_t)H);
+        else held_embedding_row(s, ids[t], H, act, AT(h, t * H));
         memcpy(AT(cos_t, t * half), AT(s->cos_table, positions[t] * half), es * (size_t)half);
         memcpy(AT(sin_t, t * half), AT(s->sin_table, positions[t] * half), es * (size_t)half);
     }

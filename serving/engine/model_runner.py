@@ -85,7 +85,8 @@ class ModelRunner:
         quant = self._default_quantization(shapes) \
             if config.quantization is None else config.quant_config  # parsed once, in config
         # checked on the shape-only model: a bad pattern or group size fails before any weight loads
-        self.quant_plan = quant.plan(shapes) if quant is not None else {}
+        self.quant_plan = (quant.plan(shapes, embedding=tuple(model.embed_tokens.weight.shape))
+                           if quant is not None else {})
         # on meta the cast is free; to_empty's pages stay untouched for a linear loaded as the
         # file's int4 blocks (load_weights drops its dense weight unwritten)
         model = model.to(self.dtype).to_empty(device=self.device)

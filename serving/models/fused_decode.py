@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from graft.kernels import cpu_decode, cpu_ops
+from graft.kernels import cpu_decode, cpu_ops, cpu_quant
 from graft.kernels.dispatch import kernels_mode
 from graft.serving.models.layers import AttentionMetadata
 
@@ -117,11 +117,18 @@ class FusedDecode:
         a C-layout linear (then the model runs the head after the layers)."""
         head = model.head_quantized if model.lm_head is None else model.lm_head.quantized
         bias = None if model.lm_head is None else model.lm_head.bias
-        embed = model.embed_tokens.weight
-        if head is None or "cpu" not in head.packed or bias is not None or not embed.is_contiguous():
+        if head is None or "cpu" not in head.packed or bias is not None:
             return None
-        return cpu_decode.StepDesc(embed.data_ptr(), embed.shape[0], model.norm.weight.data_ptr(),
-                                   model.norm.eps, cpu_decode.linear_desc(head, None), None, None, 0)
+        held = model.embed_quantized
+        table, scales, mins = ((held.qweight, held.scales, held.mins) if held is not None
+                               else (model.embed_tokens.weight, None, None))
+        if not all(t is None or t.is_contiguous() for t in (table, scales, mins)):
+            return None
+        return cpu_decode.StepDesc(
+            table.data_ptr(), table.shape[0], model.norm.weight.data_ptr(), model.norm.eps,
+            cpu_decode.linear_desc(head, None), None, None, 0,
+            -1 if held is None else cpu_quant.kind_code(held.scheme), held.scheme.group_size if held else 0,
+            None if scales is None else scales.data_ptr(), None if mins is None else mins.data_ptr())
 
     def step_applies(self, num_decodes: int, num_seqs: int) -> bool:
         """Whether step() can run a batch of num_seqs sequences, num_decodes of them decoding

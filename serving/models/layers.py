@@ -204,12 +204,15 @@ def rope_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float, int]:
 def embed_tokens(embedding: nn.Embedding, input_ids: torch.Tensor,
                  override: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """Embedding rows for ids >= 0; negative ids (image placeholders) get `override` rows."""
-    from graft.inject import splice
-
     # clamp: a negative id must never index the table (the engine rejects requests whose
     # placeholders have no mm_inputs, so every negative position is overwritten below)
     embeds = F.embedding(input_ids.clamp(min=0), embedding.weight)  # [T, d_model]
-    if override is None:
-        return embeds
+    return embeds if override is None else splice_rows(embeds, override)
+
+
+def splice_rows(embeds: torch.Tensor, override: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """embeds with the image placeholders' rows replaced: override = (mask [T], rows)."""
+    from graft.inject import splice
+
     mask, rows = override
     return splice(embeds, mask, rows)

@@ -15,7 +15,8 @@ from graft.kernels import quant_linear
 from graft.kernels.cpu_linear import pack_weight, packed_linear
 from graft.kernels.quant_formats import QuantScheme, quantize
 from graft.serving.models.layers import (Attention, AttentionMetadata, GatedMLP, Linear, RMSNorm,
-                                         embed_tokens)
+                                         embed_tokens, splice_rows)
+from graft.serving.models.quant_config import EMBEDDING
 
 
 class DecoderLayer(nn.Module):
@@ -66,6 +67,7 @@ class CausalLM(nn.Module):
             cfg.hidden_size, cfg.vocab_size, bias=False)
         self.head_prepacked = None  # tied head's oneDNN copy (the embedding stays plain)
         self.head_quantized = None  # tied head's low-precision copy
+        self.embed_quantized = None  # the table in a plan's EMBEDDING scheme (canonical rows)
         self.fused_decode = None  # the CPU one-call decode step (graft.serving.models.fused_decode)
 
     def build_layer(self, cfg, flags: dict, index: int) -> nn.Module:
@@ -85,12 +87,32 @@ class CausalLM(nn.Module):
         stay as they are, or with fp32_in_c_layout (CPU) move to the C kernels' layout too, so
         a decode step can run in one call (enable_fused_decode)."""
         for name, scheme in plan.items():
-            if scheme.kind == "fp32" and not fp32_in_c_layout or self.linear_weight(name) is not None:
-                continue  # (already held: loaded as a GGUF's int4 blocks)
+            if name == EMBEDDING or self.linear_weight(name) is not None \
+                    or scheme.kind == "fp32" and not fp32_in_c_layout:
+                continue  # (the table below; a linear held already: a GGUF's int4 blocks)
             if name == "lm_head" and self.lm_head is None:
                 self.head_quantized = quantize(self.embed_tokens.weight, scheme)
             else:
                 self.get_submodule(name).quantize(scheme)
+        scheme = plan.get(EMBEDDING)
+        if scheme is not None and scheme.kind != "fp32":  # a GGUF's blocks may hold it already
+            held = self.embed_quantized
+            self.hold_embedding(quantize(self.embed_tokens.weight, scheme) if held is None else held)
+
+    def hold_embedding(self, weight) -> None:
+        """Look rows up in `weight` (a QuantizedWeight [vocab, hidden], canonical) from now on;
+        the table itself keeps only its shape unless an unquantized tied head multiplies by it."""
+        self.embed_quantized = weight
+        table = self.embed_tokens.weight
+        if (self.lm_head is not None or self.head_quantized is not None) and not table.is_meta:
+            self.embed_tokens.weight = nn.Parameter(table.detach().to("meta"), requires_grad=False)
+
+    def embed(self, input_ids: torch.Tensor, override=None) -> torch.Tensor:
+        """[T, d_model] in the activations' dtype: embed_tokens' rows, or the held table's."""
+        if self.embed_quantized is None:
+            return embed_tokens(self.embed_tokens, input_ids, override)
+        rows = self.embed_quantized.rows(input_ids.clamp(min=0)).to(self.embed_tokens.weight.dtype)
+        return rows if override is None else splice_rows(rows, override)
 
     def linear_weight(self, name: str):
         """What linear `name` (a module name, or "lm_head") runs on: its QuantizedWeight, or
@@ -144,6 +166,7 @@ class CausalLM(nn.Module):
                 tensors.append(m.prepacked)
         for q in self.quantized_weights():
             tensors += q.tensors() + [t for p in q.packed.values() for t in p.tensors()]
+        tensors += self.embed_quantized.tensors() if self.embed_quantized is not None else []
         return tensors + ([self.head_prepacked] if self.head_prepacked is not None else [])
 
     def weight_bytes_per_token(self) -> int:
@@ -173,7 +196,7 @@ class CausalLM(nn.Module):
                 hidden_indices: torch.Tensor | None = None):
         """input_ids [T] -> logits [len(logits_indices), vocab] in fp32; with hidden_indices,
         (logits, the final norm's output at those rows in fp32: what embeddings pool)."""
-        h = embed_tokens(self.embed_tokens, input_ids, embeds_override)  # [T, d_model]
+        h = self.embed(input_ids, embeds_override)  # [T, d_model]
         fused = self.fused_decode
         if fused is not None and fused.applies(meta, h):  # image rows are in h already
             h, residual = fused(h, cos, sin, meta)

@@ -9,7 +9,9 @@ writes):
 module wins, `default` (fp32 when absent) covers the rest. Module names are the engine's:
 `layers.N.self_attn.qkv_proj` (q|k|v as one matmul), `layers.N.self_attn.o_proj`,
 `layers.N.mlp.gate_up_proj`, `layers.N.mlp.down_proj` and `lm_head` (for tied embeddings a
-quantized copy of the table; the lookups keep the table as loaded). MoE layers have
+quantized copy of the table). The embedding table's lookups keep it as loaded unless a rule
+names `embed_tokens` itself (no pattern or default reaches it): then the table is held in that
+scheme (fp32, bf16, int8 or int4-gG) and each looked-up row is dequantized. MoE layers have
 `layers.N.mlp.experts.E.gate_up_proj` / `.down_proj` per routed expert and
 `layers.N.mlp.shared_experts.*`; their router (`layers.N.mlp.gate`) is not a linear of the
 plan: it always stays fp32. The checkpoint on disk is
@@ -31,6 +33,7 @@ from graft.kernels.quant_formats import QuantScheme, QuantSchemeError, SCHEME_NA
 
 FORMAT = "graft-quant/1"
 FP32 = QuantScheme("fp32")
+EMBEDDING = "embed_tokens"  # the plan's name of the input embedding table (not a linear)
 
 
 @dataclass
@@ -102,15 +105,25 @@ class QuantConfig:
                 return scheme
         return self.default
 
-    def plan(self, shapes: dict[str, tuple[int, int]]) -> dict[str, QuantScheme]:
+    def plan(self, shapes: dict[str, tuple[int, int]],
+             embedding: tuple[int, int] | None = None) -> dict[str, QuantScheme]:
         """Module name -> scheme for every quantizable linear ({name: (out, in)}), checked:
-        every pattern matches something and every scheme fits its module's shape."""
+        every pattern matches something and every scheme fits its module's shape; plus
+        EMBEDDING when a rule names it and `embedding` ((vocab, hidden)) is given."""
         for pattern, _ in self.rules:
-            if not any(fnmatch.fnmatchcase(name, pattern) for name in shapes):
+            if not (any(fnmatch.fnmatchcase(name, pattern) for name in shapes)
+                    or pattern == EMBEDDING and embedding is not None):
                 examples = ", ".join(list(shapes)[:4])
                 raise GraftConfigError(f"{self.source}: modules pattern {pattern!r} matches no linear "
-                                       f"of this model; names look like {examples}, lm_head")
+                                       f"of this model; names look like {examples}, lm_head, {EMBEDDING}")
         plan = {name: self.scheme_for(name) for name in shapes}
+        shapes = dict(shapes)
+        for pattern, scheme in self.rules:
+            if pattern == EMBEDDING and embedding is not None and EMBEDDING not in plan:
+                if scheme.act8:
+                    raise GraftConfigError(f"{self.source}: {EMBEDDING}: {scheme.name} rounds a linear's "
+                                           f"input, which a table has not; use {scheme.name[:-3]}")
+                plan[EMBEDDING], shapes[EMBEDDING] = scheme, embedding
         try:
             for name, scheme in plan.items():
                 scheme.check_shape(*shapes[name], where=f"{self.source}: {name}")
@@ -119,15 +132,18 @@ class QuantConfig:
         return plan
 
     def describe(self, plan: dict[str, QuantScheme]) -> str:
-        """'int8 x 120, fp32 x 1' for logs."""
-        return ", ".join(f"{name} x {n}" for name, n in sorted(scheme_counts(plan).items()))
+        """'int8 x 120, fp32 x 1' (and ', embedding int8') for logs."""
+        text = ", ".join(f"{name} x {n}" for name, n in sorted(scheme_counts(plan).items()))
+        return text + (f", embedding {plan[EMBEDDING].name}" if EMBEDDING in plan else "")
 
 
 def scheme_counts(plan: dict[str, QuantScheme]) -> dict[str, int]:
-    """How many linears a plan holds in each scheme: {"int8": 120, "fp32": 1}."""
+    """How many linears a plan holds in each scheme: {"int8": 120, "fp32": 1} (the embedding
+    table, not a linear, is not counted)."""
     counts: dict[str, int] = {}
-    for scheme in plan.values():
-        counts[scheme.name] = counts.get(scheme.name, 0) + 1
+    for name, scheme in plan.items():
+        if name != EMBEDDING:
+            counts[scheme.name] = counts.get(scheme.name, 0) + 1
     return counts
 
 
@@ -160,8 +176,8 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
     """Replace, in place, each Linear weight of an HF causal LM by its dequantized value under
     `plan` (the engine's plan for the same checkpoint): the reference a quantized engine must
     match. Quantization is per output row, so q/k/v (gate/up) quantized apart equal the
-    engine's stacked matrix. A tied head gets its own dequantized copy (the embedding stays).
-    A linear of an -a8 scheme also rounds its input as the engine does (a forward pre-hook,
+    engine's stacked matrix. A tied head gets its own dequantized copy; the input embedding
+    is dequantized only where the plan names EMBEDDING (then a tied head keeps its own). A linear of an -a8 scheme also rounds its input as the engine does (a forward pre-hook,
     graft.kernels.quant_formats.round_activations)."""
     import torch
     from graft.kernels.quant_formats import quantize, round_activations
@@ -185,6 +201,11 @@ def dequantize_hf_model(hf_model: nn.Module, plan: dict[str, QuantScheme]) -> nn
             module.weight = nn.Parameter(deq, requires_grad=False)  # unties a tied head
         if scheme.act8:
             module.register_forward_pre_hook(rounded_input)
+    if EMBEDDING in plan and plan[EMBEDDING].kind != "fp32":
+        table = hf_model.get_input_embeddings()
+        with torch.no_grad():
+            deq = quantize(table.weight, plan[EMBEDDING]).dequantize().to(table.weight.dtype)
+        table.weight = nn.Parameter(deq, requires_grad=False)  # a tied fp32 head keeps the old one
     return hf_model
 
 
