@@ -14,7 +14,7 @@ from pathlib import Path
 from graft.gguf_file import Q4_BLOCKS, Q4_NEAR, GGUFFile, hf_names, processed
 from graft.gguf_llm import gguf_types, gguf_weights
 from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
-from graft.serving.models.quant_config import QuantConfig, engine_module_name
+from graft.serving.models.quant_config import EMBEDDING, QuantConfig, engine_module_name
 
 INT4 = QuantScheme.parse("int4-g32")
 log = logging.getLogger("graft.serving")
@@ -123,6 +123,7 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[s
     model's, packed shard or None)."""
     held, read = set(), set()
     parts: dict[str, dict[int, str]] = {}
+    table = None
     tied = "lm_head" in plan and getattr(model, "lm_head", "") is None
     for name in tensors.keys():
         if not all(k in Q4_BLOCKS + Q4_NEAR for k in tensors.kinds(name)):
@@ -140,11 +141,13 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[s
         if not name.endswith(".weight"):
             continue
         target, shard = map_name(name, model)
+        if target == "embed_tokens.weight":
+            table = (name, None)  # (its name, its int4 tensors once read for a tied head)
         module = "lm_head" if tied and target == "embed_tokens.weight" else target[:-len(".weight")]
         parts.setdefault(module, {})[shard or 0] = name
     for module, scheme in plan.items():
         shards = parts.get(module, {})
-        if not _int4_g32(scheme) or not shards:
+        if not _int4_g32(scheme) or not shards or module == EMBEDDING:
             continue
         linear = None if module == "lm_head" and tied else model.get_submodule(module)
         if len(shards) != len(getattr(linear, "shard_sizes", [0])):
@@ -152,17 +155,25 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[s
         weights = tensors.int4([shards[i] for i in sorted(shards)])
         if weights is None:
             continue  # scales beyond fp16: quantized after loading, as any other weight
-        if linear is None:  # the lookups still read the table itself: loaded as usual
+        if linear is None:  # a tied head: the table's blocks (the lookups' below)
             model.head_quantized = QuantizedWeight(scheme, *weights)
+            table = (table[0], weights) if table else None
         else:
             linear.hold(QuantizedWeight(scheme, *weights))
             held.add(f"{module}.weight")
             read.update(shards.values())
+    if table and _int4_g32(plan.get(EMBEDDING)):
+        weights = table[1] or tensors.int4([table[0]])
+        if weights is not None:
+            model.hold_embedding(QuantizedWeight(plan[EMBEDDING], *weights))
+            if model.embed_tokens.weight.is_meta:  # else a tied fp32 head still reads it
+                held.add("embed_tokens.weight")
+                read.add(table[0])
     return held, read
 
 
 def _int4_g32(scheme) -> bool:
-    return scheme.kind == "int4" and scheme.group_size == 32
+    return scheme is not None and scheme.kind == "int4" and scheme.group_size == 32
 
 
 def gguf_quantization(model_dir: str | Path, default: str,
@@ -170,7 +181,8 @@ def gguf_quantization(model_dir: str | Path, default: str,
     """The file's own precision for an LLM dir `graft.gguf_llm` made (None for other dirs, or
     when no linear is in 4-bit blocks): int4-g32 for the linears of `linears` (the engine's
     names) stored in Q4_0/Q4_1 (exact) or Q4_K (scales to fp16), `default` for the rest. A
-    tied head is the embedding's."""
+    tied head is the embedding's; the embedding table in such blocks is held in int4-g32 too
+    (EMBEDDING), as llama.cpp keeps it: its rows are dequantized as they are looked up."""
     import dataclasses
 
     file = gguf_weights(model_dir)
@@ -190,6 +202,10 @@ def gguf_quantization(model_dir: str | Path, default: str,
     _say_what_is_widened(file.resolve().name, parts, held, default)
     if not held:
         return None
+    table = types.get("model.embed_tokens.weight", "F32").split("+")
+    modules = {name: INT4.name for name in held}
+    if all(k in Q4_BLOCKS + Q4_NEAR for k in table):
+        modules[EMBEDDING] = INT4.name
 
     def count(kinds: tuple[str, ...]) -> str:
         return ", ".join(f"{sum(ks.count(k) for name, ks in parts.items() if name in held)} {k}"
@@ -199,8 +215,9 @@ def gguf_quantization(model_dir: str | Path, default: str,
     how = ", ".join(filter(None, [exact and f"{exact} weights in {INT4.name} exactly",
                                   near and f"{near} weights in {INT4.name} with their scales "
                                   "rounded to fp16"]))
-    config = QuantConfig.parse({"default": default, "modules": {name: INT4.name for name in held}})
-    return dataclasses.replace(config, source=f"{file.resolve().name}'s {how}, the rest {default}")
+    config = QuantConfig.parse({"default": default, "modules": modules})
+    return dataclasses.replace(config, source=f"{file.resolve().name}'s {how}, the rest {default}"
+                               + (f"; the embedding table in {INT4.name}" if EMBEDDING in modules else ""))
 
 
 def _say_what_is_widened(file: str, parts: dict[str, list[str]], exact: list[str],

@@ -125,15 +125,20 @@ def test_a_packed_linear_with_a_part_in_other_blocks_is_quantized_after_loading(
     assert default.runner.quant_plan["layers.0.self_attn.qkv_proj"].name == "fp32"
 
 
-def test_a_tied_q4_embedding_is_the_heads_int4(cache):
-    llm_dir = gguf_llm_dir(_file(cache, "llama", other="Q4_0"))  # tied: no output tensor
+@pytest.mark.parametrize("family,other", [("llama", "Q4_0"), ("qwen2", "Q4_1")])
+def test_a_q4_embedding_is_held_as_its_blocks(cache, family, other):
+    """The table in the file's int4, as llama.cpp keeps it (no dense copy made); a tied
+    head (llama: no output tensor) shares its blocks. Lookups and greedy tokens are HF's."""
+    llm_dir = gguf_llm_dir(_file(cache, family, other=other))
     engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
     hf = _hf(llm_dir)
-    model = engine.runner.model
-    assert engine.runner.quant_plan["lm_head"].name == "int4-g32"
+    model, plan = engine.runner.model, engine.runner.quant_plan
+    assert plan["embed_tokens"].name == "int4-g32" and model.embed_tokens.weight.is_meta
     table = hf.model.embed_tokens.weight
-    assert torch.equal(model.head_quantized.dequantize(), table)
-    assert torch.equal(model.embed_tokens.weight, table)  # the lookups' own dense copy
+    if family == "llama":
+        assert plan["lm_head"].name == "int4-g32"
+        assert torch.equal(model.head_quantized.dequantize(), table)
+    assert torch.equal(model.embed_quantized.dequantize(), table)
     ids = [5, 6, 7, 8]
     got = engine.generate([ids], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     with torch.no_grad():
