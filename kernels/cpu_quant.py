@@ -231,8 +231,21 @@ def pack_only(weight: QuantizedWeight) -> CpuPacked:
     """pack(weight), then drop the canonical tensors (rebuilt by unpack on demand): one copy
     of each weight in memory."""
     packed = pack(weight)
-    weight.drop_canonical(lambda: unpack(weight))
+    rows = (lambda ids: layout_rows(weight, ids)) if weight.scheme.kind in ("fp32", "bf16") else None
+    weight.drop_canonical(lambda: unpack(weight), rows)
     return packed
+
+
+def layout_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
+    """fp32 [len(ids), K]: rows `ids` of an fp32 or bf16 weight, read from its C layout (a tied
+    head's copy serving the embedding lookups: decode_step_cpu.c reads them the same way)."""
+    p, (n, k) = weight.packed["cpu"], weight.shape
+    pair, half, lane = ids // 32, ids // 16 % 2, ids % 16
+    if weight.scheme.kind == "fp32":  # [NB/2, K, 2, 16]
+        return p.weight.view(-1, k, 2, 16)[pair, :, half, lane]
+    words = p.weight.view(torch.int16).view(-1, (k + 1) // 2, 2, 16, 2)  # bf16 column pairs
+    bits = words[pair, :, half, lane].reshape(len(ids), -1)[:, :k]
+    return bits.view(torch.bfloat16).float()
 
 
 def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:

@@ -85,6 +85,7 @@ class QuantizedWeight:
     packed: dict = field(default_factory=dict)  # backend name -> its layout (graft.kernels.cpu_quant)
     shape: tuple[int, int] = (0, 0)  # (out, in)
     _restore: object = None  # () -> (qweight, scales, mins), set by drop_canonical
+    _rows: object = None  # ids -> rows(ids) from a backend layout, set by drop_canonical
 
     def __post_init__(self) -> None:
         if self._qweight is not None:
@@ -96,7 +97,7 @@ class QuantizedWeight:
             if not keep:  # rebuilt for one use: the backend layout stays the only copy
                 return self._restore()
             self._qweight, self._scales, self._mins = self._restore()
-            self._restore = None
+            self._restore = self._rows = None
         return self._qweight, self._scales, self._mins
 
     @property
@@ -111,10 +112,11 @@ class QuantizedWeight:
     def mins(self) -> torch.Tensor | None:
         return self._canonical()[2]
 
-    def drop_canonical(self, restore) -> None:
-        """Free the canonical tensors; `restore()` rebuilds them (from a backend layout)."""
+    def drop_canonical(self, restore, rows=None) -> None:
+        """Free the canonical tensors; `restore()` rebuilds them (from a backend layout), and
+        `rows(ids)`, when given, reads rows from that layout without rebuilding the rest."""
         self._qweight = self._scales = self._mins = None
-        self._restore = restore
+        self._restore, self._rows = restore, rows
 
     def tensors(self) -> list[torch.Tensor]:
         """The canonical tensors currently held (none after drop_canonical)."""
@@ -136,8 +138,10 @@ class QuantizedWeight:
         return _dequantize_rows(self.scheme, *self._canonical(keep))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """fp32 [len(ids), K]: rows `ids` of dequantize(), the same bits (a quantized embedding
-        table's lookup; the canonical tensors, which such a table keeps)."""
+        """fp32 [len(ids), K]: rows `ids` of dequantize(), the same bits (an embedding table's
+        lookups: a held table's canonical tensors, or a tied head's backend layout)."""
+        if self._qweight is None and self._rows is not None:
+            return self._rows(ids)
         qweight, scales, mins = self._canonical()
         return _dequantize_rows(self.scheme, qweight[ids], None if scales is None else scales[ids],
                                 None if mins is None else mins[ids])

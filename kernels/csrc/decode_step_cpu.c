@@ -278,10 +278,18 @@ static inline float half_to_float(uint16_t x) {
  * multiply-add gives torch's mul-then-add bits. */
 static void held_embedding_row(
     const graft_step_t *s, int64_t id, int64_t H, int act, void *dst) {
-    enum { INT8 = 0, INT4 = 1, BF16_ROWS = 2 };
+    enum { INT8 = 0, INT4 = 1, BF16_ROWS = 2, F32_LAYOUT = 4, BF16_LAYOUT = 5 };
+    /* the C layouts (cpu_quant.pack): pairs of 16-row blocks, a step per column (fp32) or
+     * column pair (bf16), the pair's blocks side by side in each step */
+    const int64_t pair = id / 32, lane = id / 16 % 2 * 16 + id % 16;
     for (int64_t k = 0; k < H; ++k) {
         float v;
-        if (s->embed_kind == INT8) {
+        if (s->embed_kind == F32_LAYOUT) {
+            v = ((const float *)s->embed)[(pair * H + k) * 32 + lane];
+        } else if (s->embed_kind == BF16_LAYOUT) {
+            const int64_t word = (pair * ((H + 1) / 2) + k / 2) * 32 + lane;
+            v = bf16_to_float(((const uint16_t *)s->embed)[word * 2 + k % 2]);
+        } else if (s->embed_kind == INT8) {
             v = (float)((const int8_t *)s->embed)[id * H + k] * ((const float *)s->embed_scales)[id];
         } else if (s->embed_kind == INT4) {
             const uint8_t byte = ((const uint8_t *)s->embed)[(id * H + k) / 2];

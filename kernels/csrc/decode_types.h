@@ -54,10 +54,11 @@ typedef struct {
     graft_linear_t head;      /* head.n logits per row */
     const void *cos_table, *sin_table; /* [max_pos, rot / 2] */
     int64_t max_pos;
-    /* -1: embed holds rows of dims.act_dtype. Else a table held in a weight scheme, its
+    /* -1: embed holds rows of dims.act_dtype. 0-3: a table held in a weight scheme, its
      * canonical tensors (graft.kernels.quant_formats), kind as graft_linear_t's: int8 q
      * [vocab, hidden] with fp32 embed_scales [vocab]; int4 two columns a byte (low nibble
-     * first) with fp16 embed_scales and embed_mins [vocab, hidden / embed_group]; bf16; fp32 */
+     * first) with fp16 embed_scales and embed_mins [vocab, hidden / embed_group]; bf16; fp32.
+     * 4 / 5: fp32 / bf16 rows in a linear's C layout (a tied head's copy of the table) */
     int64_t embed_kind, embed_group;
     const void *embed_scales, *embed_mins;
 } graft_step_t;

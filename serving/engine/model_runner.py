@@ -100,6 +100,7 @@ class ModelRunner:
                     if cpu_quant.supports(torch.empty(0, dtype=self.dtype), weight):
                         cpu_quant.pack_only(weight)
                 cpu_quant.gather_on_huge_pages(model.quantized_weights())
+                model.read_table_from_head()  # a tied fp32 / bf16 head: one copy of the table
             log.info("weights: %s (%s; quantized linears on %s)", quant.describe(self.quant_plan),
                      quant.source, quant_backend(self.device))
         self.linear_paths = None  # what plan_linear_paths chose, when linears are in the C layout

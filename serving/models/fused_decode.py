@@ -119,15 +119,20 @@ class FusedDecode:
         bias = None if model.lm_head is None else model.lm_head.bias
         if head is None or "cpu" not in head.packed or bias is not None:
             return None
-        held = model.embed_quantized
-        table, scales, mins = ((held.qweight, held.scales, held.mins) if held is not None
-                               else (model.embed_tokens.weight, None, None))
+        held, scales, mins = model.embed_quantized, None, None
+        if held is None:  # the table's own rows (decode_types.h: graft_step_t.embed_kind)
+            table, vocab, kind = model.embed_tokens.weight, model.embed_tokens.weight.shape[0], -1
+        elif not held.tensors():  # a tied head's C-layout copy (model.read_table_from_head)
+            table, vocab, kind = held.packed["cpu"].weight, held.shape[0], 4 if held.scheme.kind == "fp32" else 5
+        else:
+            table, vocab, kind = held.qweight, held.shape[0], cpu_quant.kind_code(held.scheme)
+            scales, mins = held.scales, held.mins
         if not all(t is None or t.is_contiguous() for t in (table, scales, mins)):
             return None
         return cpu_decode.StepDesc(
-            table.data_ptr(), table.shape[0], model.norm.weight.data_ptr(), model.norm.eps,
-            cpu_decode.linear_desc(head, None), None, None, 0,
-            -1 if held is None else cpu_quant.kind_code(held.scheme), held.scheme.group_size if held else 0,
+            table.data_ptr(), vocab, model.norm.weight.data_ptr(), model.norm.eps,
+            cpu_decode.linear_desc(head, None), None, None, 0, kind,
+            held.scheme.group_size if held is not None else 0,
             None if scales is None else scales.data_ptr(), None if mins is None else mins.data_ptr())
 
     def step_applies(self, num_decodes: int, num_seqs: int) -> bool:

@@ -107,6 +107,19 @@ class CausalLM(nn.Module):
         if (self.lm_head is not None or self.head_quantized is not None) and not table.is_meta:
             self.embed_tokens.weight = nn.Parameter(table.detach().to("meta"), requires_grad=False)
 
+    def read_table_from_head(self) -> bool:
+        """Once the head is packed: a tied head held as the table's own values in the C layout
+        (fp32 in an fp32 engine, bf16 in a bf16 one; its canonical copy dropped) serves the
+        lookups too (graft.kernels.cpu_quant.layout_rows), and the table is freed. Whether it does."""
+        head, table = self.head_quantized, self.embed_tokens.weight
+        kind = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(table.dtype)
+        if (self.lm_head is not None or head is None or self.embed_quantized is not None
+                or table.is_meta or head.scheme.kind != kind or "cpu" not in head.packed
+                or head.tensors()):
+            return False
+        self.hold_embedding(head)
+        return True
+
     def embed(self, input_ids: torch.Tensor, override=None) -> torch.Tensor:
         """[T, d_model] in the activations' dtype: embed_tokens' rows, or the held table's."""
         if self.embed_quantized is None:

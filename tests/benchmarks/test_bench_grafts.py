@@ -28,15 +28,13 @@ def test_shared_engine_holds_the_llm_once(tiny_llama, tmp_path):
     one = Engine.from_grafts({"graft0": runs["graft0"]}, cfg)
     b2, b1 = resident_bytes(both), resident_bytes(one)
     assert b2["llm_params"] == b1["llm_params"] and b2["kv_cache"] == b1["kv_cache"]
-    # every checkpoint tensor once (packed or plain), plus the tied head's packed copy (the
-    # embedding table stays for lookups)
+    # every checkpoint tensor once, packed or plain: the tied head's packed copy of the
+    # embedding table is what the lookups read too (CausalLM.read_table_from_head)
     from safetensors import safe_open
 
     with safe_open(f"{tiny_llama}/model.safetensors", "pt") as f:
         ckpt = sum(f.get_tensor(k).numel() * 4 for k in f.keys())
-    hf = one.runner.hf_config
-    tied = hf.vocab_size * hf.hidden_size * 4 if hf.tie_word_embeddings else 0
-    assert b1["llm_params"] == ckpt + tied
+    assert one.runner.hf_config.tie_word_embeddings and b1["llm_params"] == ckpt
     assert b2["encoder_params"] == b1["encoder_params"]  # --shared-encoder: loaded once
     assert b2["projector_params"] == 2 * b1["projector_params"]
     out = run_workload(both, workload(list(runs), 4, 0.5, None, 0), 32, 2)

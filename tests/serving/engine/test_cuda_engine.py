@@ -98,7 +98,8 @@ def test_prefix_cache_chunked_prefill_and_preemption(tiny_llama):
 def test_spliced_image_rows_across_chunks(tiny_llama):
     engine = _engine(tiny_llama, max_num_batched_tokens=7)
     text = make_prompts((40,), seed=30)[0]
-    rows = engine.runner.model.embed_tokens.weight[text[5:25]].detach().clone()
+    image_ids = torch.tensor(text[5:25], device=engine.runner.device)
+    rows = engine.runner.model.embed(image_ids).detach().clone()
     prompt = text[:5] + [IMAGE_PLACEHOLDER] * 20 + text[25:]
     engine.add_request("img", prompt, GREEDY, mm_inputs=MultiModalInputs([ImageRange(5, 20, "h", rows)]))
     final = None

@@ -91,6 +91,45 @@ def test_the_c_step_looks_rows_up_as_the_per_op_path(tiny_llm_factory, tmp_path,
     assert torch.equal(fused, per_op)
 
 
+@pytest.mark.skipif(not cpu_ops.available(), reason="the C layout needs the C kernels")
+@pytest.mark.parametrize("scheme", ["fp32", "bf16"])
+@pytest.mark.parametrize("n,k", [(50, 64), (33, 7), (100, 130)])
+def test_rows_read_from_the_c_layout(scheme, n, k):
+    """Once packed, an fp32 / bf16 weight's rows come from its C layout (pairs of 16-row
+    blocks; bf16 column pairs; rows and columns padded), its canonical copy gone."""
+    from graft.kernels import cpu_quant
+
+    held = quantize(torch.randn(n, k), QuantScheme.parse(scheme))
+    full = held.dequantize()
+    cpu_quant.pack_only(held)
+    ids = torch.tensor([0, n - 1, 17, 31, 32, 5, 0])
+    assert torch.equal(held.rows(ids), full[ids]) and not held.tensors()
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="the C layout needs the C kernels")
+@pytest.mark.parametrize("dtype,scheme,kind", [("float32", "fp32", 4), ("bfloat16", "bf16", 5)])
+def test_a_tied_heads_c_layout_copy_serves_the_lookups(tiny_llm_factory, dtype, scheme, kind):
+    """A tied head held as the table's own values (fp32 in fp32, bf16 in bf16: the defaults on
+    a CPU with the C kernels) is the one copy of the table the engine keeps."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tiny_llm_factory("qwen3")
+    engine = Engine.from_pretrained(model_dir, EngineConfig(num_kv_blocks=64, dtype=dtype,
+                                                            quantization=scheme))
+    model = engine.runner.model
+    assert model.embed_tokens.weight.is_meta and model.embed_quantized is model.head_quantized
+    assert model.fused_decode.step_desc.embed_kind == kind
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    ids = torch.tensor([3, 383, 40, 3])
+    assert torch.equal(model.embed(ids), hf.get_input_embeddings()(ids))
+    fused, per_op, _, _ = fused_then_per_op(engine, three_decodes(engine, GREEDY))
+    assert torch.equal(fused, per_op)
+    if dtype == "float32":
+        prompts = make_prompts((6, 30), seed=2)
+        outs = engine.generate(prompt_token_ids=prompts, sampling_params=GREEDY)
+        assert [o.token_ids for o in outs] == _hf_greedy(model_dir, engine.runner.quant_plan, prompts)
+
+
 def test_no_pattern_or_default_reaches_the_table(tiny_llm_factory, tmp_path):
     engine = Engine.from_pretrained(tiny_llm_factory("qwen2"), EngineConfig(
         num_kv_blocks=16, quantization=_config(tmp_path, {"*": "int8"})))

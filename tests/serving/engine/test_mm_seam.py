@@ -15,7 +15,7 @@ def _image_request(engine, seed, offset=5, length=20, content_hash="img", lazy=F
     """A prompt whose placeholder run is embedded with the rows of real tokens `image_ids`."""
     text = make_prompts((40,), seed=seed)[0]
     image_ids = text[offset:offset + length]
-    rows = engine.runner.model.embed_tokens.weight[image_ids].detach().clone()
+    rows = engine.runner.model.embed(torch.tensor(image_ids)).detach().clone()
     prompt = text[:offset] + [IMAGE_PLACEHOLDER] * length + text[offset + length:]
     embeds = (lambda: rows) if lazy else rows
     mm = MultiModalInputs([ImageRange(offset, length, content_hash, embeds)])
