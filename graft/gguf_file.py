@@ -173,15 +173,21 @@ def _one_name_table():
 def hf_names(file: GGUFFile, model) -> tuple[dict[str, str], object]:
     """({GGUF name: HF name} for the tensors of `model` (an HF model, on meta), transformers'
     TensorProcessor for the file): transformers' own map, so the names are what HF loads."""
-    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                          get_gguf_hf_weights_map)
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    processor = TENSOR_PROCESSORS.get(file.architecture, TensorProcessor)(config=model.config.to_dict())
+    processor = tensor_processor(file, model.config)
     with _one_name_table():
         names = get_gguf_hf_weights_map(model, processor)
     # a fused MoE weight (experts.gate_up_proj) has no ".weight": its GGUF tensors are keyed bare
     found = {k if k in file.tensors else f"{k}.weight": v for k, v in names.items()}
     return {k: v for k, v in found.items() if k in file.tensors}, processor
+
+
+def tensor_processor(file: GGUFFile, config):
+    """transformers' TensorProcessor for the file's architecture and an HF config."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    return TENSOR_PROCESSORS.get(file.architecture, TensorProcessor)(config=config.to_dict())
 
 
 def processed(processor, weights: np.ndarray, name: str) -> np.ndarray:

@@ -18,8 +18,10 @@ from pathlib import Path
 from graft.errors import GraftConfigError
 
 GGUF_WEIGHTS = "model.gguf"  # the link to the file, in the LLM dir
-DIR_FORMAT = 2  # what a dir holds changed (MoE configs, end tokens): older dirs are not reused
-GGUF_INFO = "gguf.json"  # {"source", "architecture", "types": {HF weight name: GGUF type}}
+DIR_FORMAT = 3  # what a dir holds changed (MoE configs, end tokens, names): older dirs are not reused
+# {"source", "architecture", "types": {HF weight name: GGUF type}, "tensors": {HF weight name:
+# its GGUF tensors}}: the names, transformers' map, kept so an engine start need not rebuild it
+GGUF_INFO = "gguf.json"
 
 
 def is_gguf_file(path: str | os.PathLike) -> bool:
@@ -66,10 +68,20 @@ def quiet_gguf_bar():
 
 def gguf_types(model_dir: str | os.PathLike) -> dict[str, str]:
     """{HF weight name: GGUF type name} of a GGUF-backed LLM dir ({} for any other dir)."""
+    return _info(model_dir).get("types", {})
+
+
+def gguf_tensor_names(model_dir: str | os.PathLike) -> dict[str, list[str]]:
+    """{HF weight name: the GGUF tensors it is read from} of a GGUF-backed LLM dir ({} for
+    any other dir)."""
+    return _info(model_dir).get("tensors", {})
+
+
+def _info(model_dir) -> dict:
     info = Path(model_dir) / GGUF_INFO
     if gguf_weights(model_dir) is None or not info.is_file():
         return {}
-    return json.loads(info.read_text(encoding="utf-8"))["types"]
+    return json.loads(info.read_text(encoding="utf-8"))
 
 
 def cache_root() -> Path:
@@ -141,7 +153,7 @@ def _write_dir(src: Path, out: Path) -> None:
             config.moe_intermediate_size = int(width)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-        types = _weight_types(file, model)
+        types, tensors = _weight_types(file, model)
     except (ValueError, KeyError, NotImplementedError, OSError) as err:
         raise cannot(err) from None
     config.architectures = [type(model).__name__]
@@ -151,7 +163,7 @@ def _write_dir(src: Path, out: Path) -> None:
     generation.eos_token_id = _end_ids(file, generation.eos_token_id)
     generation.save_pretrained(out)
     (out / GGUF_WEIGHTS).symlink_to(src)
-    info = {"source": str(src), "architecture": config.model_type, "types": types}
+    info = {"source": str(src), "architecture": config.model_type, "types": types, "tensors": tensors}
     (out / GGUF_INFO).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -190,12 +202,13 @@ def _metadata_parsed_once():
         yield
 
 
-def _weight_types(file, model) -> dict[str, str]:
-    """{HF weight name: GGUF type} through transformers' own GGUF -> HF name map; a weight made
-    of several GGUF tensors (a MoE layer's gate and up experts) has their types joined by "+"."""
+def _weight_types(file, model) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """({HF weight name: GGUF type}, {HF weight name: its GGUF tensors}) through transformers'
+    own GGUF -> HF name map; a weight made of several GGUF tensors (a MoE layer's gate and up
+    experts) has their types joined by "+"."""
     from graft.gguf_file import hf_names
 
-    types: dict[str, list[str]] = {}
+    tensors: dict[str, list[str]] = {}
     for name, hf in hf_names(file, model)[0].items():
-        types.setdefault(hf, []).append(file.tensors[name][0])
-    return {hf: "+".join(kinds) for hf, kinds in types.items()}
+        tensors.setdefault(hf, []).append(name)
+    return {hf: "+".join(file.tensors[n][0] for n in names) for hf, names in tensors.items()}, tensors

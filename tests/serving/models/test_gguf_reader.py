@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from graft.gguf_file import GGUFFile
-from graft.gguf_llm import gguf_llm_dir
+from graft.gguf_llm import gguf_llm_dir, gguf_tensor_names
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.gguf_weights import GGUFTensors
 from tests.gguf_files import write_gguf
@@ -82,8 +82,9 @@ def test_the_stream_equals_transformers_reading(cache, family, types, other, ove
         model = AutoModelForCausalLM.from_config(config)
     want = load_gguf_checkpoint(str(llm_dir / "model.gguf"), return_tensors=True,
                                 model_to_load=model)["tensors"]
-    stream = GGUFTensors(llm_dir / "model.gguf", config)
-    assert sorted(stream.keys()) == sorted(want)
+    built = GGUFTensors(llm_dir / "model.gguf", config)  # transformers' name map made here
+    stream = GGUFTensors(llm_dir / "model.gguf", config, gguf_tensor_names(llm_dir))  # the dir's
+    assert sorted(stream.keys()) == sorted(built.keys()) == sorted(want)
     for name, tensor in want.items():
         assert torch.equal(stream.get_tensor(name), tensor), name
 
