@@ -239,7 +239,7 @@ def pack_only(weight: QuantizedWeight) -> CpuPacked:
 def layout_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
     """fp32 [len(ids), K]: rows `ids` of an fp32 or bf16 weight, read from its C layout (a tied
     head's copy serving the embedding lookups: decode_step_cpu.c reads them the same way)."""
-    p, (n, k) = weight.packed["cpu"], weight.shape
+    p, k = weight.packed["cpu"], weight.shape[1]
     pair, half, lane = ids // 32, ids // 16 % 2, ids % 16
     if weight.scheme.kind == "fp32":  # [NB/2, K, 2, 16]
         return p.weight.view(-1, k, 2, 16)[pair, :, half, lane]
