@@ -23,8 +23,8 @@ LINEAR_DISPATCH_MODES = ("measure", "cached", "c", "torch")  # = graft.kernels.l
 QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | "
                      "int4-g32/-g64/-g128, each int4 also with -a8 (inputs rounded to 8 bits, "
                      "as llama.cpp's Q4: faster on AVX2, not the dequantized model's numbers), "
-                     "or a quant.json per module (graft quantize; naming embed_tokens holds the embedding "
-                     "table in a scheme too); none: the torch linears; "
+                     "or a quant.json per module (graft quantize; one naming embed_tokens "
+                     "holds the embedding table in a scheme too); none: the torch linears; "
                      "default: fp32 on the C kernels on CPU in fp32 (AVX2 and up), bf16 on "
                      "them in bf16 (AVX2, or AVX512-BF16 with or without AMX), else none")
 
