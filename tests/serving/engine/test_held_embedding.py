@@ -1,7 +1,8 @@
 """The embedding table held in a weight scheme (a plan rule naming `embed_tokens`): each looked-up
 row is the dequantized table's, on the per-op path and in the one-call C decode step, so greedy
 tokens equal HF transformers on the same dequantized table and linears; the table itself is
-freed unless an unquantized tied head multiplies by it; no pattern or default reaches it."""
+freed unless an unquantized tied head multiplies by it; no pattern or default reaches it. A
+tied head held as the table's own values in the C layout serves the lookups instead."""
 
 import json
 
@@ -24,10 +25,11 @@ def _config(tmp_path, modules: dict, default: str = "int4") -> str:
     return str(path)
 
 
-def _hf_greedy(model_dir, plan, prompts, dtype=torch.float32):
+def _hf_greedy(model_dir, plan, prompts):
     from transformers import AutoModelForCausalLM
 
-    hf = dequantize_hf_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval(), plan)
+    hf = dequantize_hf_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(),
+                             plan)
     outs = []
     for p in prompts:
         ids = torch.tensor([p])
