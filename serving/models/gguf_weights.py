@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from graft.gguf_file import Q4_BLOCKS, Q4_NEAR, GGUFFile, hf_names, processed, tensor_processor
+from graft.gguf_file import Q4_BLOCKS, Q4_NEAR, GGUFFile, processed, tensor_processor
 from graft.gguf_llm import gguf_types, gguf_weights
 from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
 from graft.serving.models.quant_config import EMBEDDING, QuantConfig, engine_module_name
@@ -25,20 +25,12 @@ class GGUFTensors:
     each dequantized and processed as transformers' load_gguf_checkpoint does, but one at a
     time, when asked (graft.gguf_file)."""
 
-    def __init__(self, path: Path, hf_config, names: dict[str, list[str]] | None = None):
-        """`names`: {HF name: its GGUF tensors} as the dir keeps them (gguf_tensor_names);
-        without them transformers' map is built here, on an HF model made on meta (~1 s)."""
+    def __init__(self, path: Path, hf_config, names: dict[str, list[str]]):
+        """`names`: {HF name: its GGUF tensors (MoE: gate, up)}, transformers' map as the dir
+        keeps it (graft.gguf_llm.gguf_tensor_names)."""
         self.file = GGUFFile(path)
         self.processor = tensor_processor(self.file, hf_config)
-        self._gguf: dict[str, list[str]] = dict(names or {})  # HF name -> its GGUF tensors (MoE: gate, up)
-        if not names:
-            import torch
-            from transformers import AutoModelForCausalLM
-
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(hf_config)
-            for gguf, hf in hf_names(self.file, model)[0].items():
-                self._gguf.setdefault(hf, []).append(gguf)
+        self._gguf = names
 
     def keys(self):
         return list(self._gguf)

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from graft.gguf_llm import gguf_tensor_names, gguf_weights
+from graft.errors import GraftConfigError
+from graft.gguf_llm import GGUF_INFO, gguf_tensor_names, gguf_weights
 from graft.serving.models.gguf_weights import GGUFTensors, load_file_int4
 from graft.serving.models.layers import PackedLinear
 from graft.shards import safetensors_files
@@ -23,7 +24,11 @@ def _weight_files(model_dir: str | Path, hf_config):
     """(file, handle with keys() and get_tensor(name)) per weight file of the dir."""
     gguf = gguf_weights(model_dir)
     if gguf is not None:
-        yield gguf, contextlib.nullcontext(GGUFTensors(gguf, hf_config, gguf_tensor_names(model_dir)))
+        names = gguf_tensor_names(model_dir)
+        if not names:
+            raise GraftConfigError(f"{model_dir}: its {GGUF_INFO} names no GGUF tensors (not a dir "
+                                   "graft made?); give the GGUF file itself (graft serve FILE.gguf)")
+        yield gguf, contextlib.nullcontext(GGUFTensors(gguf, hf_config, names))
         return
     from safetensors import safe_open
 

@@ -7,7 +7,7 @@ values HF's."""
 import pytest
 import torch
 
-from graft.gguf_file import GGUFFile
+from graft.gguf_file import GGUFFile, hf_names
 from graft.gguf_llm import gguf_llm_dir, gguf_tensor_names
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.gguf_weights import GGUFTensors
@@ -82,11 +82,31 @@ def test_the_stream_equals_transformers_reading(cache, family, types, other, ove
         model = AutoModelForCausalLM.from_config(config)
     want = load_gguf_checkpoint(str(llm_dir / "model.gguf"), return_tensors=True,
                                 model_to_load=model)["tensors"]
-    built = GGUFTensors(llm_dir / "model.gguf", config)  # transformers' name map made here
-    stream = GGUFTensors(llm_dir / "model.gguf", config, gguf_tensor_names(llm_dir))  # the dir's
-    assert sorted(stream.keys()) == sorted(built.keys()) == sorted(want)
+    names = gguf_tensor_names(llm_dir)  # transformers' map, kept in the dir: made now, equal
+    built: dict[str, list[str]] = {}
+    for gguf_name, hf in hf_names(GGUFFile(llm_dir / "model.gguf"), model)[0].items():
+        built.setdefault(hf, []).append(gguf_name)
+    assert names == built
+    stream = GGUFTensors(llm_dir / "model.gguf", config, names)
+    assert sorted(stream.keys()) == sorted(want)
     for name, tensor in want.items():
         assert torch.equal(stream.get_tensor(name), tensor), name
+
+
+def test_a_dir_without_tensor_names_is_refused_in_one_line(cache, tmp_path):
+    import json
+    import shutil
+
+    from graft.errors import GraftConfigError
+
+    made = gguf_llm_dir(_file(cache, "qwen2"))
+    copy = tmp_path / "dir"
+    shutil.copytree(made, copy, symlinks=True)
+    info = json.loads((copy / "gguf.json").read_text())
+    del info["tensors"]
+    (copy / "gguf.json").write_text(json.dumps(info))
+    with pytest.raises(GraftConfigError, match="gguf.json names no GGUF tensors"):
+        Engine.from_pretrained(copy, EngineConfig(num_kv_blocks=16))
 
 
 PARTS = {"self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
