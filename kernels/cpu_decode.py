@@ -16,8 +16,31 @@ from graft.kernels.c_signatures import (  # noqa: F401
 from graft.kernels.checks import check_prefill_chunks, slot_out_of_range
 from graft.kernels.quant_formats import QuantizedWeight
 
+EMBED_ROWS = -1  # graft_step_t.embed_kind: the table's own rows, of the activations' dtype
+EMBED_LAYOUTS = {"fp32": 4, "bf16": 5}  # ... rows of a tied head's copy in the C layout
+
+
 def _addr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def embedding_fields(table: torch.Tensor, held: QuantizedWeight | None) -> dict | None:
+    """StepDesc's fields of the lookups (embed, vocab, embed_kind, ...): `table`'s rows, or
+    `held`'s (the model's embed_quantized: a table held in a weight scheme, canonical, or a
+    tied head's C layout once its canonical copy is dropped); None where a tensor is not
+    contiguous."""
+    if held is None:
+        tensors, kind, group = (table, None, None), EMBED_ROWS, 0
+    elif not held.tensors():
+        tensors, kind, group = (held.packed["cpu"].weight, None, None), EMBED_LAYOUTS[held.scheme.kind], 0
+    else:
+        tensors = (held.qweight, held.scales, held.mins)
+        kind, group = cpu_quant.kind_code(held.scheme), held.scheme.group_size
+    if not all(t is None or t.is_contiguous() for t in tensors):
+        return None
+    return {"embed": tensors[0].data_ptr(), "vocab": table.shape[0] if held is None else held.shape[0],
+            "embed_kind": kind, "embed_group": group, "embed_scales": _addr(tensors[1]),
+            "embed_mins": _addr(tensors[2])}
 
 
 def linear_desc(weight: QuantizedWeight, bias: torch.Tensor | None) -> LinearDesc:

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from graft.kernels import cpu_decode, cpu_ops, cpu_quant
+from graft.kernels import cpu_decode, cpu_ops
 from graft.kernels.dispatch import kernels_mode
 from graft.serving.models.layers import AttentionMetadata
 
@@ -119,21 +119,11 @@ class FusedDecode:
         bias = None if model.lm_head is None else model.lm_head.bias
         if head is None or "cpu" not in head.packed or bias is not None:
             return None
-        held, scales, mins = model.embed_quantized, None, None
-        if held is None:  # the table's own rows (decode_types.h: graft_step_t.embed_kind)
-            table, vocab, kind = model.embed_tokens.weight, model.embed_tokens.weight.shape[0], -1
-        elif not held.tensors():  # a tied head's C-layout copy (model.read_table_from_head)
-            table, vocab, kind = held.packed["cpu"].weight, held.shape[0], 4 if held.scheme.kind == "fp32" else 5
-        else:
-            table, vocab, kind = held.qweight, held.shape[0], cpu_quant.kind_code(held.scheme)
-            scales, mins = held.scales, held.mins
-        if not all(t is None or t.is_contiguous() for t in (table, scales, mins)):
+        embedding = cpu_decode.embedding_fields(model.embed_tokens.weight, model.embed_quantized)
+        if embedding is None:
             return None
-        return cpu_decode.StepDesc(
-            table.data_ptr(), vocab, model.norm.weight.data_ptr(), model.norm.eps,
-            cpu_decode.linear_desc(head, None), None, None, 0, kind,
-            held.scheme.group_size if held is not None else 0,
-            None if scales is None else scales.data_ptr(), None if mins is None else mins.data_ptr())
+        return cpu_decode.StepDesc(final_norm=model.norm.weight.data_ptr(), final_eps=model.norm.eps,
+                                   head=cpu_decode.linear_desc(head, None), max_pos=0, **embedding)
 
     def step_applies(self, num_decodes: int, num_seqs: int) -> bool:
         """Whether step() can run a batch of num_seqs sequences, num_decodes of them decoding

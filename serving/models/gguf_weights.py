@@ -118,7 +118,7 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[s
     model's, packed shard or None)."""
     held, read = set(), set()
     parts: dict[str, dict[int, str]] = {}
-    table = None
+    table, table_weights = None, None  # the embedding's HF name; its int4 form, once read
     tied = "lm_head" in plan and getattr(model, "lm_head", "") is None
     for name in tensors.keys():
         if not all(k in Q4_BLOCKS + Q4_NEAR for k in tensors.kinds(name)):
@@ -137,7 +137,7 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[s
             continue
         target, shard = map_name(name, model)
         if target == "embed_tokens.weight":
-            table = (name, None)  # (its name, its int4 tensors once read for a tied head)
+            table = name
         module = "lm_head" if tied and target == "embed_tokens.weight" else target[:-len(".weight")]
         parts.setdefault(module, {})[shard or 0] = name
     for module, scheme in plan.items():
@@ -152,18 +152,18 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[s
             continue  # scales beyond fp16: quantized after loading, as any other weight
         if linear is None:  # a tied head: the table's blocks (the lookups' below)
             model.head_quantized = QuantizedWeight(scheme, *weights)
-            table = (table[0], weights) if table else None
+            table_weights = weights
         else:
             linear.hold(QuantizedWeight(scheme, *weights))
             held.add(f"{module}.weight")
             read.update(shards.values())
-    if table and _int4_g32(plan.get(EMBEDDING)):
-        weights = table[1] or tensors.int4([table[0]])
+    if table is not None and _int4_g32(plan.get(EMBEDDING)):
+        weights = table_weights or tensors.int4([table])
         if weights is not None:
             model.hold_embedding(QuantizedWeight(plan[EMBEDDING], *weights))
             if model.embed_tokens.weight.is_meta:  # else a tied fp32 head still reads it
                 held.add("embed_tokens.weight")
-                read.add(table[0])
+                read.add(table)
     return held, read
 
 
