@@ -41,6 +41,11 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual)
 
 
+def shape_only(weight: torch.Tensor) -> nn.Parameter:
+    """`weight` on meta: its shape and dtype kept, its memory freed (another copy is used)."""
+    return nn.Parameter(weight.detach().to("meta"), requires_grad=False)
+
+
 class Linear(nn.Linear):
     """nn.Linear that, after prepack(), runs on a oneDNN-prepacked copy of its weight (CPU
     inference, graft.kernels.cpu_linear), or after quantize(), on a low-precision copy
@@ -66,7 +71,7 @@ class Linear(nn.Linear):
         self._drop_weight()
 
     def _drop_weight(self) -> None:
-        self.weight = nn.Parameter(self.weight.detach().to("meta"), requires_grad=False)
+        self.weight = shape_only(self.weight)
 
     def on_torch(self, rows: int) -> bool:
         """Whether a call of `rows` rows runs the torch path, not the C kernel (torch_buckets)."""

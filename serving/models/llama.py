@@ -15,7 +15,7 @@ from graft.kernels import quant_linear
 from graft.kernels.cpu_linear import pack_weight, packed_linear
 from graft.kernels.quant_formats import QuantScheme, quantize
 from graft.serving.models.layers import (Attention, AttentionMetadata, GatedMLP, Linear, RMSNorm,
-                                         embed_tokens, splice_rows)
+                                         embed_tokens, shape_only, splice_rows)
 from graft.serving.models.quant_config import EMBEDDING
 
 
@@ -105,7 +105,7 @@ class CausalLM(nn.Module):
         self.embed_quantized = weight
         table = self.embed_tokens.weight
         if (self.lm_head is not None or self.head_quantized is not None) and not table.is_meta:
-            self.embed_tokens.weight = nn.Parameter(table.detach().to("meta"), requires_grad=False)
+            self.embed_tokens.weight = shape_only(table)
 
     def read_table_from_head(self) -> bool:
         """Once the head is packed: a tied head held as the table's own values in the C layout
