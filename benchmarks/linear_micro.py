@@ -30,7 +30,7 @@ DEFAULT_SHAPES = "1024x512,512x1024,576x1536,1536x576"  # out x in: MoE experts,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--formats", default="int8,int4,fp32,bf16",
-                        help="weight schemes (int8, int4[-gG], bf16, fp32), comma-separated")
+                        help="weight schemes (int8[-gG], int4[-gG], bf16, fp32), comma-separated")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="OUTxIN weight shapes, comma-separated")
     parser.add_argument("--rows", type=int_list, default="1,4,8,32",
                         help="activation rows, comma-separated")

@@ -32,7 +32,8 @@ SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / name
                 for name in ("paged_decode_cpu.c", "paged_prefill_cpu.c", "paged_prefill_amx.c",
                              "norm_rope_cpu.c", "quant_linear_cpu.c", "quant_vnni_cpu.c", "quant_amx_cpu.c",
                              "quant_bf16dot_cpu.c", "quant_avx2_cpu.c", "quant_avx2_int_cpu.c",
-                             "quant_a8_cpu.c", "decode_step_cpu.c", "moe_cpu.c", "argmax_cpu.c"))
+                             "quant_a8_cpu.c", "quant_int8g_cpu.c", "decode_step_cpu.c", "moe_cpu.c",
+                             "argmax_cpu.c"))
 HEADERS = tuple(Path(__file__).resolve().parent / "csrc" / name  # part of the build key
                 for name in ("fast_exp.h", "bf16.h", "vec16.h", "quant_epilogue.h",
                              "quant_group_sums.h", "decode_types.h", "paged_common.h",

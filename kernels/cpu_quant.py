@@ -30,7 +30,7 @@ def kind_code(scheme) -> int:
 @dataclass
 class CpuPacked:
     weight: torch.Tensor  # blocks of 16 output lanes, a tile's two blocks alternating per step
-    scales: torch.Tensor | None  # int8: fp32 [NB*16]; int4: fp16 bits as int16 [NB/2, G, 4, 16]
+    scales: torch.Tensor | None  # int8: fp32 [NB*16]; int8-gG: fp32 [NB/2, G, 2, 16]; int4: fp16 bits as int16 [NB/2, G, 4, 16]
     num_blocks: int  # NB, even
     on_huge_pages: bool = False  # moved there by gather_on_huge_pages
 
@@ -184,7 +184,10 @@ def pack(weight: QuantizedWeight) -> CpuPacked:
         blocks = _bf16_pairs(weight.qweight.view(torch.int16), n_pad)
     else:
         blocks = _blocks(weight.qweight, n_pad)
-    if kind == "int8":
+    if kind == "int8" and weight.scheme.group_size:  # per pair and group: block 0's, block 1's
+        sc = _blocks(weight.scales.float(), n_pad)  # [NB, G, 16]
+        scales = sc.reshape(-1, 2, *sc.shape[1:]).transpose(1, 2).contiguous()  # [NB/2, G, 2, 16]
+    elif kind == "int8":
         scales = torch.cat([weight.scales.float(), weight.scales.new_zeros(n_pad - n)]).contiguous()
     elif kind == "int4":  # per pair and group: scale 0, scale 1, min 0, min 1 (one stream)
         sc = _blocks(weight.scales.view(torch.int16), n_pad)  # [NB, G, 16]
@@ -214,6 +217,8 @@ def unpack(weight: QuantizedWeight) -> tuple:
     blocks = _unpairs(p.weight)
     if kind == "int8":
         q = (_unsteps(blocks, n).reshape(n, -1)[:, :k].to(torch.int16) - 128).to(torch.int8)
+        if weight.scheme.group_size:
+            return q.contiguous(), _unblocks(_unpairs(p.scales), n), None
         return q.contiguous(), p.scales[:n].clone(), None
     if kind == "int4":
         steps = _unsteps(blocks, n)  # [n, K/8, 4]

@@ -3,6 +3,9 @@
 A scheme says how one weight [out, in] is held in memory:
 - fp32: as loaded;  bf16: rounded to bfloat16;
 - int8: symmetric per output channel, w = q * scale[o], q in [-127, 127];
+- int8-gG (G = 16 or 32): symmetric per group of G input columns, w = q * scale[o, g], the scale
+  in fp32 (llama.cpp's Q8_0 at G = 32 and Q6_K at G = 16 come back exact: d and d * sc are
+  fp32 numbers, and gguf-py dequantizes as q * scale too);
 - int4-gG (G = 32, 64 or 128): asymmetric per group of G input columns,
   w = q * scale[o, g] + min[o, g], q in [0, 15], scale and min in fp16 (llama.cpp's Q4_1
   form: a weight already on such a grid, e.g. dequantized from a Q4_1 GGUF, comes back exact).
@@ -27,9 +30,11 @@ import torch.nn.functional as F
 
 KINDS = ("fp32", "bf16", "int8", "int4")
 INT4_GROUPS = (32, 64, 128)
+INT8_GROUPS = (16, 32)  # Q6_K's 16-weight sub-blocks and Q8_0's 32-weight blocks
 DEFAULT_INT4_GROUP = 32  # llama.cpp's Q4 group: the best quality of the three on small models
 ACT_BLOCK = 32  # columns of x per int8 scale in the -a8 schemes (llama.cpp's q8 block)
-SCHEME_NAMES = ("fp32", "bf16", "int8", "int4", *(f"int4-g{g}" for g in INT4_GROUPS),
+SCHEME_NAMES = ("fp32", "bf16", "int8", *(f"int8-g{g}" for g in INT8_GROUPS), "int4",
+                *(f"int4-g{g}" for g in INT4_GROUPS),
                 "int4-a8", *(f"int4-g{g}-a8" for g in INT4_GROUPS))
 
 
@@ -40,7 +45,7 @@ class QuantSchemeError(ValueError):
 @dataclass(frozen=True)
 class QuantScheme:
     kind: str  # one of KINDS
-    group_size: int = 0  # int4 only
+    group_size: int = 0  # int4; int8-gG (0: int8 per output channel)
     act8: bool = False  # int4 only: x rounded to int8 per ACT_BLOCK columns first (round_activations)
 
     @classmethod
@@ -51,23 +56,33 @@ class QuantScheme:
             return cls("int4", DEFAULT_INT4_GROUP, act8)
         if base.startswith("int4-g") and base[6:].isdigit() and int(base[6:]) in INT4_GROUPS:
             return cls("int4", int(base[6:]), act8)
+        if name.startswith("int8-g") and name[6:].isdigit() and int(name[6:]) in INT8_GROUPS:
+            return cls("int8", int(name[6:]))
         if name in ("fp32", "bf16", "int8"):
             return cls(name)
         raise QuantSchemeError(f"{where}={text!r} is not a weight scheme; valid: {', '.join(SCHEME_NAMES)}")
 
     @property
     def name(self) -> str:
+        if self.kind == "int8" and self.group_size:
+            return f"int8-g{self.group_size}"
         if self.kind != "int4":
             return self.kind
         return f"int4-g{self.group_size}" + ("-a8" if self.act8 else "")
 
     def check_shape(self, out_features: int, in_features: int, where: str) -> None:
+        if self.kind == "int8" and self.group_size and in_features % self.group_size:
+            raise QuantSchemeError(
+                f"{where}: int8 group size {self.group_size} does not divide the layer's input width "
+                f"{in_features}; use int8 (one scale per output channel)")
         if self.kind == "int4" and in_features % self.group_size:
             raise QuantSchemeError(
                 f"{where}: int4 group size {self.group_size} does not divide the layer's input width "
                 f"{in_features}; use a group size that does ({', '.join(f'int4-g{g}' + ('-a8' if self.act8 else '') for g in INT4_GROUPS if in_features % g == 0) or 'none fits: use int8'})")
 
     def bytes_per_weight(self) -> float:
+        if self.kind == "int8" and self.group_size:
+            return 1.0 + 4.0 / self.group_size
         return {"fp32": 4.0, "bf16": 2.0, "int8": 1.0}.get(self.kind, 0.5 + 4.0 / max(self.group_size, 1))
 
 
@@ -80,7 +95,7 @@ class QuantizedWeight:
 
     scheme: QuantScheme
     _qweight: torch.Tensor | None  # bf16/fp32/int8 [N, K] | int4: uint8 [N, K/2], low nibble = even k
-    _scales: torch.Tensor | None = None  # int8: fp32 [N]; int4: fp16 [N, K/G]
+    _scales: torch.Tensor | None = None  # int8: fp32 [N]; int8-gG: fp32 [N, K/G]; int4: fp16 [N, K/G]
     _mins: torch.Tensor | None = None  # int4: fp16 [N, K/G]
     packed: dict = field(default_factory=dict)  # backend name -> its layout (graft.kernels.cpu_quant)
     shape: tuple[int, int] = (0, 0)  # (out, in)
@@ -151,9 +166,11 @@ def _dequantize_rows(scheme: QuantScheme, qweight: torch.Tensor, scales, mins) -
     """fp32 [N, K] of canonical rows: a product (int8, int4) and a sum (int4), rounded apart."""
     if scheme.kind in ("fp32", "bf16"):
         return qweight.float()
-    if scheme.kind == "int8":
-        return qweight.float() * scales.float()[:, None]
     n, g = qweight.shape[0], scheme.group_size
+    if scheme.kind == "int8":
+        if not g:
+            return qweight.float() * scales.float()[:, None]
+        return qweight.float().view(n, -1, g).mul_(scales.float()[..., None]).view(n, -1)
     q = unpack_int4(qweight).float().view(n, -1, g)  # in place: one fp32 [N, K] at a time
     return q.mul_(scales.float()[..., None]).add_(mins.float()[..., None]).view(n, -1)
 
@@ -173,13 +190,14 @@ def quantize(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
         return QuantizedWeight(scheme, w.contiguous())
     if scheme.kind == "bf16":
         return QuantizedWeight(scheme, w.to(torch.bfloat16).contiguous())
-    if scheme.kind == "int8":
-        scale = w.abs().amax(dim=1) / 127.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        return QuantizedWeight(scheme, q.contiguous(), scale.contiguous())
     g = scheme.group_size
     n, k = w.shape
+    if scheme.kind == "int8":  # per channel, or per group of g columns (w viewed [N * K/g, g])
+        rows = w.reshape(-1, g) if g else w
+        scale = rows.abs().amax(dim=1) / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.round(rows / scale[:, None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
+        return QuantizedWeight(scheme, q.contiguous(), scale.reshape(n, -1).contiguous() if g else scale.contiguous())
     groups = w.reshape(n, k // g, g)
     lo = groups.amin(dim=2).to(torch.float16).float()  # stored in fp16: quantize against that
     hi = groups.amax(dim=2)

@@ -8,8 +8,8 @@ fp16 scales and mins [N, K/G], w = q * scale + min), so a weight needs no second
 One kernel, two inner products, on the same [BN, BK] weight tiles (K contiguous, as stored):
 - GEMM (more than 4 rows): `tl.dot` on tiles. Integer weights enter the dot as integers
   (q: exact in bf16 and fp16), and the scales multiply the fp32 partial sums afterwards
-  (int8: once per output channel; int4: once per K tile, the tile lying inside one group, so
-  BLOCK_K divides G, plus min times the tile's sum of x). The products are then as exact as the
+  (int8: once per output channel; int4 and int8-gG: once per K tile, the tile lying inside one
+  group, so BLOCK_K divides G, plus for int4 min times the tile's sum of x). The products are then as exact as the
   reference's fp32 ones, where dequantizing to bf16 first would round every weight to 8 bits.
   fp32 activations use a TF32x3 dot on the GPU (not plain TF32) for the same reason.
 - GEMV (1-4 rows, decode): broadcast multiply and sum in fp32, no padding of the rows to the
@@ -38,6 +38,7 @@ from graft.kernels.triton_ops import INTERPRET, _check_device
 __all__ = ["quant_linear", "launch_config", "compile_specs", "INTERPRET"]
 
 _KIND = {"fp32": 0, "bf16": 0, "int8": 1, "int4": 2}  # 0: float weights, no scales
+INT8_GROUPS = 3  # int8-gG: the kernel's KIND for int8 with a group size
 _FLOAT_WEIGHT = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _X_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GEMV_MAX_ROWS = 4
@@ -97,7 +98,11 @@ def _quant_matmul_kernel(x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, out_ptr,
             acc += _product(x, q, USE_DOT, DOT_F32, F32_PRECISION) * s[None, :] + xsum[:, None] * lo[None, :]
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
-            acc += _product(x, w, USE_DOT, DOT_F32, F32_PRECISION)
+            if KIND == 3:  # int8-gG: the tile's group scale, as int4's
+                s = tl.load(s_ptr + s_offs + k0 // GROUP, mask=n_mask, other=0.0)
+                acc += _product(x, w, USE_DOT, DOT_F32, F32_PRECISION) * s[None, :]
+            else:
+                acc += _product(x, w, USE_DOT, DOT_F32, F32_PRECISION)
     if KIND == 1:  # int8: one scale per output channel
         acc *= tl.load(s_ptr + s_offs, mask=n_mask, other=0.0)[None, :]
     out_mask = m_mask[:, None] & n_mask[None, :]
@@ -133,9 +138,11 @@ def launch_config(m: int, n: int, k: int, scheme: QuantScheme, x_dtype: torch.dt
         cfg = dict(block_m=block_m, block_n=128 if m > 64 else 64, block_k=64,
                    num_warps=8 if block_m == 128 else 4, num_stages=3)
     group = scheme.group_size
-    if scheme.kind == "int4":  # a K tile must lie inside one group
-        if not gemv and cfg["block_m"] == 128:  # 128x128 int4 tiles spill; 128x64 at 4 warps took
-            cfg.update(block_n=64, num_warps=4)  # half the time at 512 rows on an H200 (--sweep)
+    if group:  # int4, int8-gG: a K tile must lie inside one group
+        if scheme.kind == "int4" and not gemv and cfg["block_m"] == 128:
+            # 128x128 int4 tiles spill; 128x64 at 4 warps took half the time at 512 rows on
+            # an H200 (--sweep)
+            cfg.update(block_n=64, num_warps=4)
         block_k = min(cfg["block_k"], group)
         if gemv:  # as many weights per tile as int8's: wider in N when the group narrows K
             cfg["block_n"] = cfg["block_n"] * cfg["block_k"] // block_k
@@ -144,8 +151,8 @@ def launch_config(m: int, n: int, k: int, scheme: QuantScheme, x_dtype: torch.dt
     if unknown:
         raise ValueError(f"quant_linear (triton): unknown tuning {sorted(unknown)}; valid: {sorted({*cfg, 'split_k'})}")
     cfg.update({key: val for key, val in tuning.items() if key != "split_k"})
-    if scheme.kind == "int4" and group % cfg["block_k"]:
-        raise ValueError(f"quant_linear (triton): block_k={cfg['block_k']} must divide the int4 group size {group}")
+    if group and group % cfg["block_k"]:
+        raise ValueError(f"quant_linear (triton): block_k={cfg['block_k']} must divide the {scheme.kind} group size {group}")
     k_tiles = triton.cdiv(k, cfg["block_k"])
     split = tuning.get("split_k")
     if split is None:  # split K until the programs fill the SMs (GEMV: two waves, to hide latency)
@@ -167,7 +174,8 @@ def _dot_in_f32(scheme: QuantScheme, x_dtype: torch.dtype) -> bool:
 
 def _constexprs(scheme: QuantScheme, x_dtype: torch.dtype, cfg: dict, has_bias: bool) -> dict:
     # always fp32 in the interpreter, whose bf16 arithmetic is wrong
-    return dict(KIND=_KIND[scheme.kind], GROUP=max(scheme.group_size, 1), HAS_BIAS=has_bias,
+    kind = INT8_GROUPS if scheme.kind == "int8" and scheme.group_size else _KIND[scheme.kind]
+    return dict(KIND=kind, GROUP=max(scheme.group_size, 1), HAS_BIAS=has_bias,
                 PARTIAL=cfg["split_k"] > 1, USE_DOT=not cfg["gemv"],
                 DOT_F32=INTERPRET or _dot_in_f32(scheme, x_dtype),
                 F32_PRECISION=_F32_PRECISION, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
@@ -184,7 +192,8 @@ def compile_specs(dt: str) -> list[tuple]:
     for name, scheme, m, split_k, w_ptr, s_ptr in (
             ("int8_gemv_split_k", "int8", 1, 4, "i8", "fp32"), ("int4_g32_gemv", "int4-g32", 4, 1, "u8", "fp16"),
             ("int4_g128_gemm", "int4-g128", 512, 1, "u8", "fp16"), ("int8_gemm", "int8", 64, 1, "i8", "fp32"),
-            ("bf16_gemm", "bf16", 256, 1, "bf16", "bf16")):
+            ("bf16_gemm", "bf16", 256, 1, "bf16", "bf16"), ("int8_g16_gemv", "int8-g16", 1, 1, "i8", "fp32"),
+            ("int8_g32_gemm", "int8-g32", 128, 1, "i8", "fp32")):
         sc = QuantScheme.parse(scheme)
         cfg = launch_config(m, 4096, 4096, sc, x_dtype, cpu, split_k=split_k)
         pointers = dict(x_ptr=dt, w_ptr=w_ptr, s_ptr=s_ptr, mn_ptr="fp16", b_ptr="fp32",
@@ -247,7 +256,7 @@ def _launch(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None,
     _quant_matmul_kernel[grid](
         x2, qweight, scales, mins, qweight if bias_c is None else bias_c, out,
         m, n, k, cfg["k_per_split"], x2.stride(0), qweight.stride(0),
-        scales.stride(0) if kind == "int4" else 1, m * n if partial else 0, n,
+        scales.stride(0) if weight.scheme.group_size else 1, m * n if partial else 0, n,
         **_constexprs(weight.scheme, x.dtype, cfg, bias_c is not None),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if partial:

@@ -273,7 +273,8 @@ static inline float half_to_float(uint16_t x) {
 }
 
 /* Row `id` of a held table (graft_step_t.embed_kind >= 0) into dst, in act's dtype: the bits
- * of the per-op path's QuantizedWeight.rows() (int8 q * scale, int4 q * scale + min), then
+ * of the per-op path's QuantizedWeight.rows() (int8 q * scale, per row or per group; int4 q *
+ * scale + min), then
  * act's rounding. int4's product is exact (a 4-bit code times an fp16 scale), so a fused
  * multiply-add gives torch's mul-then-add bits. */
 static void held_embedding_row(
@@ -290,7 +291,8 @@ static void held_embedding_row(
             const int64_t word = (pair * ((H + 1) / 2) + k / 2) * 32 + lane;
             v = bf16_to_float(((const uint16_t *)s->embed)[word * 2 + k % 2]);
         } else if (s->embed_kind == INT8) {
-            v = (float)((const int8_t *)s->embed)[id * H + k] * ((const float *)s->embed_scales)[id];
+            const int64_t g = s->embed_group ? id * (H / s->embed_group) + k / s->embed_group : id;
+            v = (float)((const int8_t *)s->embed)[id * H + k] * ((const float *)s->embed_scales)[g];
         } else if (s->embed_kind == INT4) {
             const uint8_t byte = ((const uint8_t *)s->embed)[(id * H + k) / 2];
             const int64_t g = id * (H / s->embed_group) + k / s->embed_group;

@@ -56,7 +56,8 @@ typedef struct {
     int64_t max_pos;
     /* -1: embed holds rows of dims.act_dtype. 0-3: a table held in a weight scheme, its
      * canonical tensors (graft.kernels.quant_formats), kind as graft_linear_t's: int8 q
-     * [vocab, hidden] with fp32 embed_scales [vocab]; int4 two columns a byte (low nibble
+     * [vocab, hidden] with fp32 embed_scales [vocab] (embed_group 0) or [vocab, hidden /
+     * embed_group] (int8-gG); int4 two columns a byte (low nibble
      * first) with fp16 embed_scales and embed_mins [vocab, hidden / embed_group]; bf16; fp32.
      * 4 / 5: fp32 / bf16 rows in a linear's C layout (a tied head's copy of the table) */
     int64_t embed_kind, embed_group;

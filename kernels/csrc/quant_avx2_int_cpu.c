@@ -1,5 +1,5 @@
 /* int8 and int4 weight-only linears on AVX2 + FMA (graft_quant_linear's integer calls on CPUs
- * without AVX-512 VNNI, or whose x holds inf or NaN), W in
+ * without AVX-512 VNNI, or whose x holds inf or NaN; int8-gG's on every CPU with AVX2), W in
  * quant_vnni_cpu.c's layouts: a pair's two 16-lane blocks alternate 64-byte steps; int8 holds
  * q + 128, four columns per lane word (byte t: column 4j + t); int4 holds eight (byte t: column
  * 8j + t in the low nibble, 8j + 4 + t in the high), y = sum_g s_g sum_k x q + min_g sum_k x.
@@ -85,6 +85,38 @@ static inline __attribute__((always_inline)) void int8_tile(int R, int H, const 
         for (int h = 0; h < H; ++h)
             v[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + j * 128 + 32 * h)), flip);
         FOUR_COLUMNS(R, H, v, xs + 4 * j, ldx, out, masks)
+    }
+}
+
+/* int8-gG (group > 0): the same widening, then each weight vector times its group's scales
+ * (sc: fp32 [G][32] of the pair, the first half's at sc; a half h 8 floats on), so each
+ * product is x times the dequantized weight fl(q * s), as the reference multiplies (2^24 out
+ * of x as above: fl(q 2^24 s) is fl(q s) 2^24). One vmulps per 8 weights more than int8's; no
+ * per-group accumulators, which the 4-row tiles have no registers for. */
+static inline __attribute__((always_inline)) void int8g_tile(int R, int H, const float *xs,
+                                                             int64_t ldx, int64_t K, const uint8_t *w,
+                                                             const float *sc, int64_t group,
+                                                             __m256 out[][4]) {
+    const __m256i masks[4] = {column_mask(0, 3), column_mask(1, 3), column_mask(2, 3), column_mask(3, 3)};
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < H; ++h) out[r][h] = _mm256_setzero_ps();
+    const int64_t steps = group / 4;
+    for (int64_t g = 0; g < K / group; ++g) {
+        __m256 s[4];
+        for (int h = 0; h < H; ++h) s[h] = _mm256_loadu_ps(sc + g * 32 + 8 * h);
+        for (int64_t j = g * steps; j < (g + 1) * steps; ++j) {
+            prefetch_step(w + j * 128, H);
+            __m256i v[4];
+            for (int h = 0; h < H; ++h)
+                v[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + j * 128 + 32 * h)), flip);
+            _Pragma("GCC unroll 4") for (int t = 0; t < 4; ++t)
+                for (int h = 0; h < H; ++h) {
+                    const __m256 wv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(v[h], masks[t])), s[h]);
+                    for (int r = 0; r < R; ++r)
+                        out[r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(xs + r * ldx + 4 * j + t), wv, out[r][h]);
+                }
+        }
     }
 }
 
@@ -176,11 +208,17 @@ INT4_TILE(4, 2, 1) INT4_TILE(1, 4, 2) INT4_TILE(2, 2, 2) INT4_TILE(3, 4, 1)
 /* One tile, R rows x H halves; constant kind, R and H per call: each specialisation keeps
  * its accumulators in registers. */
 static void run_tile(int kind, int R, int H, const float *xs, int64_t ldx, int64_t K,
-                     const uint8_t *w, const uint16_t *sc, const uint16_t *mn, int64_t group,
+                     const uint8_t *w, const float *sc8, const uint16_t *sc, const uint16_t *mn, int64_t group,
                      const float *gs, const float *scale, const float *bias, int64_t o0, float *y,
                      int64_t ldy, int64_t N) {
     __m256 out[ROWS][4];
-    if (kind == KIND_INT8) {
+    if (kind == KIND_INT8 && group) {
+        if (H == 2) int8g_tile(ROWS, 2, xs, ldx, K, w, sc8, group, out);
+        else if (R == 1) int8g_tile(1, 4, xs, ldx, K, w, sc8, group, out);
+        else if (R == 2) int8g_tile(2, 4, xs, ldx, K, w, sc8, group, out);
+        else int8g_tile(3, 4, xs, ldx, K, w, sc8, group, out);
+        scale = 0; /* applied per group */
+    } else if (kind == KIND_INT8) {
         if (H == 2) int8_tile(ROWS, 2, xs, ldx, K, w, out);
         else if (R == 1) int8_tile(1, 4, xs, ldx, K, w, out);
         else if (R == 2) int8_tile(2, 4, xs, ldx, K, w, out);
@@ -233,17 +271,19 @@ int graft_quant_int_avx2(int kind, const float *x, int64_t ldx, int64_t M, int64
         if (p * 32 >= N) continue;
         const uint8_t *wp = (const uint8_t *)w + p * pair_bytes;
         const uint16_t *sc = G ? scales4 + p * G * 64 : 0, *mn = G ? mins4 + p * G * 64 : 0;
+        /* int8-gG: the pair's group scales [K/G][2][16] */
+        const float *s8 = kind == KIND_INT8 && group ? scale8 + p * (K / group) * 32 : 0;
         for (int b = 0; b < 2; ++b) /* block b of the pair: 64 bytes into each step */
             for (int64_t m0 = 0; m0 < full; m0 += ROWS)
-                run_tile(kind, ROWS, 2, xs + m0 * KP, KP, K, wp + 64 * b, sc ? sc + 16 * b : 0,
-                         mn ? mn + 16 * b : 0, group, gs + m0 * G, scale8, bias, p * 32 + 16 * b,
-                         y + m0 * ldy, ldy, N);
+                run_tile(kind, ROWS, 2, xs + m0 * KP, KP, K, wp + 64 * b, s8 ? s8 + 16 * b : 0,
+                         sc ? sc + 16 * b : 0, mn ? mn + 16 * b : 0, group, gs + m0 * G, scale8,
+                         bias, p * 32 + 16 * b, y + m0 * ldy, ldy, N);
         if (kind == KIND_INT4 && M - full == 2) /* two rows block by block, two groups at a time */
             for (int b = 0; b < 2; ++b)
-                run_tile(kind, 2, 2, xs + full * KP, KP, K, wp + 64 * b, sc + 16 * b, mn + 16 * b,
+                run_tile(kind, 2, 2, xs + full * KP, KP, K, wp + 64 * b, 0, sc + 16 * b, mn + 16 * b,
                          group, gs + full * G, scale8, bias, p * 32 + 16 * b, y + full * ldy, ldy, N);
         else if (full < M)
-            run_tile(kind, (int)(M - full), 4, xs + full * KP, KP, K, wp, sc, mn, group,
+            run_tile(kind, (int)(M - full), 4, xs + full * KP, KP, K, wp, s8, sc, mn, group,
                      gs + full * G, scale8, bias, p * 32, y + full * ldy, ldy, N);
     }
     free(xs);

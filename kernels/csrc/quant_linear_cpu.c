@@ -1,5 +1,5 @@
 /* Weight-only low-precision linears on CPU: y[M, N] = x[M, K] @ dequant(W)[N, K]^T + bias,
- * x and y in fp32, W in int8 (per-channel scale), int4 (per-group scale and minimum), bf16 or
+ * x and y in fp32, W in int8 (per-channel or per-group scale), int4 (per-group scale and minimum), bf16 or
  * fp32 (the unquantized modules of a quantized engine, so one decode step runs one kernel).
  *
  * Why our own: at decode sizes (1-32 rows) a linear is a pass over the weight, so its time is
@@ -9,7 +9,8 @@
  * 8 bits (not the numbers of the dequantized weight).
  *
  * Paths: int8 and int4 run on AVX-512 VNNI (quant_vnni_cpu.c, which also documents their
- * layouts); bf16 and fp32 weights are widened to fp32 in registers (exact) and multiplied
+ * layouts; int8 with a group size, int8-gG, on AVX-512F in quant_int8g_cpu.c, its weights
+ * widened and scaled in registers); bf16 and fp32 weights are widened to fp32 in registers (exact) and multiplied
  * with fp32 FMAs on AVX-512F, except bf16 weights under x that holds only bf16 values (a bf16
  * engine's), which run on AVX512-BF16 dot products (quant_bf16dot_cpu.c). From WIDEN_ROWS
  * rows (prefill) a bf16 pair of blocks is widened once per call into fp32 scratch and run on
@@ -44,6 +45,7 @@
 enum { KIND_INT8 = 0, KIND_INT4 = 1, KIND_BF16 = 2, KIND_F32 = 3, KIND_INT4_A8 = 4 };
 #define MAX_MR 6     /* rows per tile: 6 rows x 2 blocks = 12 accumulators */
 #define M_CHUNK 96   /* rows whose x stays in L2 while every block of W passes over them */
+#define INT8G_WIDEN_ROWS 8 /* int8-gG: from here its pairs are widened once per call */
 #define WIDEN_ROWS 128 /* bf16 under fp32 x: from here widening once per call pays (one thread,
                         * SmolLM2's MLP shapes: level at 128 rows, 13-19% faster at 512; slower
                         * at 32 and below, where few rows share the widened copy) */
@@ -61,6 +63,12 @@ int graft_quant_bf16_dot(const float *x, int64_t ldx, int64_t M, int64_t K, cons
 int graft_quant_amx_bf16(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
                          const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
                          int nthreads);
+
+int graft_quant_int8g_avx512(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
+                             const float *scales, int64_t group, const float *bias, float *y,
+                             int64_t ldy, int64_t N, int64_t NB, int nthreads);
+int graft_quant_int8g_widen_pair(const void *w, const float *scales, int64_t K, int64_t group,
+                                 int64_t p, float *out); /* int8-gG (quant_int8g_cpu.c) */
 
 int graft_quant_avx2(void);
 int graft_quant_int4_a8(int vnni, const float *x, int64_t ldx, int64_t M, int64_t K,
@@ -133,7 +141,8 @@ static inline int64_t step_at(int64_t b, int64_t j, int64_t steps) {
  * weight load. */
 static inline __attribute__((always_inline)) void portable_rows(
     int kind, const float *restrict x, int64_t ldx, int R, int64_t K, const uint8_t *restrict w,
-    int64_t b, const uint16_t *scales4, const uint16_t *mins4, int64_t group, float out[][LANES]) {
+    int64_t b, const float *scale8, const uint16_t *scales4, const uint16_t *mins4, int64_t group,
+    float out[][LANES]) {
     float acc[4][LANES] = {{0}};
     if (kind == KIND_F32) {
         for (int64_t k = 0; k < K; ++k) {
@@ -150,12 +159,14 @@ static inline __attribute__((always_inline)) void portable_rows(
             for (int r = 0; r < R; ++r)
                 for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wk[l];
         }
-    } else if (kind == KIND_INT8) { /* q + 128, four columns per lane word */
+    } else if (kind == KIND_INT8) { /* q + 128, four columns per lane word; int8-gG: q * s */
         const int64_t steps = (K + 3) / 4;
         for (int64_t k = 0; k < K; ++k) {
             const uint8_t *ws = w + step_at(b, k / 4, steps);
+            const float *s = group ? scale8 + ((b >> 1) * (K / group) + k / group) * 32 + (b & 1) * LANES : 0;
             float wk[LANES];
-            for (int l = 0; l < LANES; ++l) wk[l] = (float)((int)ws[l * 4 + k % 4] - 128);
+            for (int l = 0; l < LANES; ++l)
+                wk[l] = s ? (float)((int)ws[l * 4 + k % 4] - 128) * s[l] : (float)((int)ws[l * 4 + k % 4] - 128);
             for (int r = 0; r < R; ++r)
                 for (int l = 0; l < LANES; ++l) acc[r][l] += x[r * ldx + k] * wk[l];
         }
@@ -190,13 +201,14 @@ static inline __attribute__((always_inline)) void portable_rows(
 }
 
 static void portable_block(int kind, const float *x, int64_t ldx, int R, int64_t K,
-                           const uint8_t *w, int64_t b, const uint16_t *scales4,
-                           const uint16_t *mins4, int64_t group, float out[][LANES]) {
+                           const uint8_t *w, int64_t b, const float *scale8,
+                           const uint16_t *scales4, const uint16_t *mins4, int64_t group,
+                           float out[][LANES]) {
     switch (R) { /* constant R: each specialisation unrolls its row loop */
-    case 4: portable_rows(kind, x, ldx, 4, K, w, b, scales4, mins4, group, out); break;
-    case 3: portable_rows(kind, x, ldx, 3, K, w, b, scales4, mins4, group, out); break;
-    case 2: portable_rows(kind, x, ldx, 2, K, w, b, scales4, mins4, group, out); break;
-    default: portable_rows(kind, x, ldx, 1, K, w, b, scales4, mins4, group, out); break;
+    case 4: portable_rows(kind, x, ldx, 4, K, w, b, scale8, scales4, mins4, group, out); break;
+    case 3: portable_rows(kind, x, ldx, 3, K, w, b, scale8, scales4, mins4, group, out); break;
+    case 2: portable_rows(kind, x, ldx, 2, K, w, b, scale8, scales4, mins4, group, out); break;
+    default: portable_rows(kind, x, ldx, 1, K, w, b, scale8, scales4, mins4, group, out); break;
     }
 }
 
@@ -211,11 +223,11 @@ static void qlinear_portable(int kind, const float *x, int64_t ldx, int64_t M, i
             const int64_t m0 = mb * 4;
             const int R = (int)(M - m0 < 4 ? M - m0 : 4);
             float out[4][LANES];
-            portable_block(kind, x + m0 * ldx, ldx, R, K, w, b, scales4, mins4, group, out);
+            portable_block(kind, x + m0 * ldx, ldx, R, K, w, b, scale8, scales4, mins4, group, out);
             for (int r = 0; r < R; ++r)
                 for (int l = 0; l < LANES && b * LANES + l < N; ++l) {
                     const int64_t o = b * LANES + l;
-                    y[(m0 + r) * ldy + o] = (kind == KIND_INT8 ? out[r][l] * scale8[o] : out[r][l])
+                    y[(m0 + r) * ldy + o] = (kind == KIND_INT8 && !group ? out[r][l] * scale8[o] : out[r][l])
                                             + (bias ? bias[o] : 0.0f);
                 }
         }
@@ -298,8 +310,12 @@ DEFINE_DENSE_TILE(tile_f32_4, float, load_f32, 4, 1)
 DEFINE_DENSE_TILE(tile_f32_5, float, load_f32, 5, 1)
 DEFINE_DENSE_TILE(tile_f32_6, float, load_f32, 6, 1)
 
-/* A pair of bf16 blocks ([K2/2][2][16][2] words) widened to the fp32 pair layout ([K][2][16]). */
-static void widen_pair(const uint16_t *w, int64_t K, float *out) {
+/* Pair p of bf16 blocks ([K2/2][2][16][2] words) widened to the fp32 pair layout ([K][2][16]);
+ * widen_fn's signature (int8-gG's graft_quant_int8g_widen_pair takes the scales and group). */
+static int widen_bf16_pair(const void *wall, const float *scales, int64_t K, int64_t group,
+                           int64_t p, float *out) {
+    (void)scales; (void)group;
+    const uint16_t *w = (const uint16_t *)((const uint8_t *)wall + 2 * p * ((K + 1) / 2 * 64));
     const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
     for (int64_t j = 0; j < (K + 1) / 2; ++j)
         for (int b = 0; b < 2; ++b) {
@@ -308,7 +324,9 @@ static void widen_pair(const uint16_t *w, int64_t K, float *out) {
             if (2 * j + 1 < K)
                 _mm512_storeu_ps(out + ((2 * j + 1) * 2 + b) * 16, _mm512_castsi512_ps(_mm512_and_si512(v, high)));
         }
+    return 0;
 }
+typedef int (*widen_fn)(const void *, const float *, int64_t, int64_t, int64_t, float *);
 
 typedef void (*dense_tile_fn)(const float *, int64_t, int64_t, const void *, const float *,
                               int64_t, float *, int64_t, int64_t);
@@ -331,13 +349,14 @@ static inline void tile_rows(const dense_tile_fn *tiles, const float *x, int64_t
     }
 }
 
-/* bf16 weights under fp32 rows, each thread widening its pairs into its own scratch and
- * running every row over it: the outputs are the fp32 path's on the dequantized weight, bit
- * for bit. Returns 1 (nothing written that counts) when scratch could not be allocated. */
-static int bf16_widened(const float *x, int64_t ldx, int64_t M, int64_t K, const void *w,
-                        const float *bias, float *y, int64_t ldy, int64_t N, int64_t NB,
-                        int nthreads) {
-    const int64_t pairs = NB / 2, block = (K + 1) / 2 * 64; /* bytes of one bf16 block */
+/* bf16 or int8-gG weights under fp32 rows, each thread widening its pairs into its own
+ * scratch and running every row over it: the outputs are the fp32 path's on the dequantized
+ * weight, bit for bit. Returns 1 (nothing written that counts) when scratch could not be
+ * allocated or `widen` has no path in this build. */
+static int widened(widen_fn widen, const float *x, int64_t ldx, int64_t M, int64_t K,
+                   const void *w, const float *scales, int64_t group, const float *bias,
+                   float *y, int64_t ldy, int64_t N, int64_t NB, int nthreads) {
+    const int64_t pairs = NB / 2;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads) if (pairs > 1 && nthreads > 1)
     {
@@ -348,8 +367,12 @@ static int bf16_widened(const float *x, int64_t ldx, int64_t M, int64_t K, const
         }
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < pairs; ++p) {
-            if (!scratch) continue;
-            widen_pair((const uint16_t *)((const uint8_t *)w + 2 * p * block), K, scratch);
+            if (!scratch || failed) continue;
+            if (widen(w, scales, K, group, p, scratch)) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
             tile_rows(F32_TILES, x, ldx, 0, M, K, scratch, bias, p * 32, y, ldy, N);
         }
         free(scratch);
@@ -360,7 +383,8 @@ static int bf16_widened(const float *x, int64_t ldx, int64_t M, int64_t K, const
 #endif
 
 /* y [M, ldy] = x [M, ldx] @ W^T + bias for the first N outputs. NB: blocks of 16 (even).
- * scale8: int8 per-channel scales [NB*16]; scales4/mins4: int4 fp16 (quant_vnni_cpu.c). Returns 0,
+ * scale8: int8 per-channel scales [NB*16], or with group > 0 int8-gG's fp32 group scales
+ * [NB/2][K/group][2][16] (graft.kernels.cpu_quant.pack); scales4/mins4: int4 fp16 (quant_vnni_cpu.c). Returns 0,
  * or -1 when scratch could not be allocated (y is not written then). */
 int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t K,
                         const void *w, const float *scale8, const uint16_t *scales4,
@@ -374,7 +398,7 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
         return status <= 0 ? status : int4_a8_portable(x, ldx, M, K, w, scales4, mins4, group,
                                                        bias, y, ldy, N, nthreads);
     }
-    if (integer && level >= 3) {
+    if (integer && level >= 3 && !(kind == KIND_INT8 && group)) { /* int8-gG: on AVX2 below */
         const int status = graft_quant_linear_vnni(kind, x, ldx, M, K, w, scale8, scales4, mins4,
                                                    group, bias, y, ldy, N, NB, nthreads, level >= 4);
         if (status <= 0) return status; /* else a row the fixed point cannot hold: below */
@@ -389,8 +413,15 @@ int graft_quant_linear(int kind, const float *x, int64_t ldx, int64_t M, int64_t
         if (status <= 0) return status; /* else no AVX512-BF16, or x is not all bf16 values */
     }
     if (kind == KIND_BF16 && level >= 2 && M >= WIDEN_ROWS &&
-        bf16_widened(x, ldx, M, K, w, bias, y, ldy, N, NB, nthreads) == 0)
+        widened(widen_bf16_pair, x, ldx, M, K, w, 0, 0, bias, y, ldy, N, NB, nthreads) == 0)
         return 0;
+    if (kind == KIND_INT8 && group && level >= 2) { /* int8-gG: else AVX2 below */
+        if (M >= INT8G_WIDEN_ROWS && widened(graft_quant_int8g_widen_pair, x, ldx, M, K, w, scale8,
+                                             group, bias, y, ldy, N, NB, nthreads) == 0)
+            return 0;
+        if (graft_quant_int8g_avx512(x, ldx, M, K, w, scale8, group, bias, y, ldy, N, NB, nthreads) == 0)
+            return 0;
+    }
     if (!integer && level >= 2) {
         const int64_t pairs = NB / 2, block = kind == KIND_F32 ? K * 64 : (K + 1) / 2 * 64; /* bytes */
         /* split the pairs of one M chunk over threads; big M also gets chunks so x stays cached */

@@ -10,7 +10,7 @@ from graft.kernels.quant_formats import (QuantScheme, QuantSchemeError, quant_li
                                  unpack_int4)
 
 needs_c = pytest.mark.skipif(not cpu_ops.available(), reason=str(cpu_ops.unavailable_reason()))
-SCHEMES = ["fp32", "bf16", "int8", "int4-g32", "int4-g64", "int4-g128"]
+SCHEMES = ["fp32", "bf16", "int8", "int8-g16", "int8-g32", "int4-g32", "int4-g64", "int4-g128"]
 # the quantized-linear paths this machine can run: its own and the fallbacks below it
 PATHS = (cpu_quant.ISA_NAMES[:cpu_quant.ISA_NAMES.index(cpu_quant.isa()) + 1]
          if cpu_ops.available() else ())
@@ -26,10 +26,16 @@ def test_scheme_parsing_and_errors():
     assert QuantScheme.parse(" INT4-g128 ").group_size == 128
     assert QuantScheme.parse("bf16").name == "bf16"
     for bad in ("int3", "int4-g48", "fp8", ""):
-        with pytest.raises(QuantSchemeError, match="valid: fp32, bf16, int8, int4"):
+        with pytest.raises(QuantSchemeError, match="valid: fp32, bf16, int8, int8-g16, int8-g32, int4"):
             QuantScheme.parse(bad, where="quantization")
     with pytest.raises(QuantSchemeError, match="group size 64 does not divide .* 96; .*int4-g32"):
         QuantScheme.parse("int4-g64").check_shape(8, 96, "layers.0.mlp.down_proj")
+    assert QuantScheme.parse("INT8-G16") == QuantScheme("int8", 16) and QuantScheme("int8", 32).name == "int8-g32"
+    assert QuantScheme.parse("int8").group_size == 0
+    with pytest.raises(QuantSchemeError, match="int8 group size 32 does not divide .* 40; use int8 "):
+        QuantScheme.parse("int8-g32").check_shape(8, 40, "layers.0.mlp.down_proj")
+    with pytest.raises(QuantSchemeError, match="valid: "):
+        QuantScheme.parse("int8-g64")
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -38,8 +44,9 @@ def test_quantize_round_trip_error_is_bounded(scheme):
     qw = quantize(w, QuantScheme.parse(scheme))
     err = (qw.dequantize() - w).abs()
     s = qw.scheme
-    if s.kind == "int8":  # half a step of each row's scale
-        assert (err <= qw.scales[:, None] / 2 + 1e-7).all()
+    if s.kind == "int8":  # half a step of each row's (or group's) scale
+        step = qw.scales[:, None] if not s.group_size else qw.scales.repeat_interleave(s.group_size, dim=1)
+        assert (err <= step / 2 + 1e-7).all() and qw.scales.dtype == torch.float32
     elif s.kind == "int4":  # half a step of each group's scale (plus the fp16 min's rounding)
         step = qw.scales.float().repeat_interleave(s.group_size, dim=1)
         assert (err <= step / 2 + 1e-3 * w.abs().amax() + 1e-6).all() and err.mean() < step.mean() / 3
@@ -125,6 +132,20 @@ def test_bf16_prefill_rows_are_the_fp32_path_on_the_dequantized_weight(m, n, k, 
     else:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, quant_linear(x, qw, bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif("avx512" not in PATHS, reason="the widened int8-gG path is AVX-512F's")
+@pytest.mark.parametrize("scheme", ["int8-g16", "int8-g32"])
+@pytest.mark.parametrize("m", [8, 33])
+def test_int8_group_rows_are_the_fp32_path_on_the_dequantized_weight(scheme, m):
+    """From 8 rows an int8-gG linear widens each pair of blocks to fl(q * s) once and runs the
+    fp32 tiles on it: bit for bit the fp32 linear of the dequantized weight."""
+    g = torch.Generator().manual_seed(m)
+    qw = quantize(torch.randn(40, 160, generator=g) * 0.05, QuantScheme.parse(scheme))
+    fp32 = quantize(qw.dequantize(), QuantScheme.parse("fp32"))
+    x, bias = torch.randn(m, 160, generator=g), torch.randn(40, generator=g)
+    with cpu_quant.isa_capped("avx512-vnni"):
+        assert torch.equal(cpu_quant.quant_linear(x, qw, bias), cpu_quant.quant_linear(x, fp32, bias))
 
 
 @needs_c

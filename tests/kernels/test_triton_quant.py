@@ -26,7 +26,7 @@ IN_PROCESS = (os.environ.get("TRITON_INTERPRET") == "0" or "triton" not in sys.m
 if IN_PROCESS:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-SCHEMES = ["int8", "int4-g32", "int4-g64", "int4-g128", "bf16", "int4-g32-a8"]
+SCHEMES = ["int8", "int8-g16", "int8-g32", "int4-g32", "int4-g64", "int4-g128", "bf16", "int4-g32-a8"]
 N = 40  # not a multiple of any block_n
 
 
@@ -66,14 +66,14 @@ def test_kernels_compile_for_sm90():
             "        compile_check._compile(fn, pointers, floats, consts, 90)\n"
             "        print('ok', name, dt)\n")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.count("ok ") == 10, proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 0 and proc.stdout.count("ok ") == 14, proc.stdout + proc.stderr[-3000:]
 
 
 def _weight(scheme: str, device, n: int = N, groups: int = 3, k: int = 200) -> quant.QuantizedWeight:
-    """A quantized random weight on `device`: int4 K = `groups` groups (odd by default), else K = k
-    (200: not a multiple of any block_k)."""
+    """A quantized random weight on `device`: int4 and int8-gG K = `groups` groups (odd by
+    default), else K = k (200: not a multiple of any block_k)."""
     sc = quant.QuantScheme.parse(scheme)
-    k = groups * sc.group_size if sc.kind == "int4" else k
+    k = groups * sc.group_size if sc.group_size else k
     gen = torch.Generator().manual_seed(n + k)
     w = quant.quantize(torch.randn(n, k, generator=gen) * 0.1, sc)
     return quant.QuantizedWeight(w.scheme, *(t.to(device) for t in w.tensors()))
@@ -96,7 +96,7 @@ def test_matches_reference(tq, device, scheme, m, dtype):
     _check(tq.quant_linear(x, weight, bias), x, weight, bias)
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4-g32", "int4-g128"])
+@pytest.mark.parametrize("scheme", ["int8", "int8-g32", "int4-g32", "int4-g128"])
 @pytest.mark.parametrize("m,tuning", [(1, dict(split_k=3, block_n=16, block_k=32)),  # 3 uneven splits
                                       (2, dict(split_k=4)),
                                       (3, dict(split_k=2, block_k=32)),
