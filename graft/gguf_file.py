@@ -26,6 +26,9 @@ Q4_BLOCKS = ("Q4_0", "Q4_1")  # llama.cpp's 32-weight blocks of 4-bit codes, one
 # 256-weight superblocks of eight 32-weight sub-blocks, each w = d*sc * code - dmin*m with 6-bit
 # sc and m: graft's int4-g32 holds them with d*sc and dmin*m rounded to fp16 (2^-11 relative)
 Q4_NEAR = ("Q4_K",)
+# blocks of signed codes times one fp32 number each (Q8_0: d; Q6_K: d * sc; Q5_0: d): graft's
+# int8-gG holds them exactly, G the weights per scale
+INT8_BLOCKS = {"Q8_0": 32, "Q6_K": 16, "Q5_0": 32}
 
 
 class GGUFFile:
@@ -121,6 +124,55 @@ class GGUFFile:
             return None
         lead = shape[:-1]
         return packed.reshape(*lead, -1), scale.reshape(*lead, -1), low.reshape(*lead, -1)
+
+
+    def q8_int8(self, name: str):
+        """A Q8_0/Q6_K/Q5_0 tensor [..., N, K] in graft's int8-gG form, G = INT8_BLOCKS[type], as
+        torch tensors: (int8 codes [..., N, K], fp32 scales [..., N, K/G]), w = code * scale as
+        gguf-py computes it; None where a scale is not finite."""
+        import torch
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        kind, shape, _ = self.tensors[name]
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        blocks = self.raw(name).reshape(-1, size)
+        codes, scales = _INT8_READERS[kind](blocks)
+        if not np.isfinite(scales).all():
+            return None
+        lead = shape[:-1]
+        return (torch.from_numpy(codes).reshape(*lead, shape[-1]),
+                torch.from_numpy(scales).reshape(*lead, shape[-1] // INT8_BLOCKS[kind]))
+
+
+def _q8_0(blocks):
+    """Q8_0: fp16 d, 32 int8 codes."""
+    return np.ascontiguousarray(blocks[:, 2:]).view(np.int8), blocks[:, :2].copy().view(np.float16).astype(np.float32)
+
+
+def _q6_k(blocks):
+    """Q6_K, as gguf-py reads it: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales,
+    fp16 d; code = (low | high << 4) - 32 per weight, d * sc per 16 weights (exact in fp32)."""
+    n = blocks.shape[0]
+    ql, qh, sc, d = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208], blocks[:, 208:]
+    low = (ql.reshape(n, -1, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    high = (qh.reshape(n, -1, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    codes = (low.reshape(n, -1, 32) | (high.reshape(n, -1, 32) << 4)).astype(np.int8) - np.int8(32)
+    scales = d.copy().view(np.float16).astype(np.float32) * sc.copy().view(np.int8).astype(np.float32)
+    return codes.reshape(n, 256), scales
+
+
+def _q5_0(blocks):
+    """Q5_0, as gguf-py reads it: fp16 d, 32 high bits (one uint32), 16 bytes of low nibbles
+    (weights 0-15 low, 16-31 high); code = (low | high << 4) - 16."""
+    n = blocks.shape[0]
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    qh = blocks[:, 2:6].copy().view(np.uint32).reshape(n, 1) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
+    low = (blocks[:, 6:].reshape(n, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F
+    codes = (low.reshape(n, 32) | ((qh & 1).astype(np.uint8) << 4)).astype(np.int8) - np.int8(16)
+    return codes, d
+
+
+_INT8_READERS = {"Q8_0": _q8_0, "Q6_K": _q6_k, "Q5_0": _q5_0}
 
 
 def _fp16(blocks, at: int):  # the fp16 at byte `at` of each block

@@ -20,7 +20,7 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
                eot: int | None = None) -> Path:
     """GGUF of the HF dir `llm_dir` (llama, qwen2, qwen3 or qwen3_moe): a linear named by a key
     of `linear_type` (q_proj, ..., down_proj, lm_head) takes that block type (Q4_0, Q4_1, Q8_0,
-    Q4_K, F32); the embedding table `other`; norms, biases and a MoE router F32; a MoE layer's
+    Q4_K, Q6_K, Q5_0, F32); the embedding table `other`; norms, biases and a MoE router F32; a MoE layer's
     experts stacked per projection (ffn_gate_exps, ...), as llama.cpp's converter does; `eot`:
     an end-of-turn token id written besides eos."""
     import gguf
@@ -79,8 +79,8 @@ def write_gguf(llm_dir: Path, out: Path, linear_type: dict[str, str], other: str
         if qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(target, data)
         else:
-            blocks = q4_k_blocks(data) if qtype == gguf.GGMLQuantizationType.Q4_K \
-                else gguf.quants.quantize(data, qtype)
+            writer = {"Q4_K": q4_k_blocks, "Q6_K": q6_k_blocks}.get(qtype.name)
+            blocks = writer(data) if writer else gguf.quants.quantize(data, qtype)
             w.add_tensor(target, blocks, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -132,3 +132,25 @@ def q4_k_blocks(w: np.ndarray) -> np.ndarray:
     head = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8)], axis=-1)
     return np.concatenate([head.reshape(rows, cols // 256, 4), packed_scales, qs],
                           axis=-1).reshape(rows, -1)
+
+
+def q6_k_blocks(w: np.ndarray) -> np.ndarray:
+    """llama.cpp's Q6_K blocks of w [..., rows, cols] (cols a multiple of 256; gguf-py reads them
+    but has no quantizer): per 16-weight sub-block w ~ d*sc * (code - 32), sc an int8 and d one
+    fp16 per 256 weights, codes 6 bits (4 in ql, 2 in qh, in gguf-py's order)."""
+    if w.ndim > 2:
+        return q6_k_blocks(w.reshape(-1, w.shape[-1])).reshape(*w.shape[:-1], -1)
+    rows, cols = w.shape
+    b = w.astype(np.float32).reshape(-1, 16, 16)  # [blocks, sub-blocks, weights]
+    step = np.abs(b).max(-1) / 32
+    d = np.maximum(step.max(-1) / 127, 1e-8).astype(np.float16)
+    sc = np.clip(np.round(step / d[:, None].astype(np.float32)), -127, 127).astype(np.int8)
+    scale = d[:, None].astype(np.float32) * sc
+    safe = np.where(scale == 0, 1, scale)
+    codes = (np.clip(np.round(b / safe[..., None]), -32, 31) + 32).astype(np.uint8).reshape(-1, 2, 128)
+    ql = (codes[..., :64] & 0xF) | ((codes[..., 64:] & 0xF) << 4)  # [blocks, 2, 64]
+    high = (codes >> 4).reshape(-1, 2, 4, 32)
+    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    n = b.shape[0]
+    return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8),
+                           d[:, None].view(np.uint8)], axis=-1).reshape(rows, -1)

@@ -20,7 +20,8 @@ CPU_SERVE_PREFILL_TOKENS = 256
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 SPECULATIVE_MODES = ("off", "ngram", "suffix")
 LINEAR_DISPATCH_MODES = ("measure", "cached", "c", "torch")  # = graft.kernels.linear_dispatch.MODES
-QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int4 | "
+QUANTIZATION_HELP = ("weights of the LLM's linears: fp32 | bf16 | int8 | int8-g16/-g32 "
+                     "(a scale per 16/32 columns: a GGUF's Q6_K/Q8_0) | int4 | "
                      "int4-g32/-g64/-g128, each int4 also with -a8 (inputs rounded to 8 bits, "
                      "as llama.cpp's Q4: faster on AVX2, not the dequantized model's numbers), "
                      "or a quant.json per module (graft quantize; one naming embed_tokens "

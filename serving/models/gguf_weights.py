@@ -1,17 +1,17 @@
 """The engine's side of a GGUF-backed LLM dir (graft.gguf_llm): its tensors under HF's names,
 each dequantized and un-permuted as transformers does when read (graft.gguf_file), and the
-quantization that holds them as the file does: a linear whose GGUF blocks are Q4_0 or Q4_1
-(every part of it, for packed q|k|v and gate|up) in int4-g32, the same grid, read straight
-from the blocks (load_file_int4), and so is one in Q4_K (its scales rounded to fp16), and
-each expert of a MoE layer whose stacked experts are in those blocks; every other linear in
-`default`."""
+quantization that holds them as the file does (file_scheme): a linear whose GGUF blocks are
+Q4_0 or Q4_1 (every part of it, for packed q|k|v and gate|up) in int4-g32, the same grid, read
+straight from the blocks (load_file_blocks), and so is one in Q4_K (its scales rounded to
+fp16); one in Q8_0, Q5_0 or Q6_K in int8-g32 or int8-g16, exactly; each expert of a MoE layer
+whose stacked experts are in such blocks; every other linear in `default`."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from graft.gguf_file import Q4_BLOCKS, Q4_NEAR, GGUFFile, processed, tensor_processor
+from graft.gguf_file import INT8_BLOCKS, Q4_BLOCKS, Q4_NEAR, GGUFFile, processed, tensor_processor
 from graft.gguf_llm import gguf_types, gguf_weights
 from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
 from graft.serving.models.quant_config import EMBEDDING, QuantConfig, engine_module_name
@@ -54,7 +54,7 @@ class GGUFTensors:
         from gguf.quants import dequantize
 
         kind = self.file.tensors[gguf][0]
-        held = self._int4_rows(gguf) if kind in Q4_BLOCKS else None
+        held = self._held_rows(gguf, INT4) if kind in Q4_BLOCKS else None
         if held is not None:
             packed, scale, low = held
             lead = packed.shape[:-1]
@@ -64,37 +64,68 @@ class GGUFTensors:
         values = processed(self.processor, dequantize(self.file.raw(gguf), GGMLQuantizationType[kind]), gguf)
         return torch.from_numpy(values if values.flags.writeable else np.copy(values))
 
-    def _int4_rows(self, gguf: str):
-        """q4_int4 of one GGUF tensor, its rows moved as transformers moves them (its processor
-        run on row numbers: Llama's q/k)."""
+    def _held_rows(self, gguf: str, scheme: QuantScheme):
+        """One GGUF tensor in `scheme`'s canonical tensors straight from its blocks
+        (GGUFFile.q4_int4 or q8_int8; int8-g16 takes a G = 32 type's scales twice), its rows
+        moved as transformers moves them (its processor run on row numbers: Llama's q/k); None
+        where a scale does not fit."""
         import numpy as np
         import torch
 
-        held = self.file.q4_int4(gguf)
+        if scheme.kind == "int4":
+            held = self.file.q4_int4(gguf)
+        else:
+            held = self.file.q8_int8(gguf)
+            if held is not None and INT8_BLOCKS[self.file.tensors[gguf][0]] != scheme.group_size:
+                held = held[0], held[1].repeat_interleave(INT8_BLOCKS[self.file.tensors[gguf][0]]
+                                                          // scheme.group_size, dim=-1)
         if held is None or held[0].dim() != 2:
             return held
-        packed, scale, low = held
-        rows = processed(self.processor, np.arange(len(packed))[:, None], gguf)[:, 0]
-        if (rows != np.arange(len(packed))).any():
+        rows = processed(self.processor, np.arange(len(held[0]))[:, None], gguf)[:, 0]
+        if (rows != np.arange(len(held[0]))).any():
             rows = torch.from_numpy(rows)
-            packed, scale, low = packed[rows], scale[rows], low[rows]
-        return packed, scale, low
+            held = tuple(t[rows] for t in held)
+        return held
 
-    def int4(self, names: list[str]):
-        """HF weights `names` (Q4_0/Q4_1/Q4_K; q, k, v of one packed linear, in order) stacked
-        along their rows in graft's int4-g32 form (packed, scale, min) straight from their
+    def blocks(self, names: list[str], scheme: QuantScheme):
+        """HF weights `names` (q, k, v of one packed linear, in order) stacked along their rows
+        in `scheme`'s canonical tensors (file_scheme of their types) straight from their
         blocks, never widened: the values HF dequantizes (Q4_K: to fp16 rounding of its
-        scales); None if a scale is beyond fp16. A MoE layer's experts keep their leading dim."""
+        scales); None if a scale does not fit. A MoE layer's experts keep their leading dim."""
         import torch
 
         parts = []
         for name in names:
             for gguf in self._gguf[name]:
-                held = self._int4_rows(gguf)
+                held = self._held_rows(gguf, scheme)
                 if held is None:
                     return None
                 parts.append(held)
         return tuple(torch.cat(p, dim=-2) if len(p) > 1 else p[0].contiguous() for p in zip(*parts))
+
+
+def _reads(asked: QuantScheme | None, own: QuantScheme | None) -> bool:
+    """Whether a weight planned in `asked` is read straight from blocks whose own scheme is
+    `own`: int4-g32 (with or without -a8) from Q4 blocks; int8-gG from int8 blocks of G or a
+    multiple of it (each scale repeated)."""
+    if asked is None or own is None or asked.kind != own.kind:
+        return False
+    if asked.kind == "int4":
+        return asked.group_size == own.group_size
+    return asked.group_size > 0 and own.group_size % asked.group_size == 0
+
+
+def file_scheme(kinds) -> QuantScheme | None:
+    """The scheme that holds weights stored in GGUF block types `kinds` as the file does:
+    int4-g32 for Q4_0/Q4_1 (exact) and Q4_K (scales to fp16); int8-gG for Q8_0/Q5_0 (G = 32)
+    and Q6_K (G = 16; a Q8_0 part beside a Q6_K one takes each scale twice), exact; None for
+    any other type, or a mix of the two families."""
+    kinds = set(kinds)
+    if kinds and kinds <= {*Q4_BLOCKS, *Q4_NEAR}:
+        return INT4
+    if kinds and kinds <= set(INT8_BLOCKS):
+        return QuantScheme("int8", min(INT8_BLOCKS[k] for k in kinds))
+    return None
 
 
 def _expert_linears(name: str, linears) -> dict[int, str]:
@@ -110,22 +141,22 @@ def _expert_linears(name: str, linears) -> dict[int, str]:
     return found
 
 
-def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[set[str], set[str]]:
-    """Give every linear `plan` holds in int4 with 32-column groups whose file blocks are all
-    Q4_0/Q4_1/Q4_K its weight straight from them (graft's int4-g32 is the same grid; Q4_K's
-    scales rounded to fp16), the dense weight never made. Returns (those weights' parameter
-    names, the HF names wholly read so: what load_weights skips). `map_name`: HF name -> (the
-    model's, packed shard or None)."""
+def load_file_blocks(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[set[str], set[str]]:
+    """Give every linear `plan` holds in the scheme that is its file blocks' own (file_scheme:
+    int4-g32 for Q4_0/Q4_1/Q4_K, int8-gG for Q8_0/Q5_0/Q6_K) its weight straight from them, the
+    dense weight never made. Returns (those weights' parameter names, the HF names wholly read
+    so: what load_weights skips). `map_name`: HF name -> (the model's, packed shard or None)."""
     held, read = set(), set()
     parts: dict[str, dict[int, str]] = {}
-    table, table_weights = None, None  # the embedding's HF name; its int4 form, once read
+    table, table_weights = None, None  # the embedding's HF name; its blocks' form, once read
     tied = "lm_head" in plan and getattr(model, "lm_head", "") is None
     for name in tensors.keys():
-        if not all(k in Q4_BLOCKS + Q4_NEAR for k in tensors.kinds(name)):
+        scheme = file_scheme(tensors.kinds(name))
+        if scheme is None:
             continue
         experts = _expert_linears(name, plan)
-        if experts and all(_int4_g32(plan[m]) for m in experts.values()):
-            weights = tensors.int4([name])
+        if experts and all(_reads(plan[m], scheme) for m in experts.values()):
+            weights = tensors.blocks([name], plan[experts[0]])
             if weights is not None:
                 for e, module in experts.items():
                     model.get_submodule(module).hold(
@@ -142,14 +173,17 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[s
         parts.setdefault(module, {})[shard or 0] = name
     for module, scheme in plan.items():
         shards = parts.get(module, {})
-        if not _int4_g32(scheme) or not shards or module == EMBEDDING:
+        if not shards or module == EMBEDDING:
             continue
+        names = [shards[i] for i in sorted(shards)]
+        if not _reads(scheme, file_scheme(k for n in names for k in tensors.kinds(n))):
+            continue  # another scheme asked for, or a packed linear of mixed types: after loading
         linear = None if module == "lm_head" and tied else model.get_submodule(module)
         if len(shards) != len(getattr(linear, "shard_sizes", [0])):
             continue  # a packed linear with a part in another type: quantized after loading
-        weights = tensors.int4([shards[i] for i in sorted(shards)])
+        weights = tensors.blocks(names, scheme)
         if weights is None:
-            continue  # scales beyond fp16: quantized after loading, as any other weight
+            continue  # a scale that does not fit: quantized after loading, as any other weight
         if linear is None:  # a tied head: the table's blocks (the lookups' below)
             model.head_quantized = QuantizedWeight(scheme, *weights)
             table_weights = weights
@@ -157,27 +191,26 @@ def load_file_int4(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple[s
             linear.hold(QuantizedWeight(scheme, *weights))
             held.add(f"{module}.weight")
             read.update(shards.values())
-    if table is not None and _int4_g32(plan.get(EMBEDDING)):
-        weights = table_weights or tensors.int4([table])
+    scheme = plan.get(EMBEDDING)
+    if table is not None and _reads(scheme, file_scheme(tensors.kinds(table))):
+        same = table_weights is not None and plan["lm_head"].group_size == scheme.group_size
+        weights = table_weights if same else tensors.blocks([table], scheme)
         if weights is not None:
-            model.hold_embedding(QuantizedWeight(plan[EMBEDDING], *weights))
+            model.hold_embedding(QuantizedWeight(scheme, *weights))
             if model.embed_tokens.weight.is_meta:  # else a tied fp32 head still reads it
                 held.add("embed_tokens.weight")
                 read.add(table)
     return held, read
 
 
-def _int4_g32(scheme) -> bool:
-    return scheme is not None and scheme.kind == "int4" and scheme.group_size == 32
-
-
 def gguf_quantization(model_dir: str | Path, default: str,
                       linears: dict[str, tuple[int, int]]) -> QuantConfig | None:
     """The file's own precision for an LLM dir `graft.gguf_llm` made (None for other dirs, or
-    when no linear is in 4-bit blocks): int4-g32 for the linears of `linears` (the engine's
-    names) stored in Q4_0/Q4_1 (exact) or Q4_K (scales to fp16), `default` for the rest. A
-    tied head is the embedding's; the embedding table in such blocks is held in int4-g32 too
-    (EMBEDDING), as llama.cpp keeps it: its rows are dequantized as they are looked up."""
+    when no linear is in blocks graft holds as they are): each linear of `linears` (the
+    engine's names) in its blocks' file_scheme (int4-g32 for Q4_0/Q4_1 exactly and Q4_K with
+    scales to fp16; int8-g32 for Q8_0/Q5_0, int8-g16 for Q6_K, exactly), `default` for the
+    rest. A tied head is the embedding's; the embedding table in such blocks is held the same
+    way (EMBEDDING), as llama.cpp keeps it: its rows are dequantized as they are looked up."""
     import dataclasses
 
     file = gguf_weights(model_dir)
@@ -193,38 +226,36 @@ def gguf_quantization(model_dir: str | Path, default: str,
             module = "lm_head"
         if name.endswith(".weight") and module in linears:
             parts.setdefault(module, []).extend(kind.split("+"))
-    held = sorted(name for name, kinds in parts.items() if all(k in Q4_BLOCKS + Q4_NEAR for k in kinds))
-    _say_what_is_widened(file.resolve().name, parts, held, default)
-    if not held:
+    modules = {name: scheme.name for name, kinds in parts.items()
+               if (scheme := file_scheme(kinds)) is not None}
+    _say_what_is_widened(file.resolve().name, parts, modules, default)
+    if not modules:
         return None
-    table = types.get("model.embed_tokens.weight", "F32").split("+")
-    modules = {name: INT4.name for name in held}
-    if all(k in Q4_BLOCKS + Q4_NEAR for k in table):
-        modules[EMBEDDING] = INT4.name
-
-    def count(kinds: tuple[str, ...]) -> str:
-        return ", ".join(f"{sum(ks.count(k) for name, ks in parts.items() if name in held)} {k}"
-                         for k in kinds if any(k in parts[name] for name in held))
-
-    exact, near = count(Q4_BLOCKS), count(Q4_NEAR)
-    how = ", ".join(filter(None, [exact and f"{exact} weights in {INT4.name} exactly",
-                                  near and f"{near} weights in {INT4.name} with their scales "
-                                  "rounded to fp16"]))
+    table = file_scheme(types.get("model.embed_tokens.weight", "F32").split("+"))
+    how: dict[str, int] = {}  # "Q6_K in int8-g16 exactly" -> weights
+    for name, scheme in sorted(modules.items()):
+        for kind in parts[name]:
+            key = f"{kind} weights in {scheme}" + (" with their scales rounded to fp16" if kind in Q4_NEAR else " exactly")
+            how[key] = how.get(key, 0) + 1
+    if table is not None:
+        modules[EMBEDDING] = table.name
     config = QuantConfig.parse({"default": default, "modules": modules})
-    return dataclasses.replace(config, source=f"{file.resolve().name}'s {how}, the rest {default}"
-                               + (f"; the embedding table in {INT4.name}" if EMBEDDING in modules else ""))
+    said = ", ".join(f"{n} {key}" for key, n in how.items())
+    return dataclasses.replace(config, source=f"{file.resolve().name}'s {said}, the rest {default}"
+                               + (f"; the embedding table in {table.name}" if table else ""))
 
 
-def _say_what_is_widened(file: str, parts: dict[str, list[str]], exact: list[str],
+def _say_what_is_widened(file: str, parts: dict[str, list[str]], held: dict[str, str],
                          default: str) -> None:
-    """A warning when linears stored in blocks graft holds no 4-bit form of (Q8_0, Q6_K, ...)
-    are widened to `default`: several times the file's bytes, silently."""
-    widened = {k for name, kinds in parts.items() if name not in exact for k in kinds
+    """A warning when linears stored in blocks graft holds no form of (Q5_K, a packed linear
+    of Q4_K and Q6_K parts, ...) are widened to `default`: several times the file's bytes."""
+    widened = {k for name, kinds in parts.items() if name not in held for k in kinds
                if k not in ("F32", "F16", "BF16")}
     if widened:
-        n = sum(name not in exact and any(k in widened for k in kinds) for name, kinds in parts.items())
+        n = sum(name not in held and any(k in widened for k in kinds) for name, kinds in parts.items())
         log.warning("%s: %d linear%s stored in %s %s held in %s (%s, more bytes than the "
-                    "file; graft holds only Q4_0/Q4_1/Q4_K as they are); --quantization int8 or int4 "
-                    "holds them smaller, requantized", file, n, "" if n == 1 else "s",
+                    "file; graft holds Q4_0/Q4_1/Q4_K in int4-g32 and Q8_0/Q5_0/Q6_K in int8-g32/g16 "
+                    "as they are, one family per linear); --quantization int8 or int4 holds them "
+                    "smaller, requantized", file, n, "" if n == 1 else "s",
                     "/".join(sorted(widened)), "is" if n == 1 else "are", default,
                     "exact" if default == "fp32" else f"rounded to {default}")

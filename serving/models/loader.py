@@ -13,7 +13,7 @@ from torch import nn
 
 from graft.errors import GraftConfigError
 from graft.gguf_llm import GGUF_INFO, gguf_tensor_names, gguf_weights
-from graft.serving.models.gguf_weights import GGUFTensors, load_file_int4
+from graft.serving.models.gguf_weights import GGUFTensors, load_file_blocks
 from graft.serving.models.layers import PackedLinear
 from graft.shards import safetensors_files
 
@@ -40,12 +40,13 @@ def load_weights(model: nn.Module, model_dir: str | Path, hf_config=None,
                  plan: dict | None = None) -> None:
     """Copy every checkpoint tensor into `model`; error on anything missing or unexpected.
     `hf_config`: the dir's config, which a GGUF-backed dir needs to name its tensors; `plan`
-    (module -> QuantScheme): a GGUF's linears it holds in int4-g32 are read as such."""
+    (module -> QuantScheme): a GGUF's linears it holds in their blocks' own scheme (int4-g32,
+    int8-gG) are read as such."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for file, opened in _weight_files(model_dir, hf_config):
         with opened as f:
-            held, read = (load_file_int4(model, f, plan or {}, _map_name)
+            held, read = (load_file_blocks(model, f, plan or {}, _map_name)
                           if isinstance(f, GGUFTensors) else (set(), set()))
             loaded |= held
             for name in f.keys():

@@ -11,7 +11,7 @@ module wins, `default` (fp32 when absent) covers the rest. Module names are the 
 `layers.N.mlp.gate_up_proj`, `layers.N.mlp.down_proj` and `lm_head` (for tied embeddings a
 quantized copy of the table). The embedding table's lookups keep it as loaded unless a rule
 names `embed_tokens` itself (no pattern or default reaches it): then the table is held in that
-scheme (fp32, bf16, int8 or int4-gG) and each looked-up row is dequantized. MoE layers have
+scheme (fp32, bf16, int8, int8-gG or int4-gG) and each looked-up row is dequantized. MoE layers have
 `layers.N.mlp.experts.E.gate_up_proj` / `.down_proj` per routed expert and
 `layers.N.mlp.shared_experts.*`; their router (`layers.N.mlp.gate`) is not a linear of the
 plan: it always stays fp32. The checkpoint on disk is

@@ -40,7 +40,7 @@ def _hf_greedy(model_dir, plan, prompts):
     return outs
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4-g32", "int4-g64", "bf16", "fp32"])
+@pytest.mark.parametrize("scheme", ["int8", "int8-g16", "int8-g32", "int4-g32", "int4-g64", "bf16", "fp32"])
 def test_rows_are_the_dequantized_tables_rows(scheme):
     table = torch.randn(50, 128) * torch.logspace(-3, 2, 50)[:, None]
     held = quantize(table, QuantScheme.parse(scheme))
@@ -48,7 +48,8 @@ def test_rows_are_the_dequantized_tables_rows(scheme):
     assert torch.equal(held.rows(ids), held.dequantize()[ids])
 
 
-@pytest.mark.parametrize("family,embed", [("llama", "int4-g32"), ("qwen2", "int8"), ("qwen3", "bf16")])
+@pytest.mark.parametrize("family,embed", [("llama", "int4-g32"), ("qwen2", "int8"), ("qwen3", "bf16"),
+                                          ("llama", "int8-g32")])
 def test_greedy_tokens_equal_hf_on_the_dequantized_table(tiny_llm_factory, tmp_path, family, embed):
     model_dir = tiny_llm_factory(family)  # llama and qwen3 tie their head to the table
     engine = Engine.from_pretrained(model_dir, EngineConfig(
@@ -83,7 +84,8 @@ def test_a_tied_fp32_head_has_its_copy_or_keeps_the_table(tiny_llm_factory, tmp_
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="the one-call decode step needs the C kernels")
 @pytest.mark.parametrize("dtype,embed", [("float32", "int4-g32"), ("float32", "int8"),
-                                         ("float32", "bf16"), ("bfloat16", "int4-g64")])
+                                         ("float32", "bf16"), ("bfloat16", "int4-g64"),
+                                         ("float32", "int8-g16"), ("bfloat16", "int8-g32")])
 def test_the_c_step_looks_rows_up_as_the_per_op_path(tiny_llm_factory, tmp_path, dtype, embed):
     engine = Engine.from_pretrained(tiny_llm_factory("llama"), EngineConfig(
         num_kv_blocks=64, dtype=dtype, quantization=_config(tmp_path, {EMBEDDING: embed})))

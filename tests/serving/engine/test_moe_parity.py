@@ -57,7 +57,7 @@ def test_alone_equals_batched_with_chunks_and_prefix_cache(tiny_moe):
     assert outs[2].num_cached_tokens == 32  # two full blocks of the first run reused
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4", "bf16"])
+@pytest.mark.parametrize("scheme", ["int8", "int4", "bf16", "int8-g16"])
 def test_quantized_experts_match_hf_on_dequantized_weights(tiny_moe, scheme):
     from transformers import AutoModelForCausalLM
 
@@ -166,7 +166,7 @@ ROUTERS = [dict(num_experts=8, top_k=3),  # Qwen3-MoE: softmax, renormalised top
 
 
 @pytest.mark.parametrize("router", ROUTERS, ids=["softmax", "sigmoid-grouped-shared"])
-@pytest.mark.parametrize("scheme", ["int8", "fp32", "bf16"])
+@pytest.mark.parametrize("scheme", ["int8", "fp32", "bf16", "int8-g16"])
 @pytest.mark.parametrize("tokens", [1, 7])
 def test_the_block_in_one_c_call_equals_the_per_expert_path(router, scheme, tokens, monkeypatch):
     """Quantized experts: router, experts, slot sum and shared experts in one C call

@@ -39,7 +39,7 @@ def _check(engine, hf, prompts):
 
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])  # auto: the C linears on CPU
-@pytest.mark.parametrize("scheme", ["int8", "int4", "bf16", "int4-a8"])
+@pytest.mark.parametrize("scheme", ["int8", "int4", "bf16", "int4-a8", "int8-g32"])
 def test_every_family_matches_hf_on_dequantized_weights(tiny_llm_any, scheme, kernels, monkeypatch):
     monkeypatch.setenv("GRAFT_KERNELS", kernels)
     engine = Engine.from_pretrained(tiny_llm_any, EngineConfig(num_kv_blocks=64, quantization=scheme))

@@ -1,5 +1,6 @@
 """A llama.cpp GGUF file served as it is (graft.gguf_llm, serving.models.gguf_weights): its
-Q4_0/Q4_1 linears held in int4-g32 exactly as transformers dequantizes them, greedy tokens
+Q4_0/Q4_1 linears held in int4-g32 and its Q8_0 head and table in int8-g32, exactly as
+transformers dequantizes them, greedy tokens
 equal to HF transformers running the same file, and `graft serve FILE.gguf` /
 `graft models gguf FILE.gguf` from the command line."""
 
@@ -52,11 +53,15 @@ def test_q4_linears_are_held_exactly_as_hf_reads_them(gguf_file, caplog):
     with caplog.at_level("WARNING", logger="graft.serving"):
         engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32))
     model, plan = engine.runner.model, engine.runner.quant_plan
-    assert {n: s.name for n, s in plan.items() if n != "lm_head"} == {
-        n: "int4-g32" for n in plan if n != "lm_head"}
-    assert plan["lm_head"].name == "fp32"  # Q8_0: dequantized, held in the engine's dtype
-    assert f"{gguf_file.name}: 1 linear stored in Q8_0 is held in fp32" in caplog.text
-    hf = _hf(llm_dir).model
+    table = ("lm_head", "embed_tokens")
+    assert {n: s.name for n, s in plan.items() if n not in table} == {
+        n: "int4-g32" for n in plan if n not in table}
+    assert plan["lm_head"].name == plan["embed_tokens"].name == "int8-g32"  # Q8_0's own grid
+    assert "held in fp32" not in caplog.text  # nothing widened
+    hf_lm = _hf(llm_dir)
+    assert torch.equal(model.linear_weight("lm_head").dequantize(), hf_lm.lm_head.weight.detach())
+    assert torch.equal(model.embed_quantized.dequantize(), hf_lm.model.embed_tokens.weight.detach())
+    hf = hf_lm.model
     for i, layer in enumerate(hf.layers):
         attn, mlp = layer.self_attn, layer.mlp
         want = {"self_attn.qkv_proj": torch.cat([attn.q_proj.weight, attn.k_proj.weight,
@@ -69,15 +74,12 @@ def test_q4_linears_are_held_exactly_as_hf_reads_them(gguf_file, caplog):
             assert torch.equal(got, weight.detach()), f"layers.{i}.{name}"
 
 
-def test_a_bf16_engine_keeps_the_files_grids_too(gguf_file, caplog):
-    """bf16 activations: the Q4 linears from the blocks all the same, the rest in bf16 (which
-    the warning does not call exact)."""
+def test_a_bf16_engine_keeps_the_files_grids_too(gguf_file):
+    """bf16 activations: the Q4 and Q8_0 weights from the blocks all the same."""
     llm_dir = gguf_llm_dir(gguf_file)
-    with caplog.at_level("WARNING", logger="graft.serving"):
-        engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32, dtype="bfloat16"))
-    assert "1 linear stored in Q8_0 is held in bf16 (rounded to bf16, more bytes" in caplog.text
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=32, dtype="bfloat16"))
     model = engine.runner.model
-    assert model.embed_tokens.weight.dtype == torch.bfloat16
+    assert engine.runner.quant_plan["lm_head"].name == "int8-g32"
     hf = _hf(llm_dir).model
     got = model.linear_weight("layers.1.mlp.down_proj").dequantize()
     assert torch.equal(got, hf.layers[1].mlp.down_proj.weight.detach())

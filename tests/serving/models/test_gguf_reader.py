@@ -191,22 +191,32 @@ def test_q4_k_blocks_lose_only_fp16_rounding_of_their_scales():
             assert 0 < (got - want).abs().max() <= bound
 
 
-def test_a_q4_k_file_is_served_in_int4(cache, caplog):
-    """llama.cpp's most used files are Q4_K: held in int4-g32 by default (not widened to fp32),
-    the greedy tokens HF's own on the weights the engine holds."""
-    types = dict.fromkeys(TYPES, "Q4_K") | {"down_proj": "Q8_0", "lm_head": "Q8_0"}
-    llm_dir = gguf_llm_dir(_file(cache, "qwen2", types, overrides=WIDE))
+def test_a_q4_k_m_file_is_served_in_its_own_blocks(cache, caplog):
+    """llama.cpp's most used files are Q4_K_M: Q4_K linears held in int4-g32 (scales to fp16),
+    Q6_K ones (ffn_down, output) in int8-g16 exactly, the table in int4-g32, not widened to
+    fp32; only a packed q|k|v of Q4_K and Q6_K parts is (said in a warning). Greedy tokens are
+    HF's own on the weights the engine holds."""
+    types = dict.fromkeys(TYPES, "Q4_K") | {"v_proj": "Q6_K", "down_proj": "Q6_K", "lm_head": "Q6_K"}
+    llm_dir = gguf_llm_dir(_file(cache, "qwen2", types, other="Q4_K", overrides=WIDE))
     with caplog.at_level("INFO", logger="graft.serving"):
         engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
     plan = {name.split(".", 2)[-1]: s.name for name, s in engine.runner.quant_plan.items()}
-    assert plan == {"self_attn.qkv_proj": "int4-g32", "self_attn.o_proj": "int4-g32",
-                    "mlp.gate_up_proj": "int4-g32", "mlp.down_proj": "fp32", "lm_head": "fp32"}
-    assert "12 Q4_K weights in int4-g32 with their scales rounded to fp16, the rest fp32" in caplog.text
-    assert "3 linears stored in Q8_0 are held in fp32" in caplog.text
+    assert plan == {"self_attn.qkv_proj": "fp32", "self_attn.o_proj": "int4-g32",
+                    "mlp.gate_up_proj": "int4-g32", "mlp.down_proj": "int8-g16",
+                    "lm_head": "int8-g16", "embed_tokens": "int4-g32"}
+    assert ("3 Q6_K weights in int8-g16 exactly, 6 Q4_K weights in int4-g32 with their scales "
+            "rounded to fp16, the rest fp32; the embedding table in int4-g32") in caplog.text
+    assert "2 linears stored in Q4_K/Q6_K are held in fp32" in caplog.text
     hf = _hf(llm_dir)
     model = engine.runner.model
+    assert torch.equal(model.linear_weight("lm_head").dequantize(), hf.lm_head.weight)
+    assert (model.embed_quantized.dequantize() - hf.model.embed_tokens.weight).abs().max() < 1e-3
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.copy_(model.embed_quantized.dequantize())
     for i, layer in enumerate(hf.model.layers):
-        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
+        assert torch.equal(model.linear_weight(f"layers.{i}.mlp.down_proj").dequantize(), layer.mlp.down_proj.weight)
+        assert model.get_submodule(f"layers.{i}.mlp.down_proj").weight.is_meta  # never widened
+        for name in ("self_attn.o_proj", "mlp.gate_up_proj"):
             held = model.linear_weight(f"layers.{i}.{name}").dequantize()
             parts = [layer.get_submodule(p) for p in PARTS.get(name, [name])]
             assert (held - torch.cat([p.weight for p in parts])).abs().max() < 1e-3
@@ -218,6 +228,58 @@ def test_a_q4_k_file_is_served_in_int4(cache, caplog):
     with torch.no_grad():
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert got[0].token_ids == ref[0, len(ids):].tolist()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="graft.serving"):  # bf16: the rest rounded, and said so
+        bf16 = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16, dtype="bfloat16"))
+    assert "2 linears stored in Q4_K/Q6_K are held in bf16 (rounded to bf16, more bytes" in caplog.text
+    assert bf16.runner.quant_plan["layers.0.mlp.down_proj"].name == "int8-g16"
+
+
+@pytest.mark.parametrize("family,quantization", [("llama", None), ("qwen2", None), ("qwen2", "int8-g16")])
+def test_a_q8_0_file_is_held_in_int8_g32_exactly(cache, family, quantization):
+    """Every Q8_0 tensor (the linears, the head, the table; llama's head tied to it) held in
+    int8-g32 straight from the blocks, HF's values bit for bit (int8-g16 asked for: each scale
+    twice, the same values); greedy tokens HF's on the file."""
+    types = dict.fromkeys(TYPES, "Q8_0")
+    llm_dir = gguf_llm_dir(_file(cache, family, types, other="Q8_0"))
+    engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16, quantization=quantization))
+    hf = _hf(llm_dir)
+    scheme = quantization or "int8-g32"
+    model, plan = engine.runner.model, engine.runner.quant_plan
+    assert {s.name for s in plan.values()} == {scheme} and set(plan) >= {"lm_head"}
+    _held_as_hf(engine, hf, ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"))
+    assert torch.equal(model.linear_weight("lm_head").dequantize(), hf.lm_head.weight)
+    if quantization is None:  # a named scheme holds no table unless the config names it
+        assert plan["embed_tokens"].name == scheme and model.embed_tokens.weight.is_meta
+        assert torch.equal(model.embed_quantized.dequantize(), hf.model.embed_tokens.weight)
+    ids = [5, 6, 7, 8]
+    got = engine.generate([ids], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert got[0].token_ids == ref[0, len(ids):].tolist()
+
+
+def test_q6_k_and_q5_0_blocks_are_read_as_gguf_py_reads_them():
+    """graft's int8 codes and scales of any Q6_K / Q5_0 / Q8_0 bytes dequantize to gguf-py's
+    (transformers') values bit for bit."""
+    import numpy as np
+    from gguf.quants import GGML_QUANT_SIZES, dequantize
+
+    from graft.gguf_file import _INT8_READERS, INT8_BLOCKS
+    from graft.kernels.quant_formats import QuantizedWeight, QuantScheme
+
+    rng = np.random.default_rng(0)
+    for kind, group in INT8_BLOCKS.items():
+        qtype = gguf.GGMLQuantizationType[kind]
+        block, size = GGML_QUANT_SIZES[qtype]
+        blocks = rng.integers(0, 256, size=(12, size), dtype=np.uint8)
+        scale_at = {"Q6_K": slice(208, 210)}.get(kind, slice(0, 2))
+        blocks[:, scale_at] = np.frombuffer(np.float16(0.0123).tobytes(), np.uint8)
+        want = torch.from_numpy(dequantize(blocks.reshape(3, -1), qtype))
+        codes, scales = _INT8_READERS[kind](blocks)
+        got = QuantizedWeight(QuantScheme("int8", group), torch.from_numpy(codes).reshape(3, -1),
+                              torch.from_numpy(scales).reshape(3, -1)).dequantize()
+        assert torch.equal(got, want), kind
 
 
 def test_a_qwen3_moe_file_holds_its_experts_in_int4(cache, capsys):
