@@ -143,7 +143,7 @@ def q6_k_blocks(w: np.ndarray) -> np.ndarray:
     rows, cols = w.shape
     b = w.astype(np.float32).reshape(-1, 16, 16)  # [blocks, sub-blocks, weights]
     step = np.abs(b).max(-1) / 32
-    d = np.maximum(step.max(-1) / 127, 1e-8).astype(np.float16)
+    d = np.maximum(step.max(-1) / 127, 2.0 ** -14).astype(np.float16)  # fp16 normal: no 0 to divide by
     sc = np.clip(np.round(step / d[:, None].astype(np.float32)), -127, 127).astype(np.int8)
     scale = d[:, None].astype(np.float32) * sc
     safe = np.where(scale == 0, 1, scale)
