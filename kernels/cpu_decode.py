@@ -17,7 +17,7 @@ from graft.kernels.checks import check_prefill_chunks, slot_out_of_range
 from graft.kernels.quant_formats import QuantizedWeight
 
 EMBED_ROWS = -1  # graft_step_t.embed_kind: the table's own rows, of the activations' dtype
-EMBED_LAYOUTS = {"fp32": 4, "bf16": 5}  # ... rows of a tied head's copy in the C layout
+EMBED_LAYOUTS = {"fp32": 4, "bf16": 5, "int8": 6, "int4": 7}  # ... rows of a tied head's C layout
 
 
 def _addr(t: torch.Tensor | None) -> int | None:
@@ -32,7 +32,8 @@ def embedding_fields(table: torch.Tensor, held: QuantizedWeight | None) -> dict 
     if held is None:
         tensors, kind, group = (table, None, None), EMBED_ROWS, 0
     elif not held.tensors():
-        tensors, kind, group = (held.packed["cpu"].weight, None, None), EMBED_LAYOUTS[held.scheme.kind], 0
+        p = held.packed["cpu"]
+        tensors, kind, group = (p.weight, p.scales, None), EMBED_LAYOUTS[held.scheme.kind], held.scheme.group_size
     else:
         tensors = (held.qweight, held.scales, held.mins)
         kind, group = cpu_quant.kind_code(held.scheme), held.scheme.group_size

@@ -236,21 +236,35 @@ def pack_only(weight: QuantizedWeight) -> CpuPacked:
     """pack(weight), then drop the canonical tensors (rebuilt by unpack on demand): one copy
     of each weight in memory."""
     packed = pack(weight)
-    rows = (lambda ids: layout_rows(weight, ids)) if weight.scheme.kind in ("fp32", "bf16") else None
-    weight.drop_canonical(lambda: unpack(weight), rows)
+    weight.drop_canonical(lambda: unpack(weight), lambda ids: layout_rows(weight, ids))
     return packed
 
 
 def layout_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
-    """fp32 [len(ids), K]: rows `ids` of an fp32 or bf16 weight, read from its C layout (a tied
-    head's copy serving the embedding lookups: decode_step_cpu.c reads them the same way)."""
-    p, k = weight.packed["cpu"], weight.shape[1]
+    """fp32 [len(ids), K]: rows `ids` of dequantize(), read from the weight's C layout (a tied
+    head's copy serving the embedding lookups: decode_step_cpu.c reads them the same way),
+    with the same operations, so the same bits."""
+    from graft.kernels.quant_formats import _dequantize_rows
+
+    p, k, scheme = weight.packed["cpu"], weight.shape[1], weight.scheme
     pair, half, lane = ids // 32, ids // 16 % 2, ids % 16
-    if weight.scheme.kind == "fp32":  # [NB/2, K, 2, 16]
+    if scheme.kind == "fp32":  # [NB/2, K, 2, 16]
         return p.weight.view(-1, k, 2, 16)[pair, :, half, lane]
-    words = p.weight.view(torch.int16).view(-1, (k + 1) // 2, 2, 16, 2)  # bf16 column pairs
-    bits = words[pair, :, half, lane].reshape(len(ids), -1)[:, :k]
-    return bits.view(torch.bfloat16).float()
+    if scheme.kind == "bf16":  # column pairs: [NB/2, K2/2, 2, 16, 2]
+        words = p.weight.view(torch.int16).view(-1, (k + 1) // 2, 2, 16, 2)
+        bits = words[pair, :, half, lane].reshape(len(ids), -1)[:, :k]
+        return bits.view(torch.bfloat16).float()
+    if scheme.kind == "int8":  # q + 128, 4 columns a lane word: [NB/2, K4/4, 2, 16, 4]
+        steps = p.weight.view(-1, -(-k // 4), 2, 16, 4)[pair, :, half, lane]
+        q = (steps.reshape(len(ids), -1)[:, :k].to(torch.int16) - 128).to(torch.int8)
+        scales = p.scales[pair, :, half, lane] if scheme.group_size else p.scales[ids]
+        return _dequantize_rows(scheme, q, scales, None)
+    steps = p.weight.view(-1, k // 8, 2, 16, 4)[pair, :, half, lane]  # int4: [len, K/8, 4]
+    q = torch.stack([steps & 0xF, steps >> 4], dim=2).reshape(len(ids), k)
+    both = p.scales[pair, :, :, lane]  # [len, G, 4]: scale 0, scale 1, min 0, min 1
+    pick = half[:, None].expand(-1, both.shape[1])
+    sc, mn = (both.gather(2, (pick + i)[..., None])[..., 0].view(torch.float16) for i in (0, 2))
+    return _dequantize_rows(scheme, q[:, 0::2] | (q[:, 1::2] << 4), sc, mn)
 
 
 def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:

@@ -273,13 +273,14 @@ static inline float half_to_float(uint16_t x) {
 }
 
 /* Row `id` of a held table (graft_step_t.embed_kind >= 0) into dst, in act's dtype: the bits
- * of the per-op path's QuantizedWeight.rows() (int8 q * scale, per row or per group; int4 q *
- * scale + min), then
- * act's rounding. int4's product is exact (a 4-bit code times an fp16 scale), so a fused
- * multiply-add gives torch's mul-then-add bits. */
+ * of the per-op path's QuantizedWeight.rows() (int8 q * scale, per row or per group; int4
+ * q * scale + min), from canonical tensors or a C layout, then act's rounding. int4's product
+ * is exact (a 4-bit code times an fp16 scale), so a fused multiply-add gives torch's
+ * mul-then-add bits. */
 static void held_embedding_row(
     const graft_step_t *s, int64_t id, int64_t H, int act, void *dst) {
-    enum { INT8 = 0, INT4 = 1, BF16_ROWS = 2, F32_LAYOUT = 4, BF16_LAYOUT = 5 };
+    enum { INT8 = 0, INT4 = 1, BF16_ROWS = 2, F32_LAYOUT = 4, BF16_LAYOUT = 5, INT8_LAYOUT = 6,
+           INT4_LAYOUT = 7 };
     /* the C layouts (cpu_quant.pack): pairs of 16-row blocks, a step per column (fp32) or
      * column pair (bf16), the pair's blocks side by side in each step */
     const int64_t pair = id / 32, lane = id / 16 % 2 * 16 + id % 16;
@@ -290,6 +291,18 @@ static void held_embedding_row(
         } else if (s->embed_kind == BF16_LAYOUT) {
             const int64_t word = (pair * ((H + 1) / 2) + k / 2) * 32 + lane;
             v = bf16_to_float(((const uint16_t *)s->embed)[word * 2 + k % 2]);
+        } else if (s->embed_kind == INT8_LAYOUT) { /* q + 128, 4 columns a lane word */
+            const uint8_t byte = ((const uint8_t *)s->embed)[((pair * ((H + 3) / 4) + k / 4) * 32 + lane) * 4 + k % 4];
+            const int64_t G = s->embed_group;
+            const int64_t at = G ? (pair * (H / G) + k / G) * 32 + lane : id; /* [NB/2][K/G][2][16] or [N] */
+            v = (float)((int)byte - 128) * ((const float *)s->embed_scales)[at];
+        } else if (s->embed_kind == INT4_LAYOUT) { /* byte t: column 8j + t low, 8j + 4 + t high */
+            const uint8_t byte = ((const uint8_t *)s->embed)[((pair * (H / 8) + k / 8) * 32 + lane) * 4 + k % 4];
+            const float q = (float)(k % 8 >= 4 ? byte >> 4 : byte & 15);
+            const int64_t at = (pair * (H / s->embed_group) + k / s->embed_group) * 64 + lane; /* [NB/2][G][4][16] */
+            const uint16_t *sc = (const uint16_t *)s->embed_scales;
+            const float scaled = q * half_to_float(sc[at]);
+            v = scaled + half_to_float(sc[at + 32]);
         } else if (s->embed_kind == INT8) {
             const int64_t g = s->embed_group ? id * (H / s->embed_group) + k / s->embed_group : id;
             v = (float)((const int8_t *)s->embed)[id * H + k] * ((const float *)s->embed_scales)[g];

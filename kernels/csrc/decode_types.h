@@ -59,7 +59,8 @@ typedef struct {
      * [vocab, hidden] with fp32 embed_scales [vocab] (embed_group 0) or [vocab, hidden /
      * embed_group] (int8-gG); int4 two columns a byte (low nibble
      * first) with fp16 embed_scales and embed_mins [vocab, hidden / embed_group]; bf16; fp32.
-     * 4 / 5: fp32 / bf16 rows in a linear's C layout (a tied head's copy of the table) */
+     * 4-7: fp32 / bf16 / int8 / int4 rows in a linear's C layout (a tied head's copy of the
+     * table, or the head itself), embed_scales its layout's scales (cpu_quant.pack) */
     int64_t embed_kind, embed_group;
     const void *embed_scales, *embed_mins;
 } graft_step_t;

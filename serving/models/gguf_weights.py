@@ -193,10 +193,13 @@ def load_file_blocks(model, tensors: GGUFTensors, plan: dict, map_name) -> tuple
             read.update(shards.values())
     scheme = plan.get(EMBEDDING)
     if table is not None and _reads(scheme, file_scheme(tensors.kinds(table))):
-        same = table_weights is not None and plan["lm_head"].group_size == scheme.group_size
-        weights = table_weights if same else tensors.blocks([table], scheme)
+        if table_weights is not None and plan["lm_head"] == scheme:  # the tied head itself:
+            weights, held_as = table_weights, model.head_quantized   # its C layout, once packed,
+        else:                                                        # serves the lookups too
+            weights = tensors.blocks([table], scheme)
+            held_as = None if weights is None else QuantizedWeight(scheme, *weights)
         if weights is not None:
-            model.hold_embedding(QuantizedWeight(scheme, *weights))
+            model.hold_embedding(held_as)
             if model.embed_tokens.weight.is_meta:  # else a tied fp32 head still reads it
                 held.add("embed_tokens.weight")
                 read.add(table)

@@ -96,11 +96,14 @@ def test_the_c_step_looks_rows_up_as_the_per_op_path(tiny_llm_factory, tmp_path,
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="the C layout needs the C kernels")
-@pytest.mark.parametrize("scheme", ["fp32", "bf16"])
-@pytest.mark.parametrize("n,k", [(50, 64), (33, 7), (100, 130)])
+@pytest.mark.parametrize("scheme,n,k", [(s, n, k) for s in ("fp32", "bf16", "int8")
+                                        for n, k in ((50, 64), (33, 7), (100, 130))]
+                         + [(s, n, k) for s in ("int8-g16", "int8-g32", "int4-g32", "int4-g64")
+                            for n, k in ((50, 64), (100, 192))])
 def test_rows_read_from_the_c_layout(scheme, n, k):
-    """Once packed, an fp32 / bf16 weight's rows come from its C layout (pairs of 16-row
-    blocks; bf16 column pairs; rows and columns padded), its canonical copy gone."""
+    """Once packed, a weight's rows come from its C layout (pairs of 16-row blocks; bf16
+    column pairs, 4 int8 or 8 int4 columns a lane word, the layout's scales; rows and columns
+    padded), its canonical copy gone: dequantize()'s rows, bit for bit."""
     from graft.kernels import cpu_quant
 
     held = quantize(torch.randn(n, k), QuantScheme.parse(scheme))

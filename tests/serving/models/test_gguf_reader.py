@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from graft.gguf_file import GGUFFile, hf_names
+from graft.kernels import cpu_ops
 from graft.gguf_llm import gguf_llm_dir, gguf_tensor_names
 from graft.serving import Engine, EngineConfig, SamplingParams
 from graft.serving.models.gguf_weights import GGUFTensors
 from tests.gguf_files import write_gguf
+from tests.serving.conftest import fused_then_per_op, three_decodes
 from tests.tiny_llm import build_llm
 
 gguf = pytest.importorskip("gguf")
@@ -154,6 +156,8 @@ def test_a_q4_embedding_is_held_as_its_blocks(cache, family, other):
     engine = Engine.from_pretrained(llm_dir, EngineConfig(num_kv_blocks=16))
     hf = _hf(llm_dir)
     model, plan = engine.runner.model, engine.runner.quant_plan
+    if family == "llama" and cpu_ops.available():  # before dequantize() brings a copy back
+        _the_tied_heads_layout_serves_the_lookups(engine, kind=7)
     assert plan["embed_tokens"].name == "int4-g32" and model.embed_tokens.weight.is_meta
     table = hf.model.embed_tokens.weight
     if family == "llama":
@@ -165,6 +169,18 @@ def test_a_q4_embedding_is_held_as_its_blocks(cache, family, other):
     with torch.no_grad():
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
     assert got[0].token_ids == ref[0, len(ids):].tolist()
+
+
+def _the_tied_heads_layout_serves_the_lookups(engine, kind):
+    """The table and a tied head in the same blocks are one QuantizedWeight: once packed, its C
+    layout is the only copy, and the one-call decode step looks rows up in it (embed_kind:
+    6 int8, 7 int4) as the per-op path does."""
+    model = engine.runner.model
+    assert model.embed_quantized is model.head_quantized and not model.head_quantized.tensors()
+    assert model.fused_decode.step_desc.embed_kind == kind
+    fused, per_op, _, _ = fused_then_per_op(engine, three_decodes(engine, SamplingParams(
+        temperature=0, max_tokens=8, ignore_eos=True)))
+    assert torch.equal(fused, per_op)
 
 
 def test_q4_k_blocks_lose_only_fp16_rounding_of_their_scales():
@@ -246,6 +262,8 @@ def test_a_q8_0_file_is_held_in_int8_g32_exactly(cache, family, quantization):
     hf = _hf(llm_dir)
     scheme = quantization or "int8-g32"
     model, plan = engine.runner.model, engine.runner.quant_plan
+    if quantization is None and family == "llama" and cpu_ops.available():  # tied: one copy
+        _the_tied_heads_layout_serves_the_lookups(engine, kind=6)
     assert {s.name for s in plan.values()} == {scheme} and set(plan) >= {"lm_head"}
     _held_as_hf(engine, hf, ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"))
     assert torch.equal(model.linear_weight("lm_head").dequantize(), hf.lm_head.weight)
