@@ -136,9 +136,9 @@ def test_bf16_prefill_rows_are_the_fp32_path_on_the_dequantized_weight(m, n, k, 
 
 @pytest.mark.skipif("avx512" not in PATHS, reason="the widened int8-gG path is AVX-512F's")
 @pytest.mark.parametrize("scheme", ["int8-g16", "int8-g32"])
-@pytest.mark.parametrize("m", [8, 33])
+@pytest.mark.parametrize("m", [12, 33])
 def test_int8_group_rows_are_the_fp32_path_on_the_dequantized_weight(scheme, m):
-    """From 8 rows an int8-gG linear widens each pair of blocks to fl(q * s) once and runs the
+    """From 12 rows an int8-gG linear widens each pair of blocks to fl(q * s) once and runs the
     fp32 tiles on it: bit for bit the fp32 linear of the dequantized weight."""
     g = torch.Generator().manual_seed(m)
     qw = quantize(torch.randn(40, 160, generator=g) * 0.05, QuantScheme.parse(scheme))
