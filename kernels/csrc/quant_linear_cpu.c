@@ -10,9 +10,10 @@
  *
  * Paths: int8 and int4 run on AVX-512 VNNI (quant_vnni_cpu.c, which also documents their
  * layouts; int8 with a group size, int8-gG, on AVX-512F in quant_int8g_cpu.c, its weights
- * widened and scaled in registers); bf16 and fp32 weights are widened to fp32 in registers (exact) and multiplied
- * with fp32 FMAs on AVX-512F, except bf16 weights under x that holds only bf16 values (a bf16
- * engine's), which run on AVX512-BF16 dot products (quant_bf16dot_cpu.c). From WIDEN_ROWS
+ * widened and scaled in registers); bf16 and fp32 weights are widened to fp32 in registers
+ * (exact) and multiplied with fp32 FMAs on AVX-512F, except bf16 weights under x that holds
+ * only bf16 values (a bf16 engine's), which run on AVX512-BF16 dot products
+ * (quant_bf16dot_cpu.c). From WIDEN_ROWS
  * rows (prefill) a bf16 pair of blocks is widened once per call into fp32 scratch and run on
  * the fp32 tiles: the fp32 tiles run near the FMA peak, and widening in every tile costs a
  * shift or mask per weight vector beside the FMAs. What a CPU lacks runs on AVX2 + FMA (quant_avx2_cpu.c for fp32
