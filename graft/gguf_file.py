@@ -7,7 +7,8 @@ name table once per module of the model, and dequantizes every tensor before ret
 ~13 s and the model's fp32 bytes for SmolLM2-135M. Here the header walk skips what it does
 not need, the name table is built once, and each tensor is dequantized (by gguf-py, as
 transformers does) and un-permuted (by transformers' own processor) only when read, one at
-a time; Q4_0/Q4_1/Q4_K blocks can be read as graft's int4 codes and scales, never widened."""
+a time; Q4_0/Q4_1/Q4_K blocks can be read as graft's int4 codes and scales, and Q8_0/Q5_0/Q6_K
+ones as its int8 codes and group scales, never widened."""
 
 from __future__ import annotations
 
@@ -125,7 +126,6 @@ class GGUFFile:
         lead = shape[:-1]
         return packed.reshape(*lead, -1), scale.reshape(*lead, -1), low.reshape(*lead, -1)
 
-
     def q8_int8(self, name: str):
         """A Q8_0/Q6_K/Q5_0 tensor [..., N, K] in graft's int8-gG form, G = INT8_BLOCKS[type], as
         torch tensors: (int8 codes [..., N, K], fp32 scales [..., N, K/G]), w = code * scale as
@@ -146,7 +146,8 @@ class GGUFFile:
 
 def _q8_0(blocks):
     """Q8_0: fp16 d, 32 int8 codes."""
-    return np.ascontiguousarray(blocks[:, 2:]).view(np.int8), blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    return np.ascontiguousarray(blocks[:, 2:]).view(np.int8), d
 
 
 def _q6_k(blocks):

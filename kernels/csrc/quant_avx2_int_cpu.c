@@ -1,5 +1,5 @@
 /* int8 and int4 weight-only linears on AVX2 + FMA (graft_quant_linear's integer calls on CPUs
- * without AVX-512 VNNI, or whose x holds inf or NaN; int8-gG's on every CPU with AVX2), W in
+ * without AVX-512 VNNI, or whose x holds inf or NaN; int8-gG's on CPUs without AVX-512), W in
  * quant_vnni_cpu.c's layouts: a pair's two 16-lane blocks alternate 64-byte steps; int8 holds
  * q + 128, four columns per lane word (byte t: column 4j + t); int4 holds eight (byte t: column
  * 8j + t in the low nibble, 8j + 4 + t in the high), y = sum_g s_g sum_k x q + min_g sum_k x.
