@@ -32,10 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads for both engine and HF (default: torch's)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
-    parser.add_argument("--quantization", default=None, metavar="none,fp32,bf16,int8,int4",
+    parser.add_argument("--quantization", default=None, metavar="none,default,fp32,bf16,int8,int4",
                         help="instead of the workload: batch-1/batch-32 decode and prefill-512 "
                         "tok/s of each weight format (or quant.json; none: no quantization "
-                        "config) vs the memory roofline measured in the same run")
+                        "config; default: what graft serve picks, for a GGUF its blocks as they "
+                        "are) vs the memory roofline measured in the same run")
     parser.add_argument("--speculative", default=None, choices=["ngram", "suffix"],
                         help="instead of the workload: decode tok/s with and without "
                         "speculative decoding, copy-heavy and open chats, batch 1 and 8")

@@ -9,7 +9,8 @@ the read bandwidth measured just before and just after that format's batch-1 run
 shared machine it drifts). Whole engine steps are timed (scheduler, sampler and Python included), after a warm-up. Writes JSON. The name
 `none` is the engine without a quantization config (fp32 on oneDNN-prepacked linears, op by
 op); `fp32` is a quantization config of fp32 everywhere (the C linears, one call per decode
-step).
+step); `default` is what `graft serve` picks for the model (a GGUF file: each weight in its
+blocks' own scheme).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import statistics
 import time
 
 PREFILL_PASSES = 3  # prefill-512 is the median of this many passes, each a new prompt
+DEFAULT = "default"  # the --quantization name of the engine's own choice (a GGUF: its blocks')
 
 
 def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -84,7 +86,7 @@ def measure_format(model_dir, scheme: str, args, seed: int = 0) -> dict:
     from graft.serving.models.quant_config import scheme_counts
 
     config = EngineConfig.from_args(args, max_num_seqs=max(args.batch, args.concurrency),
-                                    quantization=scheme,
+                                    quantization=None if scheme == DEFAULT else scheme,
                                     max_num_batched_tokens=max(args.max_num_batched_tokens,
                                                                args.prefill_len))
     t0 = time.perf_counter()

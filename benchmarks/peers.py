@@ -23,7 +23,8 @@ from pathlib import Path
 
 from graft.benchmarks import peers_llamacpp, peers_report, peers_serve, peers_vllm
 from graft.benchmarks.peers_llamacpp import PeerUnavailable
-from graft.benchmarks.peers_report import FORMATS
+from graft.benchmarks.formats import DEFAULT
+from graft.benchmarks.peers_report import FORMATS, ON_FILE
 from graft.cli_types import number_in
 from graft.io import atomic_write_json, atomic_write_text
 from graft.subprocess_argv import graft_argv
@@ -40,6 +41,10 @@ def add_arguments(p) -> None:
     p.add_argument("--graft-int4", choices=peers_report.INT4_CHOICES, default="exact",
                    help="graft's scheme beside q4_0/q4_1: exact = int4-g32 (fp32 activations), "
                         "a8 = int4-g32-a8 (activations rounded to int8 per 32, as llama.cpp's Q4)")
+    p.add_argument("--graft-on-file", default=None, metavar="FORMATS",
+                   help="of the quantized --formats (" + ", ".join(peers_llamacpp.QUANTIZED) + "): "
+                        "graft's row runs on llama.cpp's own file of that format, as `graft serve "
+                        "FILE.gguf` holds it (the same weights), not on the checkpoint in its scheme")
     p.add_argument("--runs", type=_count, default=3)
     p.add_argument("--threads", type=_count, default=usable_cpus(),
                    help="threads of every tool (default: %(default)s, the CPUs this process may use)")
@@ -131,15 +136,22 @@ def prompt_vocab(model_dir: Path, vocab_size: int) -> int:
         return vocab_size
 
 
-def graft_offline(args, schemes: list[tuple[str, str]], size: dict) -> dict[str, dict[str, float]]:
+def graft_offline(args, schemes: list[tuple[str, str]], size: dict,
+                  files: dict[str, Path] | None = None) -> dict[str, dict[str, float]]:
     """scheme -> tok/s, from `graft bench engine --quantization` in a fresh process per
-    engine dtype (schemes: (scheme, dtype) pairs)."""
+    engine dtype (schemes: (scheme, dtype) pairs); a "FORMAT-file" scheme runs on llama.cpp's
+    file of FORMAT (`files`) in the engine's own choice for it, in a process of its own."""
     found = {}
-    for dtype in dict.fromkeys(d for _, d in schemes):
+    runs = [(args.model_dir, dtype, [s for s, d in schemes if d == dtype and not s.endswith(ON_FILE)])
+            for dtype in dict.fromkeys(d for _, d in schemes)]
+    runs += [(files[s.removesuffix(ON_FILE)], d, [s]) for s, d in schemes
+             if s.endswith(ON_FILE) and s.removesuffix(ON_FILE) in (files or {})]
+    for model, dtype, names in (r for r in runs if r[2]):
+        on_file = names[0].endswith(ON_FILE)
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "r.json"
-            cmd = [*graft_argv("bench", "engine", str(args.model_dir)),
-                   "--quantization", ",".join(s for s, d in schemes if d == dtype),
+            cmd = [*graft_argv("bench", "engine", str(model)),
+                   "--quantization", DEFAULT if on_file else ",".join(names),
                    "--dtype", dtype, "--decode-tokens", str(size["decode_tokens"]),
                    "--context", str(size["context"]), "--batch", str(size["batch"]),
                    "--prefill-len", str(size["prompt_len"]), "--bandwidth-mb", str(args.bandwidth_mb),
@@ -148,7 +160,8 @@ def graft_offline(args, schemes: list[tuple[str, str]], size: dict) -> dict[str,
                                  env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
             if res.returncode:
                 raise RuntimeError(f"graft bench engine exited {res.returncode}:\n{res.stderr[-2000:]}")
-            found.update(json.loads(out.read_text())["formats"])
+            formats = json.loads(out.read_text())["formats"]
+            found.update({names[0]: formats[DEFAULT]} if on_file else formats)
     return {name: {"batch1_decode": f["batch1_decode_tokens_per_s"],
                    "batch_decode": f["batch32_decode_tokens_per_s"],
                    "prefill": f["prefill512_tokens_per_s"]} for name, f in found.items()}
@@ -176,6 +189,26 @@ def setup_peers(args, formats: list[str], out_dir: Path) -> tuple[dict, dict[str
     return ready, skipped
 
 
+def _on_file(args, formats: list[str], serve_fmt: str) -> tuple[str, ...]:
+    """--graft-on-file's formats, checked: quantized ones of --formats, not the serve row's
+    (that row serves the checkpoint), llama.cpp among the peers."""
+    from graft.errors import GraftConfigError
+
+    if args.graft_on_file is None:
+        return ()
+    chosen = _choices(args.graft_on_file, peers_llamacpp.QUANTIZED, "--graft-on-file")
+    outside = [f for f in chosen if f not in formats]
+    if outside:
+        raise GraftConfigError(f"--graft-on-file {','.join(outside)}: not in --formats {args.formats}; "
+                               "add them there")
+    if args.serve_requests and serve_fmt in chosen:
+        raise GraftConfigError(f"--graft-on-file {serve_fmt}: the serve row serves the checkpoint; "
+                               "pass another --serve-format, or --serve-requests 0")
+    if "llama.cpp" not in _choices(args.peers, PEERS, "--peers"):
+        raise GraftConfigError("--graft-on-file needs llama.cpp in --peers: it makes the files")
+    return tuple(chosen)
+
+
 def _skip(skipped: dict, what: str, err: Exception) -> None:
     skipped[what] = str(err)
     print(f"skipping {what}: {err}", flush=True)
@@ -186,6 +219,7 @@ def run(args) -> int:
 
     formats = _choices(args.formats, FORMATS, "--formats")
     serve_fmt = _choices(args.serve_format, FORMATS, "--serve-format")[0]
+    on_file = _on_file(args, formats, serve_fmt)
     if not args.model_dir.joinpath("config.json").is_file():
         from graft.errors import GraftConfigError
 
@@ -200,7 +234,7 @@ def run(args) -> int:
         if unmatched:
             print(f"vllm: no row for {', '.join(unmatched)} (vLLM-CPU runs those only from "
                   "checkpoints quantized beforehand, not the same weights)", flush=True)
-    matched = peers_report.graft_formats(args.graft_int4)
+    matched = peers_report.graft_formats(args.graft_int4, on_file)
     schemes = list(dict.fromkeys((matched[f]["graft"], matched[f]["graft_dtype"]) for f in formats))
     # a kill (SIGTERM) unwinds like Ctrl-C: the servers and tool processes are stopped
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -247,7 +281,8 @@ def _runs(args, peers, formats, schemes, size, serve_fmt, machine, skipped, matc
 
 def _measure(tool, peers, args, formats, schemes, size, values, skipped) -> None:
     if tool == "graft":
-        for scheme, row in graft_offline(args, schemes, size).items():
+        files = peers["llama.cpp"][1] if "llama.cpp" in peers else {}
+        for scheme, row in graft_offline(args, schemes, size, files).items():
             _add(values, "graft", scheme, row)
         return
     peer, ggufs = peers[tool]

@@ -21,7 +21,7 @@ from pathlib import Path
 TOOLS = ("llama-bench", "llama-batched-bench", "llama-quantize")
 # peer format -> how it is made: by the converter (--outtype) or by llama-quantize from F32
 CONVERTED = {"f32": "f32", "bf16": "bf16"}
-QUANTIZED = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1"}
+QUANTIZED = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q4_k_m": "Q4_K_M"}
 REPEATS = 3  # llama-bench repetitions after its own warm-up (graft's prefill: median of 3)
 # ggml's AMX kernels crash on some AMX machines; the AVX-512/AVX2 paths are what we compare
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DGGML_AMX_TILE=OFF",

@@ -11,14 +11,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 # peer format -> graft's scheme holding the same bits per weight
-FORMATS = {"f32": "fp32", "bf16": "bf16", "q8_0": "int8", "q4_0": "int4-g32", "q4_1": "int4-g32"}
+FORMATS = {"f32": "fp32", "bf16": "bf16", "q8_0": "int8", "q4_0": "int4-g32", "q4_1": "int4-g32",
+           "q4_k_m": "int4-g32"}
 # the graft engine dtype a format runs under: bf16 peers compute in bf16 (vLLM's bfloat16,
 # llama.cpp's BF16 matmuls), so graft's bf16 row is its bf16 engine; the rest run fp32
 GRAFT_DTYPE = {"bf16": "bfloat16"}
 MATCH = {"f32": "same weights", "bf16": "same weights, bf16 activations (graft --dtype bfloat16)",
          "q8_0": "graft int8: one fp32 scale per output row; Q8_0: one fp16 scale per 32 weights",
          "q4_0": "graft int4-g32: scale + min per 32 weights; Q4_0: scale only (symmetric)",
-         "q4_1": "graft int4-g32 and Q4_1: scale + min per 32 weights (the same layout)"}
+         "q4_1": "graft int4-g32 and Q4_1: scale + min per 32 weights (the same layout)",
+         "q4_k_m": "graft int4-g32: scale + min per 32 weights; Q4_K_M: Q4_K (6-bit scale and "
+                   "min per 32, per 256) with Q6_K for the output and some attn_v / ffn_down"}
+# --graft-on-file: graft's side of a quantized format is llama.cpp's own file, served as
+# `graft serve FILE.gguf` holds it (each weight in its blocks' own scheme): the same weights
+ON_FILE = "-file"  # graft's label of such a row: q8_0-file, ...
+FILE_MATCH = ("graft on llama.cpp's own file, each weight held as its blocks are: Q4_0/Q4_1/Q4_K "
+              "in int4-g32, Q8_0/Q6_K in int8-g32/g16 (the rest fp32)")
 # --graft-int4 a8: llama.cpp's Q4 formats multiply by activations rounded to 8 bits (Q8 blocks
 # of 32), which graft's -a8 schemes do too; plain int4-g32 keeps them in fp32
 A8_FORMATS = {"q4_0": "int4-g32-a8", "q4_1": "int4-g32-a8"}
@@ -36,16 +44,20 @@ METRICS = {"batch1_decode": ("batch-1 decode", "tok/s"),
 # the flags of `graft bench peers` a figure depends on, in the order a command line shows them
 _FLAGS = ("peers", "formats", "runs", "threads", "llama_cpp", "vllm_venv", "prompt_len",
           "context", "decode_tokens", "batch", "serve_format", "serve_requests",
-          "serve_concurrency", "bandwidth_mb", "graft_int4", "seed", "out")
+          "serve_concurrency", "bandwidth_mb", "graft_int4", "graft_on_file", "seed", "out")
 
 
-def graft_formats(int4: str = "exact") -> dict[str, dict[str, str]]:
+def graft_formats(int4: str = "exact", on_file: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
     """peer format -> {"graft": scheme, "graft_dtype", "match"}: FORMATS, with int4="a8" the Q4
-    formats matched by int4-g32-a8."""
+    formats matched by int4-g32-a8, and the formats of `on_file` by graft serving llama.cpp's
+    own file of them ("q8_0-file": graft bench engine FILE --quantization default)."""
     a8 = int4 == "a8"
-    return {f: {"graft": A8_FORMATS[f] if a8 and f in A8_FORMATS else FORMATS[f],
-                "graft_dtype": GRAFT_DTYPE.get(f, "float32"),
-                "match": A8_MATCH[f] if a8 and f in A8_MATCH else MATCH[f]} for f in FORMATS}
+    found = {f: {"graft": A8_FORMATS[f] if a8 and f in A8_FORMATS else FORMATS[f],
+                 "graft_dtype": GRAFT_DTYPE.get(f, "float32"),
+                 "match": A8_MATCH[f] if a8 and f in A8_MATCH else MATCH[f]} for f in FORMATS}
+    for f in on_file:
+        found[f] = {"graft": f + ON_FILE, "graft_dtype": "float32", "match": FILE_MATCH}
+    return found
 
 
 def spread(v: list[float]) -> list[float]:
@@ -55,7 +67,7 @@ def spread(v: list[float]) -> list[float]:
 def _order(key: str) -> tuple:
     """Offline rows before serve rows, by format, graft before its peers."""
     tool, fmt, metric = key.split(" ")
-    names = list(FORMATS)
+    names, fmt = list(FORMATS), fmt.removesuffix(ON_FILE)
     pos = names.index(fmt) if fmt in FORMATS else next(
         i for i, f in enumerate(names) if fmt in (FORMATS[f], A8_FORMATS.get(f)))
     return metric.startswith("serve"), pos, tool != "graft", tool, list(METRICS).index(metric)

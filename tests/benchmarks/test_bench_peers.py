@@ -116,6 +116,12 @@ def test_a_format_that_fails_is_skipped_alone(tiny_llama, tmp_path, capsys):
     (["--formats", "f32,q5_k"], "--formats 'f32,q5_k': use a comma list of f32, bf16, q8_0"),
     (["--peers", "ollama"], "--peers 'ollama': use a comma list of llama.cpp, vllm"),
     (["--context", "510"], "--context 510 + --decode-tokens 6 exceed the model's 512 positions"),
+    (["--graft-on-file", "f32"], "--graft-on-file 'f32': use a comma list of q8_0, q4_0, q4_1, q4_k_m"),
+    (["--formats", "f32", "--graft-on-file", "q8_0"], "--graft-on-file q8_0: not in --formats f32"),
+    (["--formats", "q8_0", "--serve-format", "q8_0", "--graft-on-file", "q8_0"],
+     "--graft-on-file q8_0: the serve row serves the checkpoint"),
+    (["--peers", "vllm", "--formats", "q8_0", "--graft-on-file", "q8_0"],
+     "--graft-on-file needs llama.cpp in --peers"),
 ])
 def test_bad_flags_are_one_line_errors(tiny_llama, tmp_path, capsys, flags, message):
     rc = main(["bench", "peers", str(tiny_llama), "--out", str(tmp_path / "p.json"), *TINY, *flags])
@@ -153,6 +159,35 @@ def test_graft_int4_a8_stands_beside_the_q4_formats(tiny_llama, tmp_path):
                              schemes={"q4_1": "int4-g32-a8"})
     assert rows[0]["graft_scheme"] == "int4-g32-a8" and rows[0]["ratio"] == [2.0, 2.0, 2.0]
     assert list(peers_report.summary(values)) == list(values)  # graft first, then its peer
+
+
+def test_graft_runs_on_llama_cpps_own_file(tiny_llama, tmp_path, monkeypatch):
+    """--graft-on-file: graft's row of a format is `graft bench engine FILE --quantization
+    default` on llama.cpp's file of it (here one written as its converter and llama-quantize
+    write Q8_0), the weights held as the file holds them, labelled FORMAT-file and paired with
+    llama.cpp's row of that format."""
+    import argparse
+
+    from tests.gguf_files import write_gguf
+
+    monkeypatch.setenv("GRAFT_GGUF_CACHE", str(tmp_path / "cache"))
+    linears = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+    gguf = write_gguf(tiny_llama, tmp_path / "q8_0.gguf", dict.fromkeys(linears, "Q8_0"), other="Q8_0")
+    parser = argparse.ArgumentParser()
+    peers.add_arguments(parser)
+    args = parser.parse_args([str(tiny_llama), *TINY, "--formats", "q8_0", "--graft-on-file", "q8_0"])
+    found = peers.graft_offline(args, [("int8", "float32"), ("q8_0-file", "float32")],
+                                peers.sizes(args, tiny_llama), {"q8_0": gguf})
+    assert set(found) == {"int8", "q8_0-file"}
+    assert all(found[s][m] > 0 for s in found for m in OFFLINE)
+    matched = peers_report.graft_formats(on_file=("q8_0",))
+    assert matched["q8_0"]["graft"] == "q8_0-file" and "llama.cpp's own file" in matched["q8_0"]["match"]
+    assert matched["q4_1"]["graft"] == "int4-g32"  # the others stay on the checkpoint
+    values = {"graft q8_0-file batch1_decode": [3.0], "llama.cpp q8_0 batch1_decode": [2.0]}
+    rows = peers_report.rows(values, {"llama.cpp": None}, ["q8_0"], "bf16", runs=1,
+                             schemes={f: m["graft"] for f, m in matched.items()})
+    assert rows[0]["graft_scheme"] == "q8_0-file" and rows[0]["ratio"] == [1.5, 1.5, 1.5]
+    assert list(peers_report.summary(values)) == list(values)
 
 
 def test_random_prompts_stay_inside_the_tokenizer(tmp_path):
@@ -213,6 +248,12 @@ def test_llama_cpp_row(tiny_llama, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "int4-g32 / llama.cpp q4_1" in printed
     assert "| llama.cpp q4_1 (graft int4-g32) | prefill-48 (tok/s) |" in md.read_text()
+    on_file = tmp_path / "on-file.json"  # graft on llama.cpp's own q4_1 file
+    assert main(["bench", "peers", str(tiny_llama), "--peers", "llama.cpp", "--llama-cpp", tree,
+                 "--formats", "q4_1", "--graft-on-file", "q4_1", "--out", str(on_file), *TINY,
+                 "--serve-requests", "0"]) == 0
+    rows = json.loads(on_file.read_text())["rows"]
+    assert {r["graft_scheme"] for r in rows} == {"q4_1-file"} and len(rows) == len(OFFLINE)
     flags = result["peers"]["llama.cpp"]["build_flags"]
     if flags:  # a CMake build tree: its options are said, and -march=native's ignored ones are not
         assert f"built with {' '.join(flags)}" in printed
