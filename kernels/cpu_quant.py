@@ -205,6 +205,16 @@ def _unblocks(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.transpose(1, 2).reshape(-1, t.shape[1])[:n].contiguous()
 
 
+def _codes(kind: str, words: torch.Tensor, k: int) -> torch.Tensor:
+    """Canonical int8 / int4 qweight rows from their C layout's lane words [rows, steps, 4]
+    (int8: q + 128, 4 columns a word; int4: byte t holds column 8j + t low, 8j + 4 + t high)."""
+    rows = words.shape[0]
+    if kind == "int8":
+        return (words.reshape(rows, -1)[:, :k].to(torch.int16) - 128).to(torch.int8)
+    q = torch.stack([words & 0xF, words >> 4], dim=2).reshape(rows, k)  # columns in order
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
 def unpack(weight: QuantizedWeight) -> tuple:
     """The canonical (qweight, scales, zeros) of weight, rebuilt from its C layout."""
     p, kind = weight.packed["cpu"], weight.scheme.kind
@@ -216,14 +226,12 @@ def unpack(weight: QuantizedWeight) -> tuple:
         return w, None, None
     blocks = _unpairs(p.weight)
     if kind == "int8":
-        q = (_unsteps(blocks, n).reshape(n, -1)[:, :k].to(torch.int16) - 128).to(torch.int8)
+        q = _codes(kind, _unsteps(blocks, n), k)
         if weight.scheme.group_size:
             return q.contiguous(), _unblocks(_unpairs(p.scales), n), None
         return q.contiguous(), p.scales[:n].clone(), None
     if kind == "int4":
-        steps = _unsteps(blocks, n)  # [n, K/8, 4]
-        q = torch.stack([steps & 0xF, steps >> 4], dim=2).reshape(n, k)  # columns in order
-        canonical = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+        canonical = _codes(kind, _unsteps(blocks, n), k).contiguous()
         both = p.scales.transpose(1, 2)  # [NB/2, 4, G, 16]
         sc, mn = (both[:, i:i + 2].reshape(-1, both.shape[2], 16) for i in (0, 2))  # [NB, G, 16]
         return canonical, _unblocks(sc, n).view(torch.float16), _unblocks(mn, n).view(torch.float16)
@@ -255,16 +263,14 @@ def layout_rows(weight: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
         bits = words[pair, :, half, lane].reshape(len(ids), -1)[:, :k]
         return bits.view(torch.bfloat16).float()
     if scheme.kind == "int8":  # q + 128, 4 columns a lane word: [NB/2, K4/4, 2, 16, 4]
-        steps = p.weight.view(-1, -(-k // 4), 2, 16, 4)[pair, :, half, lane]
-        q = (steps.reshape(len(ids), -1)[:, :k].to(torch.int16) - 128).to(torch.int8)
+        q = _codes("int8", p.weight.view(-1, -(-k // 4), 2, 16, 4)[pair, :, half, lane], k)
         scales = p.scales[pair, :, half, lane] if scheme.group_size else p.scales[ids]
         return _dequantize_rows(scheme, q, scales, None)
-    steps = p.weight.view(-1, k // 8, 2, 16, 4)[pair, :, half, lane]  # int4: [len, K/8, 4]
-    q = torch.stack([steps & 0xF, steps >> 4], dim=2).reshape(len(ids), k)
+    q = _codes("int4", p.weight.view(-1, k // 8, 2, 16, 4)[pair, :, half, lane], k)  # int4
     both = p.scales[pair, :, :, lane]  # [len, G, 4]: scale 0, scale 1, min 0, min 1
     pick = half[:, None].expand(-1, both.shape[1])
     sc, mn = (both.gather(2, (pick + i)[..., None])[..., 0].view(torch.float16) for i in (0, 2))
-    return _dequantize_rows(scheme, q[:, 0::2] | (q[:, 1::2] << 4), sc, mn)
+    return _dequantize_rows(scheme, q, sc, mn)
 
 
 def gather_on_huge_pages(weights: list[QuantizedWeight]) -> int:

@@ -75,10 +75,9 @@ class GGUFTensors:
         if scheme.kind == "int4":
             held = self.file.q4_int4(gguf)
         else:
-            held = self.file.q8_int8(gguf)
-            if held is not None and INT8_BLOCKS[self.file.tensors[gguf][0]] != scheme.group_size:
-                held = held[0], held[1].repeat_interleave(INT8_BLOCKS[self.file.tensors[gguf][0]]
-                                                          // scheme.group_size, dim=-1)
+            held, group = self.file.q8_int8(gguf), INT8_BLOCKS[self.file.tensors[gguf][0]]
+            if held is not None and group != scheme.group_size:
+                held = held[0], held[1].repeat_interleave(group // scheme.group_size, dim=-1)
         if held is None or held[0].dim() != 2:
             return held
         rows = processed(self.processor, np.arange(len(held[0]))[:, None], gguf)[:, 0]
